@@ -1,0 +1,60 @@
+# dlrfeed — the two commands a newcomer needs are `make run` and `make test`.
+# Every target installs what it is missing first (virtualenv, packages, PostgreSQL server).
+
+PYTHON  ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-stamp
+PROTO   := protos/gateway/receipts/v1/feed.proto
+DURATION ?= 0
+
+.DEFAULT_GOAL := help
+.PHONY: help install postgres proto lint test run bench chaos fuzz clean
+
+help:
+	@echo "make run     local demo: PostgreSQL + fake gateway + traffic + dlrfeed, live view (DURATION=s to stop by itself)"
+	@echo "make test    lint + the whole test suite against real PostgreSQL and real gRPC"
+	@echo "make bench   benchmarks; writes docs/benchmarks.md"
+	@echo "make chaos   the full fault-injection matrix; writes docs/reliability.md"
+	@echo "make fuzz    long property-based fuzzing of parse + ingest"
+	@echo "make lint    ruff + mypy --strict"
+	@echo "make proto   regenerate the gRPC stubs from $(PROTO)"
+	@echo "make clean   remove the virtualenv and local run data"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) postgres
+
+postgres:
+	@bash scripts/ensure-postgres.sh
+
+proto: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m grpc_tools.protoc -Iprotos \
+	  --python_out=src --grpc_python_out=src --mypy_out=src --mypy_grpc_out=src $(PROTO)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src scripts tests
+	$(VENV)/bin/ruff format --check src scripts tests
+	$(VENV)/bin/mypy
+
+test: install lint
+	$(PY) -m pytest
+
+run: install
+	$(PY) scripts/demo.py --duration $(DURATION)
+
+bench: install
+	$(PY) scripts/bench.py --out docs/benchmarks.md
+
+chaos: install
+	$(PY) scripts/chaos.py --full --out docs/reliability.md
+
+fuzz: install
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests -m fuzz -p no:randomly
+
+clean:
+	rm -rf $(VENV) .run

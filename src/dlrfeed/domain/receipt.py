@@ -1,0 +1,41 @@
+"""A receipt as dlrfeed receives it from the feed: the domain form of the proto `Receipt` (F4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+MessageId = NewType("MessageId", str)
+"""The gateway's message id, exactly as returned at submit and as carried by receipts (P10)."""
+
+AckToken = NewType("AckToken", str)
+"""Opaque token naming one receipt of one login at the gateway (F9)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """One delivery of one receipt, as received: nothing normalised, nothing dropped.
+
+    `raw` is the receipt exactly as it came off the wire (the serialized protobuf message), so
+    the evidence survives whatever the parser makes of the fields (P6, P9). Optional fields are
+    None when the gateway left them absent (F4: absent, not empty).
+    """
+
+    message_id: MessageId
+    level: int
+    stat: str
+    err: str | None
+    sub: str | None
+    dlvrd: str | None
+    submit_date: str | None
+    done_date: str | None
+    text: str | None
+    source_addr: str | None
+    destination_addr: str | None
+    smsc_message_id: str | None
+    connector: str | None
+    delivery_count: int
+    ack_token: AckToken
+    raw: bytes
+    received_at: float
+    """Local receive time, seconds since the epoch (P19: kept apart from the reported times)."""

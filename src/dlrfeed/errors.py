@@ -1,0 +1,46 @@
+"""The project's own exception types; adapters translate driver errors into these.
+
+Retry policies match only these types, never a driver's, so that what is retried is decided in
+one place (STYLE: translate errors at the boundary).
+"""
+
+from __future__ import annotations
+
+
+class DlrfeedError(Exception):
+    """Base of every error dlrfeed raises on purpose."""
+
+
+class TransientError(DlrfeedError):
+    """Worth retrying as is: a connection dropped, a server restarting, a timeout."""
+
+
+class FatalError(DlrfeedError):
+    """Retrying cannot help: bad configuration, bad credentials, a stale schema.
+
+    The daemon exits non-zero with `str(error)` as its one-line reason.
+    """
+
+
+class BadDataError(DlrfeedError):
+    """The input itself cannot be accepted as is; retrying the same input fails the same way."""
+
+
+class StoreUnavailableError(TransientError):
+    """PostgreSQL could not be reached or the connection broke; nothing was committed."""
+
+
+class FeedUnavailableError(TransientError):
+    """The gateway could not be reached or answered UNAVAILABLE/DEADLINE_EXCEEDED."""
+
+
+class ConfigError(FatalError):
+    """A setting is missing or invalid."""
+
+
+class AuthenticationError(FatalError):
+    """The gateway refused our credentials (UNAUTHENTICATED or PERMISSION_DENIED)."""
+
+
+class SchemaOutOfDateError(FatalError):
+    """The database schema is older than this code expects: run `dlrfeed migrate`."""

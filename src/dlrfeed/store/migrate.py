@@ -1,0 +1,101 @@
+"""Schema migrations: ordered SQL files applied once each, under an advisory lock.
+
+`migrations/NNNN_name.sql` files are applied in number order, each in its own transaction
+together with its row in `dlr.schema_version`. Two `dlrfeed migrate` running at once are safe:
+the second waits on the advisory lock, then finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+from dlrfeed.errors import SchemaOutOfDateError
+
+# An arbitrary, fixed key so every dlrfeed process serialises migrations on the same lock.
+_MIGRATION_LOCK_KEY = 0x646C7266  # "dlrf"
+_FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def available_migrations() -> list[Migration]:
+    """Every migration shipped with this code, in version order."""
+    found: list[Migration] = []
+    for entry in resources.files("dlrfeed.store.migrations").iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), entry.name, entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    return found
+
+
+def expected_version() -> int:
+    """The schema version this code needs."""
+    migrations = available_migrations()
+    return migrations[-1].version if migrations else 0
+
+
+async def current_version(conn: asyncpg.Connection) -> int:
+    """The schema version recorded in the database (0 when never migrated)."""
+    exists = await conn.fetchval("SELECT to_regclass('dlr.schema_version') IS NOT NULL")
+    if not exists:
+        return 0
+    version = await conn.fetchval("SELECT coalesce(max(version), 0) FROM dlr.schema_version")
+    return int(version)
+
+
+async def migrate(dsn: str) -> list[str]:
+    """Bring the database at `dsn` up to date; returns the names of the migrations applied."""
+    conn = await asyncpg.connect(dsn)
+    applied: list[str] = []
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK_KEY)
+        try:
+            await conn.execute(
+                "CREATE SCHEMA IF NOT EXISTS dlr;"
+                "CREATE TABLE IF NOT EXISTS dlr.schema_version ("
+                " version integer PRIMARY KEY,"
+                " name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = await current_version(conn)
+            for migration in available_migrations():
+                if migration.version <= done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(migration.sql)
+                    await conn.execute(
+                        "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
+                        migration.version,
+                        migration.name,
+                    )
+                applied.append(migration.name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_KEY)
+    finally:
+        await conn.close()
+    return applied
+
+
+async def ensure_current(conn: asyncpg.Connection) -> None:
+    """Raise SchemaOutOfDateError unless the database is at exactly this code's version."""
+    have, want = await current_version(conn), expected_version()
+    if have < want:
+        raise SchemaOutOfDateError(
+            f"database schema is at version {have}, this dlrfeed needs {want}: "
+            "run `dlrfeed migrate`"
+        )
+    if have > want:
+        raise SchemaOutOfDateError(
+            f"database schema is at version {have}, newer than this dlrfeed ({want}): "
+            "upgrade dlrfeed"
+        )
