@@ -10,6 +10,9 @@ from __future__ import annotations
 class DlrfeedError(Exception):
     """Base of every error dlrfeed raises on purpose."""
 
+    exit_code: int = 1
+    """The process exit status when this error ends a command (systemd units key on it)."""
+
 
 class TransientError(DlrfeedError):
     """Worth retrying as is: a connection dropped, a server restarting, a timeout."""
@@ -37,10 +40,16 @@ class FeedUnavailableError(TransientError):
 class ConfigError(FatalError):
     """A setting is missing or invalid."""
 
+    exit_code = 78  # EX_CONFIG: systemd's RestartPreventExitStatus stops a restart loop
+
 
 class AuthenticationError(FatalError):
     """The gateway refused our credentials (UNAUTHENTICATED or PERMISSION_DENIED)."""
 
+    exit_code = 77  # EX_NOPERM
+
 
 class SchemaOutOfDateError(FatalError):
     """The database schema is older than this code expects: run `dlrfeed migrate`."""
+
+    exit_code = 78  # a configuration problem of the deployment, not worth restarting for

@@ -1,0 +1,129 @@
+"""Layered settings: flag > environment (`DLRFEED_*`) > TOML file (`--config`) > default.
+
+The argparse parser of each sub-command is the settings model: its options, types, choices and
+help are declared once, in the command module, and this module only decides where a value that
+was not given as a flag comes from. Values from the environment and the file go through the
+option's own `type` and `choices`, so a bad value fails the same way wherever it was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlrfeed.errors import ConfigError
+
+ENV_PREFIX = "DLRFEED_"
+
+
+def env_name(dest: str) -> str:
+    """`database_url` → `DLRFEED_DATABASE_URL`."""
+    return ENV_PREFIX + dest.upper().replace("-", "_")
+
+
+def _settable_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        action
+        for action in parser._actions  # argparse exposes no public list of a parser's options
+        if action.option_strings
+        and action.dest not in {"help", "config", "version"}
+        and not isinstance(action, argparse._HelpAction)
+    ]
+
+
+def _load_toml(path: str) -> Mapping[str, Any]:
+    try:
+        with Path(path).open("rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    # Accept both `database-url` and `database_url` spellings.
+    return {str(key).replace("-", "_"): value for key, value in data.items()}
+
+
+def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
+    option = action.option_strings[-1]
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in {"1", "true", "yes", "on"}:
+            return True
+        if text in {"0", "false", "no", "off", ""}:
+            return False
+        raise ConfigError(f"{option} from {source}: expected true or false, got {raw!r}")
+    if action.nargs in ("*", "+") or isinstance(action, argparse._AppendAction):
+        items = raw if isinstance(raw, list) else [s for s in str(raw).split(",") if s]
+        return [_convert_one(action, item, option, source) for item in items]
+    return _convert_one(action, raw, option, source)
+
+
+def _convert_one(action: argparse.Action, raw: Any, option: str, source: str) -> Any:
+    value = raw
+    if action.type is not None and callable(action.type):
+        try:
+            value = action.type(str(raw))
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            raise ConfigError(f"{option} from {source}: {exc}") from exc
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise ConfigError(f"{option} from {source}: {raw!r} is not one of {choices}")
+    return value
+
+
+class LayeredDefaults:
+    """Parses argv, then fills every option that was not given from env, then the TOML file."""
+
+    def __init__(
+        self,
+        parser: argparse.ArgumentParser,
+        subparsers: Mapping[str, argparse.ArgumentParser],
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._parser = parser
+        self._subparsers = subparsers
+        self._environ = os.environ if environ is None else environ
+
+    def parse(self, argv: Sequence[str]) -> argparse.Namespace:
+        """The namespace with every setting resolved; records each value's source in `_sources`."""
+        args = self._parser.parse_args(argv)
+        sub = self._subparsers[args.command]
+        given = self._given_dests(sub, argv)
+        config_path = args.config or self._environ.get(ENV_PREFIX + "CONFIG")
+        file_values = _load_toml(config_path) if config_path else {}
+        sources: dict[str, str] = {}
+        for action in _settable_actions(sub):
+            dest = action.dest
+            if dest in given:
+                sources[dest] = "flag"
+                continue
+            name = env_name(dest)
+            if name in self._environ:
+                setattr(args, dest, _convert(action, self._environ[name], f"env {name}"))
+                sources[dest] = "env"
+            elif dest in file_values:
+                setattr(args, dest, _convert(action, file_values[dest], f"config {config_path}"))
+                sources[dest] = "config"
+            else:
+                sources[dest] = "default"
+        unknown = set(file_values) - {a.dest for a in _settable_actions(sub)}
+        if unknown:
+            raise ConfigError(f"config file {config_path}: unknown setting(s) {sorted(unknown)}")
+        args._sources = sources
+        return args
+
+    @staticmethod
+    def _given_dests(sub: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+        """The options that appear on the command line (`--opt value` or `--opt=value`)."""
+        spelled = {token.split("=", 1)[0] for token in argv if token.startswith("-")}
+        return {
+            action.dest
+            for action in _settable_actions(sub)
+            if any(option in spelled for option in action.option_strings)
+        }

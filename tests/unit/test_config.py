@@ -1,0 +1,81 @@
+"""CONTRACT §3: flag > env (DLRFEED_*) > TOML file (--config) > default, with one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from dlrfeed.config import LayeredDefaults
+from dlrfeed.errors import ConfigError
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog="dlrfeed")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    run = subparsers.add_parser("run")
+    run.add_argument("--config")
+    run.add_argument("--streams", type=int, default=2)
+    run.add_argument("--mode", choices=["auto", "subscribe", "pull"], default="auto")
+    run.add_argument("--tls", action="store_true")
+    run.add_argument("--database-url", default=None)
+    return parser, {"run": run}
+
+
+def test_flag_beats_env_beats_file_beats_default(tmp_path: Path) -> None:
+    config = tmp_path / "dlrfeed.toml"
+    config.write_text('streams = 5\nmode = "pull"\ndatabase-url = "postgresql://file"\n')
+    env = {"DLRFEED_MODE": "subscribe", "DLRFEED_DATABASE_URL": "postgresql://env"}
+    parser, subs = _parsers()
+    args = LayeredDefaults(parser, subs, env).parse(
+        ["run", "--config", str(config), "--database-url=postgresql://flag"]
+    )
+    assert args.database_url == "postgresql://flag"
+    assert args.mode == "subscribe"
+    assert args.streams == 5
+    assert args.tls is False
+    assert args._sources == {
+        "database_url": "flag",
+        "mode": "env",
+        "streams": "config",
+        "tls": "default",
+    }
+
+
+def test_env_values_go_through_the_option_type() -> None:
+    parser, subs = _parsers()
+    args = LayeredDefaults(parser, subs, {"DLRFEED_STREAMS": "4", "DLRFEED_TLS": "yes"}).parse(
+        ["run"]
+    )
+    assert args.streams == 4
+    assert args.tls is True
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DLRFEED_STREAMS": "many"}, "--streams from env DLRFEED_STREAMS"),
+        ({"DLRFEED_MODE": "webhook"}, "'webhook' is not one of auto, subscribe, pull"),
+        ({"DLRFEED_TLS": "maybe"}, "expected true or false"),
+    ],
+)
+def test_bad_env_value_is_one_clear_line(env: dict[str, str], message: str) -> None:
+    parser, subs = _parsers()
+    with pytest.raises(ConfigError, match=message) as info:
+        LayeredDefaults(parser, subs, env).parse(["run"])
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_or_unreadable_config_file_is_an_error(tmp_path: Path) -> None:
+    parser, subs = _parsers()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("stremas = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['stremas'\]"):
+        LayeredDefaults(parser, subs, {}).parse(["run", "--config", str(bad)])
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        LayeredDefaults(parser, subs, {}).parse(["run", "--config", str(tmp_path / "none")])
+    broken = tmp_path / "broken.toml"
+    broken.write_text("streams = = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        LayeredDefaults(parser, subs, {}).parse(["run", "--config", str(broken)])
