@@ -9,7 +9,7 @@ PROTO   := protos/gateway/receipts/v1/feed.proto
 DURATION ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install postgres proto lint test run bench chaos fuzz clean
+.PHONY: help install system-packages proto lint test run bench chaos fuzz clean
 
 help:
 	@echo "make run     local demo: PostgreSQL + fake gateway + traffic + dlrfeed, live view (DURATION=s to stop by itself)"
@@ -27,10 +27,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP) postgres
+install: $(STAMP) system-packages
 
-postgres:
-	@bash scripts/ensure-postgres.sh
+system-packages:
+	@bash scripts/ensure-system-packages.sh
 
 proto: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m grpc_tools.protoc -Iprotos \

@@ -40,7 +40,9 @@ def server_bindir() -> Path:
         reverse=True,
     )
     if not versions:
-        raise RuntimeError("PostgreSQL server binaries not found: run scripts/ensure-postgres.sh")
+        raise RuntimeError(
+            "PostgreSQL server binaries not found: run scripts/ensure-system-packages.sh"
+        )
     return Path(versions[0]).parent
 
 

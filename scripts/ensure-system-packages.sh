@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Makes sure the machine has the system programs the project runs against for real:
+# - PostgreSQL's server binaries (initdb, pg_ctl, postgres), for throwaway test/demo clusters;
+# - systemd-analyze, with which the tests verify and score the shipped systemd units.
+# Installs Debian's packages when they are absent and we may (root); otherwise says exactly
+# what is missing. Throwaway clusters themselves are started by scripts/pgcluster.py.
+set -euo pipefail
+
+have_postgres() {
+  local dir
+  dir=$(pg_config --bindir 2>/dev/null || true)
+  if [ -n "$dir" ] && [ -x "$dir/initdb" ]; then return 0; fi
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
+have_systemd_analyze() { command -v systemd-analyze >/dev/null; }
+
+missing=()
+have_postgres || missing+=(postgresql)
+have_systemd_analyze || missing+=(systemd)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing system packages: ${missing[*]} (Debian: sudo apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "installing system packages: ${missing[*]} (apt-get)..." >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# policy-rc.d keeps package scripts from starting services in this container.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+have_postgres || { echo "postgresql installed but initdb still not found" >&2; exit 1; }
+have_systemd_analyze || { echo "systemd installed but systemd-analyze not found" >&2; exit 1; }
