@@ -25,7 +25,8 @@ def env_name(dest: str) -> str:
     return ENV_PREFIX + dest.upper().replace("-", "_")
 
 
-def _settable_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+def settable_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The options of `parser` that are settings (everything but --help, --config, --version)."""
     return [
         action
         for action in parser._actions  # argparse exposes no public list of a parser's options
@@ -98,7 +99,7 @@ class LayeredDefaults:
         config_path = args.config or self._environ.get(ENV_PREFIX + "CONFIG")
         file_values = _load_toml(config_path) if config_path else {}
         sources: dict[str, str] = {}
-        for action in _settable_actions(sub):
+        for action in settable_actions(sub):
             dest = action.dest
             if dest in given:
                 sources[dest] = "flag"
@@ -112,7 +113,7 @@ class LayeredDefaults:
                 sources[dest] = "config"
             else:
                 sources[dest] = "default"
-        unknown = set(file_values) - {a.dest for a in _settable_actions(sub)}
+        unknown = set(file_values) - {a.dest for a in settable_actions(sub)}
         if unknown:
             raise ConfigError(f"config file {config_path}: unknown setting(s) {sorted(unknown)}")
         args._sources = sources
@@ -124,6 +125,6 @@ class LayeredDefaults:
         spelled = {token.split("=", 1)[0] for token in argv if token.startswith("-")}
         return {
             action.dest
-            for action in _settable_actions(sub)
+            for action in settable_actions(sub)
             if any(option in spelled for option in action.option_strings)
         }
