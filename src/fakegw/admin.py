@@ -1,0 +1,140 @@
+"""The admin service `fakegw.admin.v1.Admin`, served on the feed's port.
+
+Every method is unary-unary with a JSON object as request and response body (UTF-8 bytes), so
+no extra proto is needed; callers authenticate with the same Basic credentials as the feed and
+act on their own login. Methods:
+
+| method   | request                                  | response                              |
+| -------- | ---------------------------------------- | ------------------------------------- |
+| `Inject` | `{"receipts": [webhook body, ...]}`      | `{"enqueued", "dropped_at_cap"}`      |
+| `Send`   | `{"messages": [sent message, ...]}`      | `{"registered"}`                      |
+| `Report` | `{"receipts": [webhook body, ...]}`      | `{"enqueued", "filtered", ...}`       |
+| `Stats`  | `{}`                                     | counters (`queued`, `in_flight`, ...) |
+| `Ledger` | `{"after": id, "limit": n}`              | `{"records": [...], "next": id}`      |
+| `Faults` | `{"set": {knob: value, ...}}` (optional) | the current knobs                     |
+| `Sweep`  | `{}`                                     | `{}` after leases/retention/deadline  |
+
+Malformed requests answer INVALID_ARGUMENT with the reason.
+
+Authentication: the login's Basic credentials, exactly as on the feed. For command-line
+convenience (CONTRACT section 2: `fakegw inject --login NAME` takes no password) a caller on
+the loopback interface may instead name a configured login in metadata `fakegw-login`. The feed
+itself never accepts that header.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+if TYPE_CHECKING:
+    from fakegw.server import FakeGateway
+
+JsonObject = dict[str, Any]
+AdminMethod = Callable[["FakeGateway", str, JsonObject], Awaitable[JsonObject]]
+
+
+def _decode(payload: bytes) -> JsonObject:
+    value = json.loads(payload.decode("utf-8")) if payload else {}
+    if not isinstance(value, dict):
+        raise TypeError("the request body must be a JSON object")
+    return value
+
+
+def _encode(value: JsonObject) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _list_of_objects(request: JsonObject, key: str) -> list[dict[str, Any]]:
+    items = request.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise ValueError(f"{key!r} must be a list of JSON objects")
+    return items
+
+
+async def _inject(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+    return dict(await gw.inject(login, _list_of_objects(request, "receipts")))
+
+
+async def _send(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+    return dict(await gw.send(login, _list_of_objects(request, "messages")))
+
+
+async def _report(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+    return dict(await gw.report(login, _list_of_objects(request, "receipts")))
+
+
+async def _stats(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+    return dict(gw.stats(login))
+
+
+async def _ledger(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+    after = int(request.get("after", 0))
+    limit = int(request.get("limit", 10_000))
+    return gw.ledger(login, after=after, limit=limit)
+
+
+async def _faults(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+    changes = request.get("set", {})
+    if not isinstance(changes, dict):
+        raise TypeError("'set' must be a JSON object")
+    gw.faults.update(changes)
+    return gw.faults.to_dict()
+
+
+async def _sweep(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+    await gw.sweep()
+    return {}
+
+
+ADMIN_METHODS: dict[str, AdminMethod] = {
+    "Inject": _inject,
+    "Send": _send,
+    "Report": _report,
+    "Stats": _stats,
+    "Ledger": _ledger,
+    "Faults": _faults,
+    "Sweep": _sweep,
+}
+
+
+LOGIN_HEADER = "fakegw-login"
+
+
+def _is_loopback(peer: str) -> bool:
+    return peer.startswith(("ipv4:127.", "ipv6:[::1]", "ipv6:%5B::1%5D", "unix:"))
+
+
+def _loopback_login(gw: FakeGateway, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == LOGIN_HEADER and isinstance(value, str) and value in gw.queues:
+            return value if _is_loopback(context.peer()) else None
+    return None
+
+
+def admin_handlers(gw: FakeGateway) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """grpc method handlers for every admin method, bound to one gateway."""
+
+    def bind(method: AdminMethod) -> Callable[..., Awaitable[bytes]]:
+        async def handle(payload: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            login = _loopback_login(gw, context)
+            if login is None:
+                login = (await gw.authenticate(context)).login
+            try:
+                request = _decode(payload)
+                response = await method(gw, login, request)
+            except (ValueError, TypeError) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return _encode(response)
+
+        return handle
+
+    return {
+        name: grpc.unary_unary_rpc_method_handler(
+            bind(method), request_deserializer=None, response_serializer=None
+        )
+        for name, method in ADMIN_METHODS.items()
+    }

@@ -1,0 +1,178 @@
+"""`fakegw`: serve the fake gateway, and feed or inspect a running one (CONTRACT section 2)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+import grpc
+
+from fakegw.admin_client import SyncAdminClient
+from fakegw.faults import Faults
+from fakegw.server import FakeGateway
+
+_CHUNK = 5000  # receipts per admin call when reading a file
+
+
+def _login_pair(text: str) -> tuple[str, str]:
+    name, sep, password = text.partition(":")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME:PASSWORD, got {text!r}")
+    return name, password
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fakegw", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the fake gateway")
+    serve.add_argument("--listen", type=_host_port, default=("127.0.0.1", 50051))
+    serve.add_argument("--login", type=_login_pair, action="append", required=True)
+    serve.add_argument("--store", default=":memory:", help="SQLite file (WAL) or :memory:")
+    serve.add_argument("--lease-seconds", type=float, default=120.0)
+    serve.add_argument("--max-window", type=int, default=1000)
+    serve.add_argument("--cap", type=int, default=1_000_000)
+    serve.add_argument("--retention-seconds", type=float, default=604_800.0)
+    serve.add_argument("--dlr-deadline-seconds", type=float, default=86_400.0)
+    serve.add_argument("--housekeeping-seconds", type=float, default=None)
+    faults = serve.add_argument_group("faults (seedable: same seed + same calls = same run)")
+    faults.add_argument("--seed", type=int, default=0)
+    faults.add_argument("--duplicate-rate", type=float, default=0.0)
+    faults.add_argument("--cut-stream-every", type=int, default=0)
+    faults.add_argument("--unavailable-rate", type=float, default=0.0)
+    faults.add_argument("--ack-lost-rate", type=float, default=0.0)
+    faults.add_argument("--latency-ms", type=float, default=0.0)
+    faults.add_argument("--no-subscribe", action="store_true")
+
+    for name, help_text in (
+        ("inject", "enqueue receipts given as JSON lines (webhook bodies)"),
+        ("send", "register sent messages given as JSON lines (F2/F3 simulation)"),
+        ("report", "network receipts for sent messages, JSON lines; F2 filters them"),
+        ("stats", "print one JSON object of queue counters"),
+        ("faults", "print (and with --set K=V, change) the fault knobs"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--target", required=True)
+        sub.add_argument("--login", required=True)
+        sub.add_argument(
+            "--password",
+            default=os.environ.get("FAKEGW_PASSWORD"),
+            help="or env FAKEGW_PASSWORD; without one, the login is named (loopback only)",
+        )
+        if name in ("inject", "send", "report"):
+            sub.add_argument("file", help="JSON lines file, or - for stdin")
+        if name == "faults":
+            sub.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+    return parser
+
+
+def _json_lines(stream: TextIO) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        value = json.loads(line)
+        if not isinstance(value, dict):
+            raise SystemExit(f"line {number}: expected a JSON object")
+        yield value
+
+
+def _chunks(items: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= _CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+@contextlib.contextmanager
+def _open_input(path: str) -> Iterator[TextIO]:
+    if path == "-":
+        yield sys.stdin
+    else:
+        with open(path, encoding="utf-8") as stream:
+            yield stream
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    host, port = args.listen
+    gateway = FakeGateway(
+        dict(args.login),
+        store=args.store,
+        lease_seconds=args.lease_seconds,
+        max_window=args.max_window,
+        cap=args.cap,
+        retention_seconds=args.retention_seconds,
+        dlr_deadline_seconds=args.dlr_deadline_seconds,
+        housekeeping_seconds=args.housekeeping_seconds,
+        faults=Faults(
+            seed=args.seed,
+            duplicate_rate=args.duplicate_rate,
+            cut_stream_every=args.cut_stream_every,
+            unavailable_rate=args.unavailable_rate,
+            ack_lost_rate=args.ack_lost_rate,
+            latency_ms=args.latency_ms,
+            no_subscribe=args.no_subscribe,
+        ),
+    )
+    bound = await gateway.start(host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    # One JSON line on stdout, so scripts that bind port 0 learn the real port.
+    print(json.dumps({"event": "listening", "target": f"{host}:{bound}"}), flush=True)
+    await stop.wait()
+    await gateway.stop()
+    return 0
+
+
+def _admin_command(args: argparse.Namespace) -> int:
+    totals: dict[str, Any] = {}
+    with SyncAdminClient(args.target, args.login, args.password) as admin:
+        if args.command == "stats":
+            totals = admin.stats()
+        elif args.command == "faults":
+            changes: dict[str, Any] = {}
+            for item in args.set:
+                knob, _, value = item.partition("=")
+                changes[knob] = json.loads(value)
+            totals = admin.faults(**changes)
+        else:
+            call = {"inject": admin.inject, "send": admin.send, "report": admin.report}[
+                args.command
+            ]
+            with _open_input(args.file) as stream:
+                for chunk in _chunks(_json_lines(stream)):
+                    for key, value in call(chunk).items():
+                        totals[key] = totals.get(key, 0) + value
+    print(json.dumps(totals, sort_keys=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fakegw` console script."""
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return asyncio.run(_serve(args))
+    try:
+        return _admin_command(args)
+    except grpc.RpcError as exc:
+        print(f"fakegw {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1

@@ -1,0 +1,234 @@
+"""Write-through persistence for fakegw: SQLite in WAL mode, written in batches off the loop.
+
+The live queue is an in-memory index (fakegw.queue); this module makes it durable (F1). Every
+change is appended to a pending batch; one writer task commits all pending changes in a single
+SQLite transaction on a dedicated thread, so per-receipt cost is one tuple append, and a burst
+of N changes costs one commit. Calls that must be durable before they answer (Inject, Ack)
+await `commit()`. With `synchronous=NORMAL` in WAL mode a committed change survives `kill -9`
+of the process (not a power cut, which a test fake does not need).
+
+`:memory:` uses `NullPersistence`: nothing is written, for benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS receipts (
+    seq INTEGER PRIMARY KEY,
+    login TEXT NOT NULL,
+    fields TEXT NOT NULL,
+    enqueued_at REAL NOT NULL,
+    delivery_count INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    login TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    at REAL NOT NULL,
+    fields TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sent (
+    login TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    message TEXT NOT NULL,
+    sent_at REAL NOT NULL,
+    resolved INTEGER NOT NULL,
+    PRIMARY KEY (login, message_id)
+);
+"""
+
+
+@dataclass
+class LoadedState:
+    """Everything a starting fakegw reads back from its store."""
+
+    hmac_key: bytes
+    receipts: list[tuple[int, str, str, float, int]] = field(default_factory=list)
+    ledger: list[tuple[int, str, str, int, str, float, str]] = field(default_factory=list)
+    sent: list[tuple[str, str, str, float, int]] = field(default_factory=list)
+
+
+@dataclass
+class PendingChanges:
+    """One batch of changes waiting for the writer."""
+
+    receipts_insert: list[tuple[int, str, str, float, int]] = field(default_factory=list)
+    receipts_delete: list[tuple[int]] = field(default_factory=list)
+    delivery_counts: list[tuple[int, int]] = field(default_factory=list)
+    ledger_insert: list[tuple[int, str, str, int, str, float, str]] = field(default_factory=list)
+    sent_upsert: list[tuple[str, str, str, float, int]] = field(default_factory=list)
+    sent_resolve: list[tuple[str, str]] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (
+            self.receipts_insert
+            or self.receipts_delete
+            or self.delivery_counts
+            or self.ledger_insert
+            or self.sent_upsert
+            or self.sent_resolve
+        )
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON as stored in the database and the ledger."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class NullPersistence:
+    """`--store :memory:`: keeps nothing, commits instantly."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self.pending = PendingChanges()
+
+    def load(self) -> LoadedState:
+        return LoadedState(hmac_key=os.urandom(32))
+
+    def mark_dirty(self) -> None:
+        # Nothing is ever written; drop what accumulated so memory stays flat.
+        self.pending = PendingChanges()
+
+    async def commit(self) -> None:
+        self.pending = PendingChanges()
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class SqlitePersistence:
+    """A SQLite file (WAL) written in batches by one writer task on one dedicated thread."""
+
+    durable = True
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fakegw-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self.pending = PendingChanges()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def load(self) -> LoadedState:
+        """Open (creating if needed) the store and read its state; runs before serving."""
+        conn = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=10000")
+        conn.executescript(_SCHEMA)
+        # F9: the HMAC key is created once and shared by every process opening this store.
+        conn.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('hmac_key', ?)", (os.urandom(32),)
+        )
+        (key,) = conn.execute("SELECT value FROM meta WHERE key = 'hmac_key'").fetchone()
+        state = LoadedState(hmac_key=bytes(key))
+        state.receipts = conn.execute(
+            "SELECT seq, login, fields, enqueued_at, delivery_count FROM receipts ORDER BY seq"
+        ).fetchall()
+        state.ledger = conn.execute(
+            "SELECT id, kind, login, seq, token, at, fields FROM ledger ORDER BY id"
+        ).fetchall()
+        state.sent = conn.execute(
+            "SELECT login, message_id, message, sent_at, resolved FROM sent ORDER BY sent_at"
+        ).fetchall()
+        self._conn = conn
+        return state
+
+    async def start(self) -> None:
+        self._writer = asyncio.create_task(self._write_loop(), name="fakegw-sqlite-writer")
+
+    def mark_dirty(self) -> None:
+        """Tell the writer there are pending changes (it batches whatever piles up meanwhile)."""
+        self._wake.set()
+
+    async def commit(self) -> None:
+        """Return once everything pending at the time of the call is committed."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        await future
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self.pending = self.pending, PendingChanges()
+            waiters, self._waiters = self._waiters, []
+            try:
+                if not batch.empty():
+                    await loop.run_in_executor(self._executor, self._write, batch)
+            except BaseException as exc:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc if isinstance(exc, Exception) else RuntimeError())
+                raise
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            if self._closing and self.pending.empty() and not self._waiters:
+                return
+
+    def _write(self, batch: PendingChanges) -> None:
+        conn = self._conn
+        assert conn is not None
+        conn.execute("BEGIN")
+        try:
+            conn.executemany(
+                "INSERT OR REPLACE INTO receipts (seq, login, fields, enqueued_at, delivery_count)"
+                " VALUES (?, ?, ?, ?, ?)",
+                batch.receipts_insert,
+            )
+            conn.executemany(
+                "UPDATE receipts SET delivery_count = ? WHERE seq = ?", batch.delivery_counts
+            )
+            conn.executemany("DELETE FROM receipts WHERE seq = ?", batch.receipts_delete)
+            conn.executemany(
+                "INSERT INTO ledger (id, kind, login, seq, token, at, fields)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                batch.ledger_insert,
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO sent (login, message_id, message, sent_at, resolved)"
+                " VALUES (?, ?, ?, ?, ?)",
+                batch.sent_upsert,
+            )
+            conn.executemany(
+                "UPDATE sent SET resolved = 1 WHERE login = ? AND message_id = ?",
+                batch.sent_resolve,
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        """Flush everything pending, stop the writer and close the file."""
+        if self._writer is not None and not self._writer.done():
+            await self.commit()
+            self._closing = True
+            self._wake.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=True)
