@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,3 +89,35 @@ def start_fakegw_process(*extra_args: str) -> tuple[subprocess.Popen[str], str]:
         raise RuntimeError("fakegw exited before listening")
     announced = json.loads(line)
     return process, str(announced["target"])
+
+
+async def wait_until(predicate: Callable[[], bool], within_seconds: float = 5.0) -> None:
+    """Poll `predicate` until true; fail the test after `within_seconds`."""
+    give_up = time.monotonic() + within_seconds
+    while not predicate():
+        assert time.monotonic() < give_up, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+class StreamReader:
+    """Reads a Subscribe stream into a list in the background."""
+
+    def __init__(self, client: FeedClient, window: int = 0) -> None:
+        self.call = client.subscribe(window)
+        self.receipts: list[feed_pb2.Receipt] = []
+        self.error: grpc.aio.AioRpcError | None = None
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for receipt in self.call:
+                self.receipts.append(receipt)
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+        except asyncio.CancelledError:
+            return
+
+    async def stop(self) -> None:
+        """Cancel the stream and wait for the reader to finish."""
+        self.call.cancel()
+        await self.task

@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--cap", type=int, default=1_000_000)
     serve.add_argument("--retention-seconds", type=float, default=604_800.0)
     serve.add_argument("--dlr-deadline-seconds", type=float, default=86_400.0)
+    serve.add_argument("--max-pull-wait-seconds", type=float, default=20.0)
     serve.add_argument("--housekeeping-seconds", type=float, default=None)
     faults = serve.add_argument_group("faults (seedable: same seed + same calls = same run)")
     faults.add_argument("--seed", type=int, default=0)
@@ -121,6 +122,7 @@ async def _serve(args: argparse.Namespace) -> int:
         retention_seconds=args.retention_seconds,
         dlr_deadline_seconds=args.dlr_deadline_seconds,
         housekeeping_seconds=args.housekeeping_seconds,
+        max_pull_wait_seconds=args.max_pull_wait_seconds,
         faults=Faults(
             seed=args.seed,
             duplicate_rate=args.duplicate_rate,

@@ -71,6 +71,7 @@ class FakeGateway:
         dlr_deadline_seconds: float = 86_400.0,
         faults: Faults | None = None,
         housekeeping_seconds: float | None = None,
+        max_pull_wait_seconds: float = MAX_PULL_WAIT_SECONDS,
     ) -> None:
         if not logins:
             raise ValueError("at least one login is needed")
@@ -81,6 +82,7 @@ class FakeGateway:
         self.cap = cap
         self.retention_seconds = retention_seconds
         self.dlr_deadline_seconds = dlr_deadline_seconds
+        self.max_pull_wait_seconds = max_pull_wait_seconds
         self.faults = faults if faults is not None else Faults()
         # Leases, retention and deadlines are checked this often; short leases get short ticks.
         self.housekeeping_seconds = housekeeping_seconds or min(0.5, max(0.02, lease_seconds / 20))
@@ -475,6 +477,8 @@ class FakeGateway:
                         continue
                 # F11: at the window the stream pauses until acks arrive, on any channel.
                 await changed.wait()
+            # A gateway going down ends its streams with an error, as a restart would.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway shutting down")
         finally:
             queue.streams -= 1
             # F7: a stream that ends releases its unacked receipts at once.
@@ -491,7 +495,7 @@ class FakeGateway:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
         # F10: at most 1000 (unset means 1000), wait at most 20 s; larger values are clamped.
         limit = min(request.max or MAX_PULL, MAX_PULL)
-        wait = min(request.wait_seconds, MAX_PULL_WAIT_SECONDS)
+        wait = min(float(request.wait_seconds), self.max_pull_wait_seconds)
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + wait
         while True:
@@ -499,6 +503,9 @@ class FakeGateway:
             batch = queue.take(limit, queue.pull_holder, time.time()) if queue.ready else []
             if batch:
                 self._note_deliveries(batch)
+                if self.persistence.durable:
+                    # The delivery counts are on disk before the receipts leave (F6 after kill -9).
+                    await self.persistence.commit()
                 return pull_response_bytes(
                     delivery_bytes(e.base, e.token_bytes, e.delivery_count) for e in batch
                 )
