@@ -121,3 +121,13 @@ class StreamReader:
         """Cancel the stream and wait for the reader to finish."""
         self.call.cancel()
         await self.task
+
+
+def stop_fakegw_process(process: subprocess.Popen[str], signum: int) -> int:
+    """Send `signum` (SIGKILL for a crash, SIGTERM for a clean stop); wait; close the pipe."""
+    process.send_signal(signum)
+    try:
+        return process.wait(timeout=10)
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
