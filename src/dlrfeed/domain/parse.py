@@ -1,0 +1,248 @@
+"""Parsing and normalisation: raw receipt fields in, storable raw + normalised fields out.
+
+Pure (no I/O). Nothing is discarded: a value that cannot be normalised stays raw and is flagged
+(P9, P17, C4). Everything here runs once per receipt on the ingest hot path, so it is written
+for speed: dictionary look-ups and string slicing, no regular expressions, no strptime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from functools import lru_cache
+from zoneinfo import ZoneInfo
+
+from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.status import STAT_TO_STATUS, Status
+
+PARSER_VERSION = "parse-1"
+"""P8: recorded on every reception and event; bump when the parse of some input changes."""
+
+_NUL = "\x00"
+_NUL_ESCAPE = "\\u0000"  # the six characters \u0000: visible, storable in text and jsonb
+_ABSENT = "\x1e"  # stands for an absent field inside the fingerprint (never in a storable value)
+# A btree index entry must stay under ~2,700 bytes: ids (indexed) get a tighter cap than other
+# fields; 512 characters is at most 2,048 bytes of UTF-8.
+MAX_ID_CHARS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class LogicalEvent:
+    """One delivery, parsed: every text field storable, the normalised forms beside the raw.
+
+    `message_id` and `level` are the logical key within a login (P14, F8); `fingerprint` tells a
+    repeat from a conflict; `correlation_id` is the id looked up among sent messages (P10).
+    """
+
+    message_id: str
+    correlation_id: str
+    level: int
+    stat: str
+    status: Status
+    err: str | None
+    sub: str | None
+    dlvrd: str | None
+    submit_date_raw: str | None
+    submit_at: datetime | None
+    done_date_raw: str | None
+    done_at: datetime | None
+    text: str | None
+    source_addr: str | None
+    destination_addr: str | None
+    smsc_message_id: str | None
+    connector: str | None
+    delivery_count: int
+    received_at: float
+    raw: bytes
+    fingerprint: str
+    flags: tuple[str, ...]
+
+
+def fingerprint(stat: str, err: str | None, done_date: str | None) -> str:
+    """P14: the documented fingerprint of a logical event's content.
+
+    The content that makes two deliveries of one key "the same" is the raw `stat`, `err` and
+    `done_date` (processing.md P14). Absent and empty are different values. The raw text is
+    hashed (surrogates passed through), so truncation for storage never merges two contents.
+    """
+    joined = "\x1f".join(
+        (stat, _ABSENT if err is None else err, _ABSENT if done_date is None else done_date)
+    )
+    return hashlib.blake2b(joined.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def storable(value: str, field: str, limit: int, flags: list[str]) -> str:
+    """A text value PostgreSQL accepts: NUL escaped as `\\u0000`, at most `limit` characters.
+
+    Flags `nul_escaped:<field>` / `truncated:<field>` record that the column differs from the
+    raw payload, which is always kept whole (C8, docs/rules.md "storable fields").
+    """
+    if _NUL in value:
+        value = value.replace(_NUL, _NUL_ESCAPE)
+        flags.append(f"nul_escaped:{field}")
+    if len(value) > limit:
+        value = value[:limit]
+        flags.append(f"truncated:{field}")
+    return value
+
+
+@lru_cache(maxsize=32)
+def zone(name: str) -> tzinfo:
+    """The tzinfo of an IANA zone name (cached: looked up once per name)."""
+    return ZoneInfo(name)
+
+
+def _digits(value: str) -> bool:
+    return value.isascii() and value.isdigit()
+
+
+def parse_reported_date(raw: str, tz: tzinfo) -> datetime | None:
+    """A reported date in one of the documented forms, in `tz` unless it names its own offset.
+
+    Forms: SMPP `YYMMDDhhmm` and `YYMMDDhhmmss` (years 00-99 → 2000-2099), `YYYYMMDDhhmmss`,
+    and ISO 8601 (`YYYY-MM-DD hh:mm[:ss]`, `T` separator, optional `Z`/offset). None when `raw`
+    is none of these or names an impossible time.
+    """
+    try:
+        if _digits(raw):
+            n = len(raw)
+            if n in (10, 12):
+                second = int(raw[10:12]) if n == 12 else 0
+                return datetime(
+                    2000 + int(raw[0:2]),
+                    int(raw[2:4]),
+                    int(raw[4:6]),
+                    int(raw[6:8]),
+                    int(raw[8:10]),
+                    second,
+                    tzinfo=tz,
+                )
+            if n == 14:
+                return datetime(
+                    int(raw[0:4]),
+                    int(raw[4:6]),
+                    int(raw[6:8]),
+                    int(raw[8:10]),
+                    int(raw[10:12]),
+                    int(raw[12:14]),
+                    tzinfo=tz,
+                )
+            return None
+        if len(raw) >= 16 and raw[4:5] == "-" and raw.isascii():
+            parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=tz)
+    except ValueError:
+        return None
+    return None
+
+
+def _date(
+    raw: str | None, field: str, tz: tzinfo, limit: int, flags: list[str]
+) -> tuple[str | None, datetime | None]:
+    if raw is None:
+        return None, None
+    if raw == "" or raw.upper() == "ND":
+        # SMPP "not delivered"/empty date: a documented absence of a time, kept raw and flagged.
+        flags.append(f"{field}_{'empty' if raw == '' else 'nd'}")
+        return raw, None
+    parsed = parse_reported_date(raw, tz)
+    if parsed is None:
+        flags.append(f"{field}_unparsed")
+    return storable(raw, field, limit, flags), parsed
+
+
+def correlation_id(message_id: str, options: IntegrationOptions, flags: list[str]) -> str:
+    """P10: the id to look up among sent messages; the raw id unless an option says otherwise."""
+    if options.receipt_ids_hex:
+        try:
+            return str(int(message_id, 16))
+        except ValueError:
+            flags.append("id_not_hex")
+    return message_id
+
+
+def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
+    """Parse one delivery: raw fields made storable, status and dates normalised, flags set.
+
+    Never raises for any field content: garbage is kept and flagged (C4). Unknown `stat` maps to
+    UNRECOGNIZED (P17); a level other than 1 or 2 is kept and flagged `level_unexpected`.
+    """
+    flags: list[str] = []
+    limit = options.max_field_chars
+    tz = zone(options.receipt_timezone)
+    message_id = storable(receipt.message_id, "id", min(limit, MAX_ID_CHARS), flags)
+    stat = receipt.stat
+    status = STAT_TO_STATUS.get(stat)
+    if status is None:
+        status = Status.UNRECOGNIZED
+        flags.append("stat_unrecognized")
+        stat = storable(stat, "stat", limit, flags)
+    level = receipt.level
+    if level != 1 and level != 2:
+        flags.append("level_unexpected")
+    err = receipt.err
+    if err is not None:
+        err = storable(err, "err", limit, flags)
+    submit_raw, submit_at = _date(receipt.submit_date, "submit_date", tz, limit, flags)
+    done_raw, done_at = _date(receipt.done_date, "done_date", tz, limit, flags)
+    optional = [
+        None if value is None else storable(value, name, limit, flags)
+        for name, value in (
+            ("sub", receipt.sub),
+            ("dlvrd", receipt.dlvrd),
+            ("text", receipt.text),
+            ("source_addr", receipt.source_addr),
+            ("destination_addr", receipt.destination_addr),
+            ("smsc_message_id", receipt.smsc_message_id),
+            ("connector", receipt.connector),
+        )
+    ]
+    return LogicalEvent(
+        message_id=message_id,
+        correlation_id=correlation_id(message_id, options, flags),
+        level=level,
+        stat=stat,
+        status=status,
+        err=err,
+        sub=optional[0],
+        dlvrd=optional[1],
+        submit_date_raw=submit_raw,
+        submit_at=submit_at,
+        done_date_raw=done_raw,
+        done_at=done_at,
+        text=optional[2],
+        source_addr=optional[3],
+        destination_addr=optional[4],
+        smsc_message_id=optional[5],
+        connector=optional[6],
+        delivery_count=receipt.delivery_count,
+        received_at=receipt.received_at,
+        raw=receipt.raw,
+        fingerprint=fingerprint(receipt.stat, receipt.err, receipt.done_date),
+        flags=tuple(flags),
+    )
+
+
+def normalise_destination(raw: str, options: IntegrationOptions) -> tuple[str, bool]:
+    """P5: the destination in E.164 (`+` and 8-15 digits) when that is certain, else raw.
+
+    Spaces, dots, dashes and parentheses are dropped; a leading `00` is the international
+    prefix. Bare digits count as international only with `bare_digits_are_international`.
+    Returns (value, is_e164).
+    """
+    compact = raw.strip()
+    for separator in (" ", "-", ".", "(", ")"):
+        compact = compact.replace(separator, "")
+    if compact.startswith("+"):
+        digits = compact[1:]
+    elif compact.startswith("00"):
+        digits = compact[2:]
+    elif options.bare_digits_are_international:
+        digits = compact
+    else:
+        return raw, False
+    if _digits(digits) and 8 <= len(digits) <= 15 and digits[0] != "0":
+        return "+" + digits, True
+    return raw, False

@@ -1,0 +1,222 @@
+"""Every SQL statement of the store, as named constants ($n parameters only, set-based).
+
+Each statement takes whole arrays (`unnest`) so that a batch costs a handful of round trips,
+never one per receipt (DESIGN "the ingest transaction"). Locks are always taken in sorted key
+order: message rows (or, for ids with no message yet, advisory locks) first, event rows second,
+so concurrent ingests never wait on each other in a cycle.
+"""
+
+from __future__ import annotations
+
+# Advisory locks of correlation ids use the two-int4 form with this namespace, so they never
+# collide with the migration lock (one bigint) of dlrfeed.store.migrate.
+CORRELATION_LOCK_NAMESPACE = 0x646C72  # "dlr"
+
+# -- name: lock_messages
+# P10: exact correlation by message id within the login; the row lock serialises every status
+# computation of that message (FOR NO KEY UPDATE still lets FK checks of message_status pass).
+LOCK_MESSAGES = """
+SELECT message_id
+FROM dlr.messages
+WHERE login = $1 AND message_id = ANY($2::text[])
+ORDER BY message_id
+FOR NO KEY UPDATE
+"""
+
+# -- name: lock_correlation_ids
+# Ids with no message yet: an advisory lock per id, in sorted order, so that a concurrent
+# record_submissions either sees our uncorrelated exception or we see its message (late
+# correlation is never missed).
+LOCK_CORRELATION_IDS = f"""
+SELECT count(pg_advisory_xact_lock({CORRELATION_LOCK_NAMESPACE}, hashtext($1 || chr(31) || k)))
+FROM (SELECT k FROM unnest($2::text[]) AS k ORDER BY k) AS sorted
+"""
+
+# -- name: read_statuses
+# The held status of each correlated message, its supporting event's facts, and - for messages
+# with no status yet - the repeat/conflict counts of their earlier (unapplied) events.
+READ_STATUSES = """
+SELECT k.message_id,
+       s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
+       s.progress_events, s.deadline_superseded,
+       e.status AS basis_status, e.stat AS basis_stat, e.err AS basis_err,
+       e.done_at AS basis_done_at, e.fingerprint AS basis_fingerprint,
+       o.repeats AS orphan_repeats, o.conflicts AS orphan_conflicts
+FROM unnest($2::text[]) AS k(message_id)
+LEFT JOIN dlr.message_status AS s ON s.login = $1 AND s.message_id = k.message_id
+LEFT JOIN dlr.events AS e ON e.id = s.supporting_event_id
+LEFT JOIN LATERAL (
+    SELECT coalesce(sum(x.times_received - 1), 0)::int AS repeats,
+           coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
+    FROM dlr.events AS x
+    WHERE s.message_id IS NULL AND x.login = $1 AND x.correlation_id = k.message_id
+) AS o ON true
+"""
+
+# -- name: insert_events
+# P14: insert-or-detect of logical events; one row per distinct key of the batch, sorted.
+INSERT_EVENTS = """
+INSERT INTO dlr.events (
+    login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
+    fingerprint, flags, parser_version, rules_version, first_received_at, last_received_at)
+SELECT $1, u.message_id, u.correlation_id, u.level, u.stat, u.status, u.err, u.done_raw,
+       u.done_at, u.fingerprint, string_to_array(u.flags, ' '), $2, $3,
+       to_timestamp(u.received_at), to_timestamp(u.received_at)
+FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[],
+            $10::text[], $11::timestamptz[], $12::text[], $13::text[], $14::float8[])
+     AS u(message_id, correlation_id, level, stat, status, err, done_raw, done_at,
+          fingerprint, flags, received_at)
+ORDER BY u.message_id, u.level
+ON CONFLICT (login, message_id, level) DO NOTHING
+RETURNING id, message_id, level
+"""
+
+# -- name: lock_existing_events
+# Keys that were already stored: their content fingerprint, rows locked in key order (their
+# counters are updated at the end of the transaction).
+LOCK_EXISTING_EVENTS = """
+SELECT e.id, e.message_id, e.level, e.fingerprint
+FROM dlr.events AS e
+JOIN unnest($2::text[], $3::bigint[]) AS k(message_id, level)
+  ON e.message_id = k.message_id AND e.level = k.level
+WHERE e.login = $1
+ORDER BY e.message_id, e.level
+FOR NO KEY UPDATE OF e
+"""
+
+# -- name: write_batch
+# One statement for everything else: receptions (append-only, with their outcome), exceptions
+# (joined to their reception by batch position), the new statuses, the events' counters.
+WRITE_BATCH = """
+WITH rec_in AS MATERIALIZED (
+    SELECT nextval('dlr.receptions_id_seq') AS id, u.*
+    FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+                $9::text[], $10::timestamptz[], $11::text[], $12::timestamptz[], $13::text[],
+                $14::text[], $15::text[], $16::text[], $17::text[], $18::bigint[],
+                $19::float8[], $20::bytea[], $21::text[], $22::text[], $23::bigint[])
+         WITH ORDINALITY
+         AS u(message_id, level, stat, err, sub, dlvrd, submit_raw, submit_at, done_raw, done_at,
+              text, source_addr, destination_addr, smsc_message_id, connector, delivery_count,
+              received_at, payload, flags, outcome, event_id, position)
+),
+rec AS (
+    INSERT INTO dlr.receptions (
+        id, login, message_id, level, stat, err, submit_date_raw, submit_at, done_date_raw,
+        done_at, delivery_count, received_at, payload, payload_json, flags, outcome, event_id,
+        parser_version)
+    SELECT r.id, $1, r.message_id, r.level, r.stat, r.err, r.submit_raw, r.submit_at, r.done_raw,
+           r.done_at, r.delivery_count, to_timestamp(r.received_at), r.payload,
+           jsonb_strip_nulls(jsonb_build_object(
+               'id', r.message_id, 'level', r.level, 'stat', r.stat, 'err', r.err,
+               'sub', r.sub, 'dlvrd', r.dlvrd, 'submit_date', r.submit_raw,
+               'done_date', r.done_raw, 'text', r.text, 'source_addr', r.source_addr,
+               'destination_addr', r.destination_addr, 'smsc_message_id', r.smsc_message_id,
+               'connector', r.connector, 'delivery_count', r.delivery_count)),
+           string_to_array(r.flags, ' '), r.outcome, r.event_id, $2
+    FROM rec_in AS r
+),
+exc AS (
+    INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
+    SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id, r.id
+    FROM unnest($24::text[], $25::text[], $26::text[], $27::bigint[], $28::bigint[])
+         AS x(kind, message_id, details, event_id, position)
+    LEFT JOIN rec_in AS r ON r.position = x.position
+),
+st AS (
+    INSERT INTO dlr.message_status (
+        login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
+        progress_events, deadline_superseded, rules_version, updated_at)
+    SELECT $1, s.message_id, s.status, s.is_final, s.reason, s.event_id, s.repeats, s.conflicts,
+           s.progress_events, s.deadline_superseded, $29, now()
+    FROM unnest($30::text[], $31::text[], $32::boolean[], $33::text[], $34::bigint[],
+                $35::int[], $36::int[], $37::int[], $38::boolean[])
+         AS s(message_id, status, is_final, reason, event_id, repeats, conflicts,
+              progress_events, deadline_superseded)
+    ON CONFLICT (login, message_id) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at
+),
+ev AS (
+    UPDATE dlr.events AS e SET
+        times_received = e.times_received + c.repeats,
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+        last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at))
+    FROM unnest($39::bigint[], $40::int[], $41::int[], $42::float8[])
+         AS c(id, repeats, conflicts, received_at)
+    WHERE e.id = c.id
+)
+SELECT count(*) FROM rec_in
+"""
+
+# -- name: insert_unstorable
+# C8: a receipt the database refused, kept as raw bytes in the exceptions queue.
+INSERT_UNSTORABLE = """
+INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence)
+VALUES ('unstorable', $1, $2, $3::jsonb, $4)
+"""
+
+# -- name: insert_messages
+# P5: the sending side; a message id already recorded is left as it was (idempotent).
+INSERT_MESSAGES = """
+INSERT INTO dlr.messages (
+    login, message_id, internal_id, destination, destination_raw, destination_is_e164, source,
+    route, submitted_at, dlr_requested, dlr_level)
+SELECT $1, u.message_id, u.internal_id, u.destination, u.destination_raw, u.is_e164, u.source,
+       u.route, u.submitted_at, u.dlr_requested, u.dlr_level
+FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::boolean[], $7::text[],
+            $8::text[], $9::timestamptz[], $10::boolean[], $11::smallint[])
+     AS u(message_id, internal_id, destination, destination_raw, is_e164, source, route,
+          submitted_at, dlr_requested, dlr_level)
+ORDER BY u.message_id
+ON CONFLICT (login, message_id) DO NOTHING
+RETURNING message_id
+"""
+
+# -- name: waiting_events
+# Late correlation: the events that arrived before their message was recorded, oldest first.
+WAITING_EVENTS = """
+SELECT e.id, e.message_id, e.correlation_id, e.level, e.status, e.stat, e.err, e.done_at,
+       e.fingerprint, e.times_received, e.conflicting_receptions
+FROM dlr.events AS e
+WHERE e.login = $1 AND e.correlation_id = ANY($2::text[])
+ORDER BY e.correlation_id, e.id
+"""
+
+# -- name: write_late_correlation
+# The statuses computed from the waiting events, their uncorrelated exceptions resolved with the
+# reason, and any conflict/unrecognized exception the rules raised on the way.
+WRITE_LATE_CORRELATION = """
+WITH st AS (
+    INSERT INTO dlr.message_status (
+        login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
+        progress_events, deadline_superseded, rules_version, updated_at)
+    SELECT $1, s.message_id, s.status, s.is_final, s.reason, s.event_id, s.repeats, s.conflicts,
+           s.progress_events, s.deadline_superseded, $2, now()
+    FROM unnest($3::text[], $4::text[], $5::boolean[], $6::text[], $7::bigint[],
+                $8::int[], $9::int[], $10::int[], $11::boolean[])
+         AS s(message_id, status, is_final, reason, event_id, repeats, conflicts,
+              progress_events, deadline_superseded)
+    ON CONFLICT (login, message_id) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at
+),
+resolved AS (
+    UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
+    FROM unnest($12::bigint[], $13::text[]) AS r(event_id, resolution)
+    WHERE x.event_id = r.event_id AND x.kind = 'uncorrelated' AND x.resolved_at IS NULL
+    RETURNING x.id
+),
+opened AS (
+    INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id)
+    SELECT n.kind, $1, n.message_id, n.details::jsonb, n.event_id
+    FROM unnest($14::text[], $15::text[], $16::text[], $17::bigint[])
+         AS n(kind, message_id, details, event_id)
+)
+SELECT count(*) FROM resolved
+"""

@@ -1,0 +1,636 @@
+"""The PostgreSQL adapter: batch ingest of receipts and the sending side, on an asyncpg pool.
+
+One transaction per batch, a handful of set-based statements (see `queries`), the status of
+each message computed by the pure rules module. Driver errors are translated here: connection
+trouble → StoreUnavailableError (retry the batch, ack nothing); deadlock/serialization → retried
+in place; a data error → the batch is bisected and the poison receipt kept raw (C8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+import asyncpg
+import asyncpg.exceptions
+import asyncpg.exceptions._base as asyncpg_base  # the client-side DataError lives only here
+
+from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, parse
+from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.rules import RULES_VERSION, EventFacts, MessageStatus, apply, count
+from dlrfeed.domain.status import Outcome, Status
+from dlrfeed.errors import StoreUnavailableError
+from dlrfeed.store import queries
+from dlrfeed.store.migrate import ensure_current
+from dlrfeed.store.submission import Submission, SubmissionResult
+
+# Errors that mean "this input cannot be stored" (C8): retrying the same rows fails the same way.
+_DATA_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DataError,  # SQLSTATE class 22
+    asyncpg.exceptions.IntegrityConstraintViolationError,  # class 23
+    asyncpg.exceptions.ProgramLimitExceededError,  # class 54 (e.g. an index row too large)
+    asyncpg_base.DataError,  # client side: a value the driver cannot encode
+    UnicodeError,
+    OverflowError,
+)
+# Errors that mean "the server or the connection is gone"; nothing was committed.
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg_base.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+_DEADLOCK_RETRIES = 8
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    # asyncpg's classes are generic only in its stubs.
+    _Connection: TypeAlias = (
+        asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
+    )
+
+# Parse flags that deserve a `malformed` exception; ND/empty dates are documented absences.
+_BENIGN_FLAG_SUFFIXES = ("_nd", "_empty", "stat_unrecognized")
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    """What `Store.ingest` did with a batch: one outcome per receipt, in batch order."""
+
+    outcomes: list[Outcome]
+    counts: Mapping[Outcome, int]
+    deadlock_retries: int = 0
+    bisections: int = 0
+
+
+@dataclass(slots=True)
+class _Plan:
+    """The rows one batch writes, built in Python between the reads and the final write."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    event_ids: list[int] = field(default_factory=list)
+    exceptions: list[tuple[str, str, str, int | None, int | None]] = field(default_factory=list)
+    statuses: dict[str, MessageStatus] = field(default_factory=dict)
+    event_repeats: Counter[int] = field(default_factory=Counter)
+    event_conflicts: Counter[int] = field(default_factory=Counter)
+    event_last: dict[int, float] = field(default_factory=dict)
+
+
+def _status_from_row(row: asyncpg.Record) -> MessageStatus:
+    basis = EventFacts(
+        ref=row["supporting_event_id"],
+        status=Status(row["basis_status"]),
+        stat=row["basis_stat"],
+        err=row["basis_err"],
+        done_at=row["basis_done_at"],
+        fingerprint=row["basis_fingerprint"],
+    )
+    return MessageStatus(
+        status=Status(row["status"]),
+        is_final=row["is_final"],
+        reason=row["reason"],
+        basis=basis,
+        repeats=row["repeats"],
+        conflicts=row["conflicts"],
+        progress_events=row["progress_events"],
+        deadline_superseded=row["deadline_superseded"],
+    )
+
+
+def _facts(event: LogicalEvent, ref: int) -> EventFacts:
+    return EventFacts(ref, event.status, event.stat, event.err, event.done_at, event.fingerprint)
+
+
+def _is_malformed(flags: tuple[str, ...]) -> bool:
+    return any(not flag.endswith(_BENIGN_FLAG_SUFFIXES) for flag in flags)
+
+
+def _status_columns(statuses: Mapping[str, MessageStatus]) -> list[list[Any]]:
+    keys = sorted(statuses)
+    rows = [statuses[k] for k in keys]
+    return [
+        keys,
+        [s.status.value for s in rows],
+        [s.is_final for s in rows],
+        [s.reason for s in rows],
+        [s.basis.ref for s in rows],
+        [s.repeats for s in rows],
+        [s.conflicts for s in rows],
+        [s.progress_events for s in rows],
+        [s.deadline_superseded for s in rows],
+    ]
+
+
+def _printable(value: str) -> str:
+    """A form of any Python string that text and jsonb accept (C8 evidence labels)."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\u0000")
+
+
+class Store:
+    """The receipt store on one PostgreSQL database (schema `dlr`), shared by all readers.
+
+    Safe for concurrent use: each call takes its own pooled connection; concurrent ingests of
+    overlapping receipts give exactly-once effects (locks in sorted key order).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, options: IntegrationOptions) -> None:
+        self._pool = pool
+        self.options = options
+
+    @classmethod
+    async def open(
+        cls, dsn: str, *, pool_size: int = 4, options: IntegrationOptions | None = None
+    ) -> Store:
+        """Connect a pool of up to `pool_size` connections; StoreUnavailableError if unreachable."""
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size)
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
+        return cls(pool, options or IntegrationOptions())
+
+    async def close(self) -> None:
+        """Close every connection of the pool (waits for calls in progress)."""
+        await self._pool.close()
+
+    async def ping(self) -> None:
+        """One round trip to the server; StoreUnavailableError when it does not answer."""
+        try:
+            async with self._pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+
+    async def check_schema(self) -> None:
+        """SchemaOutOfDateError (one line naming `dlrfeed migrate`) unless the schema is current."""
+        try:
+            async with self._pool.acquire() as conn:
+                # ensure_current is typed for a bare Connection; the pool proxy delegates to one.
+                await ensure_current(cast("asyncpg.Connection[asyncpg.Record]", conn))
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+
+    # ---------------------------------------------------------------- ingest
+
+    async def ingest(self, login: str, receipts: Sequence[Receipt]) -> IngestResult:
+        """Store one batch of receipts of `login` in one transaction; outcomes in batch order.
+
+        On return every receipt is durably committed - as a reception, or (C8) as an
+        `unstorable` exception with its raw bytes - so the caller may ack every token. Raises
+        StoreUnavailableError when the connection or the server fails: nothing is acked then,
+        and ingesting the same batch again is safe (its receipts become repeats at worst).
+        """
+        if not receipts:
+            return IngestResult([], {})
+        events = [parse(receipt, self.options) for receipt in receipts]
+        try:
+            async with self._pool.acquire() as conn:
+                outcomes, retries, bisections = await self._ingest_bisecting(
+                    conn, login, receipts, events
+                )
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable during ingest: {exc}") from exc
+        return IngestResult(outcomes, Counter(outcomes), retries, bisections)
+
+    async def _ingest_bisecting(
+        self,
+        conn: _Connection,
+        login: str,
+        receipts: Sequence[Receipt],
+        events: list[LogicalEvent],
+    ) -> tuple[list[Outcome], int, int]:
+        try:
+            outcomes, retries = await self._ingest_retrying(conn, login, events)
+        except _DATA_ERRORS as exc:
+            if len(events) == 1:
+                # C8: the poison receipt, isolated; kept raw so it can be acked and studied.
+                await self._store_unstorable(conn, login, receipts[0], exc)
+                return [Outcome.UNSTORABLE], 0, 0
+            half = len(events) // 2
+            first = await self._ingest_bisecting(conn, login, receipts[:half], events[:half])
+            second = await self._ingest_bisecting(conn, login, receipts[half:], events[half:])
+            return (
+                first[0] + second[0],
+                first[1] + second[1],
+                first[2] + second[2] + 1,
+            )
+        return outcomes, retries, 0
+
+    async def _ingest_retrying(
+        self, conn: _Connection, login: str, events: list[LogicalEvent]
+    ) -> tuple[list[Outcome], int]:
+        for attempt in range(_DEADLOCK_RETRIES + 1):
+            try:
+                async with conn.transaction():
+                    return await self._ingest_once(conn, login, events), attempt
+            except asyncpg.exceptions.TransactionRollbackError:
+                # Deadlock or serialization failure: the transaction was rolled back whole;
+                # running it again is safe. Sorted locking makes this rare.
+                if attempt == _DEADLOCK_RETRIES:
+                    raise
+                await asyncio.sleep(0.005 * (attempt + 1))
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    async def _store_unstorable(
+        self, conn: _Connection, login: str, receipt: Receipt, error: BaseException
+    ) -> None:
+        details = {
+            "error": f"{type(error).__name__}: {error}"[:2000],
+            "receipt": _printable(repr(receipt)[:4000]),
+            "delivery_count": receipt.delivery_count,
+        }
+        await conn.execute(
+            queries.INSERT_UNSTORABLE,
+            login,
+            _printable(receipt.message_id)[:MAX_ID_CHARS],
+            json.dumps(details, ensure_ascii=True),
+            receipt.raw
+            if isinstance(receipt.raw, bytes)
+            else _printable(repr(receipt.raw)).encode(),
+        )
+
+    async def _correlate(self, conn: _Connection, login: str, ids: list[str]) -> set[str]:
+        """Lock the messages of `ids` (sorted) and return those that exist (P10-P12)."""
+        found = {r[0] for r in await conn.fetch(queries.LOCK_MESSAGES, login, ids)}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            await conn.fetchval(queries.LOCK_CORRELATION_IDS, login, missing)
+            # A new statement, so a message committed while we waited is seen now.
+            found.update(r[0] for r in await conn.fetch(queries.LOCK_MESSAGES, login, missing))
+        return found
+
+    async def _ingest_once(
+        self, conn: _Connection, login: str, events: list[LogicalEvent]
+    ) -> list[Outcome]:
+        # P10: correlation and the message locks first (sorted), then held statuses.
+        correlation_ids = sorted({e.correlation_id for e in events})
+        correlated = await self._correlate(conn, login, correlation_ids)
+        held: dict[str, MessageStatus] = {}
+        pending: dict[str, list[int]] = {}
+        if correlated:
+            for row in await conn.fetch(queries.READ_STATUSES, login, sorted(correlated)):
+                if row["status"] is not None:
+                    held[row["message_id"]] = _status_from_row(row)
+                else:
+                    pending[row["message_id"]] = [row["orphan_repeats"], row["orphan_conflicts"]]
+
+        # P14: insert-or-detect of the logical events (first delivery of each key in the batch).
+        first_of_key: dict[tuple[str, int], int] = {}
+        for position, event in enumerate(events):
+            first_of_key.setdefault((event.message_id, event.level), position)
+        firsts = [events[p] for p in sorted(first_of_key.values())]
+        firsts.sort(key=lambda e: (e.message_id, e.level))
+        inserted = {
+            (r[1], r[2]): r[0]
+            for r in await conn.fetch(
+                queries.INSERT_EVENTS,
+                login,
+                PARSER_VERSION,
+                RULES_VERSION,
+                [e.message_id for e in firsts],
+                [e.correlation_id for e in firsts],
+                [e.level for e in firsts],
+                [e.stat for e in firsts],
+                [e.status.value for e in firsts],
+                [e.err for e in firsts],
+                [e.done_date_raw for e in firsts],
+                [e.done_at for e in firsts],
+                [e.fingerprint for e in firsts],
+                [" ".join(e.flags) for e in firsts],
+                [e.received_at for e in firsts],
+            )
+        }
+        stored: dict[tuple[str, int], tuple[int, str]] = {}
+        if len(inserted) < len(firsts):
+            existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
+            for r in await conn.fetch(
+                queries.LOCK_EXISTING_EVENTS,
+                login,
+                [e.message_id for e in existing],
+                [e.level for e in existing],
+            ):
+                stored[(r[1], r[2])] = (r[0], r[3])
+
+        plan = self._plan(events, first_of_key, inserted, stored, correlated, held, pending)
+        changed = {k: v for k, v in plan.statuses.items() if held.get(k) is not v}
+        await conn.fetchval(
+            queries.WRITE_BATCH,
+            login,
+            PARSER_VERSION,
+            [e.message_id for e in events],
+            [e.level for e in events],
+            [e.stat for e in events],
+            [e.err for e in events],
+            [e.sub for e in events],
+            [e.dlvrd for e in events],
+            [e.submit_date_raw for e in events],
+            [e.submit_at for e in events],
+            [e.done_date_raw for e in events],
+            [e.done_at for e in events],
+            [e.text for e in events],
+            [e.source_addr for e in events],
+            [e.destination_addr for e in events],
+            [e.smsc_message_id for e in events],
+            [e.connector for e in events],
+            [e.delivery_count for e in events],
+            [e.received_at for e in events],
+            [e.raw for e in events],
+            [" ".join(e.flags) for e in events],
+            [o.value for o in plan.outcomes],
+            plan.event_ids,
+            [x[0] for x in plan.exceptions],
+            [x[1] for x in plan.exceptions],
+            [x[2] for x in plan.exceptions],
+            [x[3] for x in plan.exceptions],
+            [x[4] for x in plan.exceptions],
+            RULES_VERSION,
+            *_status_columns(changed),
+            list(plan.event_last),
+            [plan.event_repeats[i] for i in plan.event_last],
+            [plan.event_conflicts[i] for i in plan.event_last],
+            list(plan.event_last.values()),
+        )
+        return plan.outcomes
+
+    def _plan(
+        self,
+        events: list[LogicalEvent],
+        first_of_key: dict[tuple[str, int], int],
+        inserted: dict[tuple[str, int], int],
+        stored: dict[tuple[str, int], tuple[int, str]],
+        correlated: set[str],
+        held: dict[str, MessageStatus],
+        pending: dict[str, list[int]],
+    ) -> _Plan:
+        """Outcome of each delivery, new statuses, exceptions and event counters (P14-P19)."""
+        plan = _Plan(statuses=dict(held))
+        options = self.options
+        for position, event in enumerate(events):
+            key = (event.message_id, event.level)
+            cid = event.correlation_id
+            new_id = inserted.get(key)
+            if new_id is not None and first_of_key[key] == position:
+                event_id = new_id
+                outcome = self._apply_new(plan, event, event_id, position, cid in correlated)
+                if cid in correlated and outcome is not Outcome.UNRECOGNIZED:
+                    previous = plan.statuses.get(cid)
+                    status, outcome = apply(previous, _facts(event, event_id), options)
+                    if status is not None:
+                        if previous is None:
+                            carried = pending.pop(cid, [0, 0])
+                            status = count(status, repeats=carried[0], conflicts=carried[1])
+                        plan.statuses[cid] = status
+                    self._open_rule_exception(plan, event, event_id, position, outcome, previous)
+            else:
+                if new_id is not None:
+                    event_id, stored_fp = new_id, events[first_of_key[key]].fingerprint
+                else:
+                    event_id, stored_fp = stored[key]
+                repeat = stored_fp == event.fingerprint
+                outcome = Outcome.REPEAT if repeat else Outcome.CONFLICT
+                if repeat:
+                    plan.event_repeats[event_id] += 1
+                else:
+                    plan.event_conflicts[event_id] += 1
+                    plan.exceptions.append(
+                        (
+                            "conflict",
+                            event.message_id,
+                            json.dumps(
+                                {
+                                    "cause": "same_key_other_content",
+                                    "rule": "P14",
+                                    "level": event.level,
+                                    "stored_event_id": event_id,
+                                    "stored_fingerprint": stored_fp,
+                                    "fingerprint": event.fingerprint,
+                                    "stat": event.stat,
+                                    "err": event.err,
+                                    "done_date": event.done_date_raw,
+                                }
+                            ),
+                            event_id,
+                            position + 1,
+                        )
+                    )
+                if cid in correlated:
+                    current = plan.statuses.get(cid)
+                    if current is None:
+                        counts = pending.setdefault(cid, [0, 0])
+                        counts[0 if repeat else 1] += 1
+                    else:
+                        plan.statuses[cid] = count(
+                            current, repeats=int(repeat), conflicts=int(not repeat)
+                        )
+                plan.event_last[event_id] = max(
+                    plan.event_last.get(event_id, 0.0), event.received_at
+                )
+            if outcome is not Outcome.REPEAT and _is_malformed(event.flags):
+                plan.exceptions.append(
+                    (
+                        "malformed",
+                        event.message_id,
+                        json.dumps({"flags": list(event.flags), "rule": "C4"}),
+                        event_id,
+                        position + 1,
+                    )
+                )
+            plan.outcomes.append(outcome)
+            plan.event_ids.append(event_id)
+        return plan
+
+    @staticmethod
+    def _apply_new(
+        plan: _Plan, event: LogicalEvent, event_id: int, position: int, correlated: bool
+    ) -> Outcome:
+        """Outcome of a new logical event before the rules: uncorrelated/unrecognized waits."""
+        if not correlated:
+            # P12/C5: no message with this id; never guessed from destination or text.
+            plan.exceptions.append(
+                (
+                    "uncorrelated",
+                    event.message_id,
+                    json.dumps(
+                        {
+                            "rule": "P12",
+                            "correlation_id": event.correlation_id,
+                            "level": event.level,
+                            "stat": event.stat,
+                        }
+                    ),
+                    event_id,
+                    position + 1,
+                )
+            )
+            return Outcome.UNCORRELATED
+        if event.status is Status.UNRECOGNIZED:
+            plan.exceptions.append(
+                (
+                    "unrecognized",
+                    event.message_id,
+                    json.dumps({"rule": "P17", "stat": event.stat, "level": event.level}),
+                    event_id,
+                    position + 1,
+                )
+            )
+            return Outcome.UNRECOGNIZED
+        return Outcome.APPLIED
+
+    @staticmethod
+    def _open_rule_exception(
+        plan: _Plan,
+        event: LogicalEvent,
+        event_id: int,
+        position: int | None,
+        outcome: Outcome,
+        previous: MessageStatus | None,
+    ) -> None:
+        if outcome is Outcome.CONFLICT and previous is not None:
+            # P18/C3: the first final applied stays; the later incompatible one is kept here.
+            plan.exceptions.append(
+                (
+                    "conflict",
+                    event.message_id,
+                    json.dumps(
+                        {
+                            "cause": "incompatible_final",
+                            "rule": "P18",
+                            "held_status": previous.status.value,
+                            "held_event_id": previous.basis.ref,
+                            "incoming_status": event.status.value,
+                            "incoming_stat": event.stat,
+                        }
+                    ),
+                    event_id,
+                    None if position is None else position + 1,
+                )
+            )
+
+    # ---------------------------------------------------------------- submissions
+
+    async def record_submissions(self, submissions: Sequence[Submission]) -> SubmissionResult:
+        """Record sent messages (P5) and correlate the receipts that were waiting for them.
+
+        Idempotent: a message id already recorded for its login is left unchanged. Events that
+        arrived first (open `uncorrelated` exceptions) are applied by the same rules, in the
+        order they were first received, and their exceptions resolved with the reason.
+        """
+        by_login: dict[str, list[Submission]] = {}
+        for submission in submissions:
+            by_login.setdefault(submission.login, []).append(submission)
+        recorded = late = 0
+        try:
+            async with self._pool.acquire() as conn:
+                for login, group in sorted(by_login.items()):
+                    for start in range(0, len(group), 500):
+                        chunk = group[start : start + 500]
+                        async with conn.transaction():
+                            new, applied = await self._record_chunk(conn, login, chunk)
+                        recorded += new
+                        late += applied
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+        return SubmissionResult(
+            recorded=recorded,
+            already_recorded=len(submissions) - recorded,
+            late_correlated_events=late,
+        )
+
+    async def _record_chunk(
+        self, conn: _Connection, login: str, chunk: list[Submission]
+    ) -> tuple[int, int]:
+        rows = [s.normalised(self.options) for s in chunk]
+        new_ids = sorted(
+            r[0]
+            for r in await conn.fetch(
+                queries.INSERT_MESSAGES,
+                login,
+                *[[row[i] for row in rows] for i in range(10)],
+            )
+        )
+        if not new_ids:
+            return 0, 0
+        # The same advisory locks as ingest takes for ids it cannot correlate: whichever of us
+        # comes second sees what the first committed.
+        await conn.fetchval(queries.LOCK_CORRELATION_IDS, login, new_ids)
+        waiting = await conn.fetch(queries.WAITING_EVENTS, login, new_ids)
+        if not waiting:
+            return len(new_ids), 0
+        plan = _Plan()
+        resolved_ids: list[int] = []
+        resolutions: list[str] = []
+        counters: dict[str, list[int]] = {}
+        for row in waiting:
+            cid = row["correlation_id"]
+            event_id = row["id"]
+            totals = counters.setdefault(cid, [0, 0])
+            totals[0] += row["times_received"] - 1
+            totals[1] += row["conflicting_receptions"]
+            facts = EventFacts(
+                event_id,
+                Status(row["status"]),
+                row["stat"],
+                row["err"],
+                row["done_at"],
+                row["fingerprint"],
+            )
+            previous = plan.statuses.get(cid)
+            status, outcome = apply(previous, facts, self.options)
+            if status is not None:
+                plan.statuses[cid] = status
+            if outcome is Outcome.UNRECOGNIZED:
+                plan.exceptions.append(
+                    (
+                        "unrecognized",
+                        row["message_id"],
+                        json.dumps({"rule": "P17", "stat": row["stat"], "level": row["level"]}),
+                        event_id,
+                        None,
+                    )
+                )
+            elif outcome is Outcome.CONFLICT and previous is not None:
+                plan.exceptions.append(
+                    (
+                        "conflict",
+                        row["message_id"],
+                        json.dumps(
+                            {
+                                "cause": "incompatible_final",
+                                "rule": "P18",
+                                "held_status": previous.status.value,
+                                "held_event_id": previous.basis.ref,
+                                "incoming_status": row["status"],
+                                "incoming_stat": row["stat"],
+                            }
+                        ),
+                        event_id,
+                        None,
+                    )
+                )
+            resolved_ids.append(event_id)
+            resolutions.append(
+                f"correlated late: message {cid} recorded; rules outcome {outcome.value}"
+            )
+        for cid, status in list(plan.statuses.items()):
+            totals = counters[cid]
+            plan.statuses[cid] = count(status, repeats=totals[0], conflicts=totals[1])
+        await conn.fetchval(
+            queries.WRITE_LATE_CORRELATION,
+            login,
+            RULES_VERSION,
+            *_status_columns(plan.statuses),
+            resolved_ids,
+            resolutions,
+            [x[0] for x in plan.exceptions],
+            [x[1] for x in plan.exceptions],
+            [x[2] for x in plan.exceptions],
+            [x[3] for x in plan.exceptions],
+        )
+        return len(new_ids), len(waiting)
