@@ -1,0 +1,24 @@
+"""Create or upgrade the database schema `dlr` (idempotent; safe to run concurrently)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dlrfeed.errors import StoreUnavailableError
+from dlrfeed.store.migrate import expected_version, migrate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`dlrfeed migrate` takes only the database URL, which the CLI layer provides."""
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Apply the migrations still missing; print what was applied and the resulting version."""
+    try:
+        applied = await migrate(args.database_url)
+    except OSError as exc:
+        raise StoreUnavailableError(f"cannot reach PostgreSQL: {exc}") from exc
+    for name in applied:
+        print(f"applied {name}")
+    print(f"schema dlr at version {expected_version()}")
+    return 0

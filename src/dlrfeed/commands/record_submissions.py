@@ -1,0 +1,120 @@
+"""Record sent messages (JSON lines) so their receipts can be correlated (CONTRACT §3)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.errors import BadDataError, ConfigError
+from dlrfeed.store import Store, Submission, SubmissionResult
+
+_BATCH = 1000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """FILE (or `-` for stdin), the default login, and the destination normalisation option."""
+    parser.add_argument("file", metavar="FILE", help="JSON lines of sent messages, or - for stdin")
+    parser.add_argument("--login", help="login of lines that do not name one")
+    parser.add_argument(
+        "--bare-digits-are-international",
+        action="store_true",
+        help="destinations of bare digits already include the country code (P5 option)",
+    )
+
+
+def _timestamp(value: Any, line: int) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    raise BadDataError(f"line {line}: submitted_at must be ISO 8601 or epoch seconds")
+
+
+def _text(record: dict[str, Any], key: str, line: int) -> str | None:
+    value = record.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # ids are often sent as numbers; the gateway returned their digits
+    raise BadDataError(f"line {line}: {key} must be a string")
+
+
+def parse_lines(stream: IO[str], default_login: str | None) -> Iterator[Submission]:
+    """One Submission per non-empty JSON line; BadDataError names the first bad line."""
+    for number, text in enumerate(stream, start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BadDataError(f"line {number}: not JSON ({exc.msg})") from exc
+        if not isinstance(record, dict):
+            raise BadDataError(f"line {number}: expected a JSON object")
+        login = _text(record, "login", number) or default_login
+        message_id = _text(record, "message_id", number)
+        destination = _text(record, "destination", number)
+        if login is None:
+            raise ConfigError(f"line {number}: no login (give --login or a login key)")
+        if not message_id or destination is None:
+            raise BadDataError(f"line {number}: message_id and destination are required")
+        level = record.get("dlr_level")
+        if level is not None and level not in (1, 2, 3):
+            raise BadDataError(f"line {number}: dlr_level must be 1, 2 or 3")
+        yield Submission(
+            login=login,
+            message_id=message_id,
+            destination=destination,
+            internal_id=_text(record, "internal_id", number),
+            source=_text(record, "source", number),
+            submitted_at=_timestamp(record.get("submitted_at"), number),
+            dlr_requested=bool(record.get("dlr_requested", True)),
+            dlr_level=level,
+            route=_text(record, "route", number),
+        )
+
+
+def _open(path: str) -> IO[str]:
+    """The input stream; stdin for `-`. (Reading is line by line, a few KB at a time.)"""
+    return sys.stdin if path == "-" else open(path, encoding="utf-8")
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Read the file in batches of 1000 and record them; print one JSON summary line."""
+    options = IntegrationOptions(bare_digits_are_international=args.bare_digits_are_international)
+    store = await Store.open(args.database_url, pool_size=1, options=options)
+    totals = {"recorded": 0, "already_recorded": 0, "late_correlated_events": 0}
+    stream = _open(args.file)
+    try:
+        await store.check_schema()
+        batch: list[Submission] = []
+        for submission in parse_lines(stream, args.login):
+            batch.append(submission)
+            if len(batch) == _BATCH:
+                _add(totals, await store.record_submissions(batch))
+                batch = []
+        if batch:
+            _add(totals, await store.record_submissions(batch))
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+        await store.close()
+    print(json.dumps(totals))
+    return 0
+
+
+def _add(totals: dict[str, int], result: SubmissionResult) -> None:
+    totals["recorded"] += result.recorded
+    totals["already_recorded"] += result.already_recorded
+    totals["late_correlated_events"] += result.late_correlated_events
