@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 import grpc
@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dlr-deadline-seconds", type=float, default=86_400.0)
     serve.add_argument("--max-pull-wait-seconds", type=float, default=20.0)
     serve.add_argument("--housekeeping-seconds", type=float, default=None)
+    serve.add_argument(
+        "--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop"
+    )
     faults = serve.add_argument_group("faults (seedable: same seed + same calls = same run)")
     faults.add_argument("--seed", type=int, default=0)
     faults.add_argument("--duplicate-rate", type=float, default=0.0)
@@ -168,11 +171,21 @@ def _admin_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when installed: Python gRPC streams about twice as fast on it."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fakegw` console script."""
     args = _parser().parse_args(argv)
     if args.command == "serve":
-        return asyncio.run(_serve(args))
+        with asyncio.Runner(loop_factory=None if args.no_uvloop else _uvloop_factory()) as runner:
+            return runner.run(_serve(args))
     try:
         return _admin_command(args)
     except grpc.RpcError as exc:
