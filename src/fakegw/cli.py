@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
@@ -17,6 +18,7 @@ import grpc
 from fakegw.admin_client import SyncAdminClient
 from fakegw.faults import Faults
 from fakegw.server import FakeGateway
+from fakegw.traffic import TrafficMix, scenario
 
 _CHUNK = 5000  # receipts per admin call when reading a file
 
@@ -68,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         ("report", "network receipts for sent messages, JSON lines; F2 filters them"),
         ("stats", "print one JSON object of queue counters"),
         ("faults", "print (and with --set K=V, change) the fault knobs"),
+        ("traffic", "send seeded messages and inject their receipts, with content faults"),
     ):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--target", required=True)
@@ -81,6 +84,20 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("file", help="JSON lines file, or - for stdin")
         if name == "faults":
             sub.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+        if name == "traffic":
+            sub.add_argument("--messages", type=int, default=1000, help="total messages")
+            sub.add_argument("--rate", type=float, default=0.0, help="messages/s (0 = at once)")
+            sub.add_argument("--seed", type=int, default=0)
+            sub.add_argument("--submissions-out", help="write dlrfeed record-submissions lines")
+            for knob in (
+                "progress-rate",
+                "duplicate-rate",
+                "result-before-progress-rate",
+                "conflicting-final-rate",
+                "unknown-id-rate",
+                "malformed-rate",
+            ):
+                sub.add_argument(f"--{knob}", type=float, default=0.8 if knob[0] == "p" else 0.0)
     return parser
 
 
@@ -148,10 +165,50 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _traffic(admin: SyncAdminClient, args: argparse.Namespace) -> dict[str, Any]:
+    """Send messages in steps of up to 500 at `--rate`, then inject their receipts."""
+    mix = TrafficMix(
+        progress_rate=args.progress_rate,
+        duplicate_rate=args.duplicate_rate,
+        result_before_progress_rate=args.result_before_progress_rate,
+        conflicting_final_rate=args.conflicting_final_rate,
+        unknown_id_rate=args.unknown_id_rate,
+        malformed_rate=args.malformed_rate,
+    )
+    totals: dict[str, Any] = {"messages": 0, "receipts": 0, "enqueued": 0, "dropped_at_cap": 0}
+    step = max(1, min(500, int(args.rate))) if args.rate else 500
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        out = (
+            stack.enter_context(open(args.submissions_out, "a", encoding="utf-8"))
+            if args.submissions_out
+            else None
+        )
+        for first in range(0, args.messages, step):
+            batch = scenario(args.seed, min(step, args.messages - first), mix, first)
+            admin.send(batch.messages)
+            if out is not None:
+                # The sender records its messages before their receipts can arrive.
+                out.writelines(json.dumps(line) + "\n" for line in batch.submissions())
+                out.flush()
+            result = admin.inject(batch.receipts)
+            totals["messages"] += len(batch.messages)
+            totals["receipts"] += len(batch.receipts)
+            totals["enqueued"] += result["enqueued"]
+            totals["dropped_at_cap"] += result["dropped_at_cap"]
+            if args.rate:
+                ahead = totals["messages"] / args.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+    return totals
+
+
 def _admin_command(args: argparse.Namespace) -> int:
     totals: dict[str, Any] = {}
     with SyncAdminClient(args.target, args.login, args.password) as admin:
-        if args.command == "stats":
+        if args.command == "traffic":
+            totals = _traffic(admin, args)
+        elif args.command == "stats":
             totals = admin.stats()
         elif args.command == "faults":
             changes: dict[str, Any] = {}

@@ -94,3 +94,27 @@ def test_cli_inject_and_stats_as_contract_section_2(tmp_path: Path) -> None:
         assert "UNAUTHENTICATED" in wrong.stderr
     finally:
         assert stop_fakegw_process(process, signal.SIGTERM) == 0
+
+
+def test_cli_traffic_sends_messages_and_injects_their_receipts(tmp_path: Path) -> None:
+    process, target = start_fakegw_process()
+    try:
+        submissions = tmp_path / "submissions.jsonl"
+        run = subprocess.run(
+            [
+                *(sys.executable, "-m", "fakegw", "traffic"),
+                *("--target", target, "--login", LOGIN, "--password", PASSWORD),
+                *("--messages", "30", "--seed", "5", "--progress-rate", "1"),
+                *("--submissions-out", str(submissions)),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        totals = json.loads(run.stdout)
+        assert (totals["messages"], totals["receipts"], totals["enqueued"]) == (30, 60, 60)
+        lines = submissions.read_text(encoding="utf-8").splitlines()
+        assert len(lines) == 30
+        assert {"message_id", "destination", "submitted_at"} <= set(json.loads(lines[0]))
+    finally:
+        stop_fakegw_process(process, signal.SIGTERM)
