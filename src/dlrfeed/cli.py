@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Protocol, cast
 
@@ -75,6 +75,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, by_name
 
 
+def _loop_factory(command: Command) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop for a command that asks for it (`LOOP_FACTORY = "uvloop"`), when installed."""
+    if getattr(command, "LOOP_FACTORY", None) != "uvloop":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dlrfeed` console script."""
     parser, subparsers = build_parser()
@@ -86,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     command = cast(Command, args._command)
     try:
-        return asyncio.run(command.run(args))
+        with asyncio.Runner(loop_factory=_loop_factory(command)) as runner:
+            return runner.run(command.run(args))
     except DlrfeedError as exc:
         print(f"dlrfeed: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,0 +1,138 @@
+"""Prometheus metrics of one daemon process, in a registry of its own.
+
+Per-receipt histograms (delivery_count, receive→ack latency) are fed in bulk: `BulkHistogram`
+counts with `bisect` into plain lists, because `prometheus_client.Histogram.observe` takes a
+lock and costs ~1.5 µs a call — too much on a path that carries 20,000 receipts a second.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+NAMESPACE = "dlrfeed"
+
+
+class BulkHistogram(Collector):
+    """A histogram observed a batch at a time; exposed like `prometheus_client.Histogram`."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = sorted(buckets)
+        self._counts = [0] * (len(self._bounds) + 1)  # last = +Inf
+        self._sum = 0.0
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """Count every value (one bisect and one add per value, no lock: one event loop)."""
+        counts = self._counts
+        bounds = self._bounds
+        total = 0.0
+        for value in values:
+            counts[bisect.bisect_left(bounds, value)] += 1
+            total += value
+        self._sum += total
+
+    def collect(self) -> Iterator[Metric]:
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip(self._bounds, self._counts, strict=False):
+            cumulative += count
+            buckets.append((repr(float(bound)), cumulative))
+        cumulative += self._counts[-1]
+        buckets.append(("+Inf", cumulative))
+        family = HistogramMetricFamily(self._name, self._documentation)
+        family.add_metric([], buckets, self._sum)
+        yield family
+
+    @property
+    def count(self) -> int:
+        return sum(self._counts)
+
+
+@dataclass(slots=True)
+class Totals:
+    """Plain running totals for the summary log and the systemd STATUS line."""
+
+    stored: int = 0
+    repeats: int = 0
+    conflicts: int = 0
+    exceptions: int = 0
+
+
+class DaemonMetrics:
+    """Every metric `dlrfeed run` exports; names are part of the operator's contract."""
+
+    def __init__(self) -> None:
+        self.totals = Totals()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, doc, labelnames=labels, namespace=NAMESPACE, registry=r)
+
+        self.received = counter("receipts_received", "Receipts received from the feed", ["mode"])
+        self.stored = counter("receipts_stored", "Receipts committed to the store (receptions)")
+        self.repeats = counter("receipts_repeats", "Receipts recognised as repeats (P14, C1)")
+        self.conflicts = counter("receipts_conflicts", "Receipts conflicting with their event")
+        self.exceptions = counter("receipts_exceptions", "Exceptions opened by ingested receipts")
+        self.outcomes = counter(
+            "receipts_outcomes", "Ingested receipts by store outcome (P14-P18)", ["outcome"]
+        )
+        self.batches = counter("batches_committed", "Batches committed to the store")
+        self.acked = counter("acks_tokens", "Tokens acked (removed from the queue by our Ack)")
+        self.already_gone = counter("acks_already_gone", "Tokens answered already_gone (F9)")
+        self.ack_calls = counter("ack_calls", "Ack calls that succeeded")
+        self.ack_retries = counter("ack_retries", "Ack calls retried after a transient failure")
+        self.ack_given_up = counter(
+            "acks_given_up", "Tokens not acked within the lease (they will be redelivered)"
+        )
+        self.reconnects = counter("reader_reconnects", "Feed streams/pulls reopened", ["mode"])
+        self.store_outages = counter("store_outages", "Times the store became unavailable")
+        self.commit_seconds = Histogram(
+            "batch_commit_seconds",
+            "Seconds per Store.ingest transaction",
+            namespace=NAMESPACE,
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.delivery_count = BulkHistogram(
+            f"{NAMESPACE}_delivery_count",
+            "delivery_count of received receipts (> 1: possible repeat, F6)",
+            (1, 2, 3, 5, 10, 20),
+        )
+        self.receive_to_ack = BulkHistogram(
+            f"{NAMESPACE}_receive_to_ack_seconds",
+            "Seconds from receiving a receipt to the Ack that removed it (lease: F6)",
+            (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 90, 120),
+        )
+        r.register(self.delivery_count)
+        r.register(self.receive_to_ack)
+        self.in_flight = Gauge(
+            "receipts_in_flight",
+            "Receipts received and not yet acked",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.readers_up = Gauge(
+            "readers_up",
+            "Readers with an open stream or pull loop",
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        for mode in ("subscribe", "pull"):
+            self.readers_up.labels(mode=mode).set(0)
+        self.store_up = Gauge(
+            "store_up", "1 when the store accepts writes", namespace=NAMESPACE, registry=r
+        )
+        self.store_up.set(1)
+
+    def track_in_flight(self, read: Callable[[], float]) -> None:
+        """Compute the in-flight gauge at scrape time (no per-receipt bookkeeping)."""
+        self.in_flight.set_function(read)

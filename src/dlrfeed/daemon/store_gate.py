@@ -1,0 +1,108 @@
+"""StoreGate: the process's view of whether PostgreSQL takes writes, shared by every reader.
+
+A batch whose commit fails with `StoreUnavailableError` marks the gate down. While it is down,
+readers take no new receipts (their batch in hand is retried), a prober pings the store with
+backoff and jitter, and once the outage has lasted `release_after` seconds the gate fires the
+release callbacks: readers close their streams so the gateway hands the receipts to readers
+that can store them (F7). The first successful ping or commit opens the gate again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from dlrfeed.errors import StoreUnavailableError
+
+log = structlog.get_logger("dlrfeed.store_gate")
+
+
+class StoreGate:
+    """Up/down state of the store with a prober and a release timer; see the module docstring."""
+
+    def __init__(
+        self,
+        ping: Callable[[], Awaitable[None]],
+        *,
+        release_after: float,
+        on_release: Callable[[], None],
+        backoff_initial: float = 0.2,
+        backoff_max: float = 5.0,
+    ) -> None:
+        self._ping = ping
+        self._release_after = release_after
+        self._on_release = on_release
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._up = asyncio.Event()
+        self._up.set()
+        self._down = asyncio.Event()
+        self.down_since: float | None = None
+        self.released = False
+        self.outages = 0
+
+    @property
+    def is_up(self) -> bool:
+        return self._up.is_set()
+
+    def mark_down(self, error: StoreUnavailableError) -> None:
+        """A commit found the store unreachable: nothing was committed, nothing is acked."""
+        if not self._up.is_set():
+            return
+        self._up.clear()
+        self._down.set()
+        self.down_since = time.monotonic()
+        self.outages += 1
+        log.error("store_unavailable", error=str(error))
+
+    def mark_up(self) -> None:
+        """A commit or ping succeeded."""
+        if self._up.is_set():
+            return
+        outage = time.monotonic() - (self.down_since or time.monotonic())
+        self._down.clear()
+        self._up.set()
+        self.down_since = None
+        self.released = False
+        log.info("store_available", outage_s=round(outage, 3))
+
+    async def wait_up(self) -> None:
+        """Return when the store is up (at once if it is)."""
+        await self._up.wait()
+
+    async def wait_up_for(self, seconds: float) -> bool:
+        """Wait at most `seconds` for the store to be up; True if it is."""
+        if self._up.is_set():
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await self._up.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def run(self) -> None:
+        """The prober: while down, ping with backoff; after `release_after`, release once."""
+        while True:
+            await self._down.wait()
+            attempt = 0
+            while not self._up.is_set():
+                attempt += 1
+                ceiling = min(self._backoff_max, self._backoff_initial * 2 ** (attempt - 1))
+                await self.wait_up_for(random.uniform(ceiling / 2, ceiling))
+                if self._up.is_set():
+                    break
+                down_for = time.monotonic() - (self.down_since or time.monotonic())
+                if not self.released and down_for >= self._release_after:
+                    self.released = True
+                    log.warning("streams_released", outage_s=round(down_for, 3))
+                    self._on_release()
+                try:
+                    await self._ping()
+                except StoreUnavailableError:
+                    continue
+                self.mark_up()

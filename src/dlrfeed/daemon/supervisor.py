@@ -1,0 +1,144 @@
+"""`--processes M`: a supervisor that runs M worker processes of `dlrfeed run` and restarts a
+dead one.
+
+Each worker is the same command with `--processes 1` appended (a later flag wins in argparse)
+and, when `--metrics HOST:PORT` is set, its own port PORT+1+i (the supervisor itself serves
+none). The workers share the login's queue (F12) and the store. The supervisor alone talks to
+systemd (`NotifyAccess=main`): the workers get no NOTIFY_SOCKET. SIGTERM/SIGINT are forwarded;
+a worker that exits 77/78 (bad credentials, bad configuration) stops everything with that
+status, since a restart cannot fix it; any other death is restarted with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+import structlog
+
+from .sdnotify import SystemdNotifier
+from .settings import DaemonSettings
+
+log = structlog.get_logger("dlrfeed.supervisor")
+
+FATAL_EXIT_CODES = frozenset({77, 78})
+
+
+def worker_argv(argv: Sequence[str], settings: DaemonSettings, index: int) -> list[str]:
+    """The command line of worker `index`: our own, forced to one process and its own port."""
+    args = [sys.executable, "-m", "dlrfeed.cli", *argv, "--processes", "1"]
+    if settings.metrics is not None:
+        host, port = settings.metrics
+        args += ["--metrics", f"{host}:{port + 1 + index if port else 0}"]
+    return args
+
+
+class Supervisor:
+    """Runs and restarts the worker processes; `await run()` returns the exit status."""
+
+    def __init__(
+        self, settings: DaemonSettings, argv: Sequence[str], notifier: SystemdNotifier | None = None
+    ) -> None:
+        self._settings = settings
+        self._argv = list(argv)
+        self._notifier = notifier or SystemdNotifier()
+        self._stop = asyncio.Event()
+        self._children: dict[int, asyncio.subprocess.Process] = {}
+        self.restarts = 0
+
+    def stop(self) -> None:
+        """Forward a clean stop to every worker (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for child in self._children.values():
+            if child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
+
+    async def _spawn(self, index: int) -> asyncio.subprocess.Process:
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+        child = await asyncio.create_subprocess_exec(
+            *worker_argv(self._argv, self._settings, index), env=env
+        )
+        self._children[index] = child
+        log.info("worker_started", worker=index, pid=child.pid)
+        return child
+
+    async def run(self) -> int:
+        """Start M workers, keep them alive until stopped, then wait for their clean exit."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stop)
+        try:
+            watchers = [
+                asyncio.create_task(self._keep_alive(i), name=f"worker-{i}")
+                for i in range(self._settings.processes)
+            ]
+            self._notifier.notify(READY="1", STATUS=f"{self._settings.processes} worker processes")
+            watchdog = (
+                asyncio.create_task(self._watchdog(self._notifier.watchdog_interval), name="wd")
+                if self._notifier.watchdog_interval
+                else None
+            )
+            codes = await asyncio.gather(*watchers)
+            if watchdog is not None:
+                watchdog.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watchdog
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+        fatal = [code for code in codes if code in FATAL_EXIT_CODES]
+        if fatal:
+            return fatal[0]
+        return 0 if all(code == 0 for code in codes) else 1
+
+    async def _keep_alive(self, index: int) -> int:
+        delay = 0.5
+        while True:
+            started = time.monotonic()
+            child = await self._spawn(index)
+            code = await self._wait(child)
+            if self._stop.is_set():
+                log.info("worker_stopped", worker=index, exit_code=code)
+                return code
+            if code in FATAL_EXIT_CODES:
+                log.error("worker_fatal", worker=index, exit_code=code)
+                self.stop()
+                return code
+            self.restarts += 1
+            if time.monotonic() - started > 60:
+                delay = 0.5  # it ran a while: not a crash loop
+            log.warning("worker_died", worker=index, exit_code=code, restart_in_s=delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return 0
+            delay = min(delay * 2, 30.0)
+
+    async def _wait(self, child: asyncio.subprocess.Process) -> int:
+        """The child's exit status; past the shutdown timeout after a stop, SIGKILL it."""
+        wait = asyncio.create_task(child.wait(), name=f"wait-{child.pid}")
+        stop = asyncio.create_task(self._stop.wait(), name=f"stop-{child.pid}")
+        await asyncio.wait([wait, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not wait.done():
+            try:
+                async with asyncio.timeout(self._settings.shutdown_timeout + 5):
+                    await asyncio.shield(wait)
+            except TimeoutError:
+                log.error("worker_killed", pid=child.pid)  # noqa: TRY400 - no traceback to show
+                child.kill()
+        return await wait
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            self._notifier.notify(WATCHDOG="1")
+            await asyncio.sleep(interval)

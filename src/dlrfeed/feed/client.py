@@ -1,0 +1,260 @@
+"""The gateway's ReceiptFeed as dlrfeed sees it: domain receipts in, project errors out.
+
+`FeedClient` is the only place that touches the generated stubs. It turns each proto `Receipt`
+into a `dlrfeed.domain.receipt.Receipt` (keeping the serialized bytes whole as `raw`, P6/P9) and
+every `grpc.aio.AioRpcError` into one of the project's exception types, so that retry policies
+elsewhere match only those (STYLE: translate errors at the boundary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.errors import (
+    AuthenticationError,
+    ConfigError,
+    DlrfeedError,
+    FatalError,
+    FeedUnavailableError,
+)
+from gateway.receipts.v1 import feed_pb2
+
+_SERVICE = "/gateway.receipts.v1.ReceiptFeed/"
+MAX_ACK_TOKENS = 1000  # F9: more is INVALID_ARGUMENT
+MAX_PULL = 1000  # F10
+MAX_PULL_WAIT_SECONDS = 20  # F10
+
+_TRANSIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        # A server-side cancel (the gateway shutting a stream down), not ours: reconnect.
+        grpc.StatusCode.CANCELLED,
+    }
+)
+# Words in a failed connection's details that mean the TLS handshake, not the network, failed.
+_TLS_FAILURE_MARKERS = ("ssl", "tls", "certificate", "handshake")
+
+
+class FeedUnimplementedError(FatalError):
+    """The gateway does not implement an RPC (e.g. Subscribe disabled); auto mode uses Pull."""
+
+
+class FeedTlsError(ConfigError):
+    """The TLS handshake with the gateway failed: wrong CA, wrong name, or a plaintext server."""
+
+
+def translate_rpc_error(exc: grpc.aio.AioRpcError, rpc: str) -> DlrfeedError:
+    """The project's error for a failed call of `rpc`; the message never carries credentials."""
+    code = exc.code()
+    details = (exc.details() or "").strip()
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return AuthenticationError(
+            f"the gateway refused the login ({code.name} on {rpc}): check --login and the "
+            "password (--password-file, DLRFEED_PASSWORD or the systemd credential)"
+        )
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return FeedUnimplementedError(f"the gateway does not implement {rpc}")
+    if code == grpc.StatusCode.UNAVAILABLE and any(
+        marker in details.lower() for marker in _TLS_FAILURE_MARKERS
+    ):
+        return FeedTlsError(
+            f"TLS handshake with the gateway failed on {rpc}: {details[:300]} — check --tls, "
+            "--ca-file and --client-cert/--client-key"
+        )
+    if code in _TRANSIENT_CODES:
+        return FeedUnavailableError(f"{rpc} failed: {code.name}: {details[:300]}")
+    return FatalError(f"{rpc} failed: {code.name}: {details[:300]}")
+
+
+def receipt_from_proto(message: feed_pb2.Receipt, raw: bytes, received_at: float) -> Receipt:
+    """The domain receipt for one proto `Receipt`; absent optional fields become None (F4)."""
+    has = message.HasField
+    return Receipt(
+        message_id=MessageId(message.id),
+        level=message.level,
+        stat=message.stat,
+        err=message.err if has("err") else None,
+        sub=message.sub if has("sub") else None,
+        dlvrd=message.dlvrd if has("dlvrd") else None,
+        submit_date=message.submit_date if has("submit_date") else None,
+        done_date=message.done_date if has("done_date") else None,
+        text=message.text if has("text") else None,
+        source_addr=message.source_addr if has("source_addr") else None,
+        destination_addr=message.destination_addr if has("destination_addr") else None,
+        smsc_message_id=message.smsc_message_id if has("smsc_message_id") else None,
+        connector=message.connector if has("connector") else None,
+        delivery_count=message.delivery_count,
+        ack_token=AckToken(message.ack_token),
+        raw=raw,
+        received_at=received_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AckOutcome:
+    """What one Ack call reported: removed now, and already gone (F9: not an error)."""
+
+    acked: int
+    already_gone: int
+
+
+class SubscribeStream:
+    """One open Subscribe call: `read()` the next receipt, `cancel()` to end it (F7 releases)."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall[feed_pb2.SubscribeRequest, bytes]) -> None:
+        self._call = call
+        self._cancelled_by_us = False
+
+    async def read(self) -> Receipt | None:
+        """The next receipt, or None when the gateway ended the stream cleanly.
+
+        Raises the project's error for a failed stream. When `cancel()` ended the call, raises
+        `asyncio.CancelledError` (grpc.aio's own behaviour); `cancelled_by_us` tells it apart
+        from a cancellation of the awaiting task.
+        """
+        try:
+            raw = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise translate_rpc_error(exc, "Subscribe") from None
+        if raw is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
+            return None
+        assert isinstance(raw, bytes)
+        return receipt_from_proto(feed_pb2.Receipt.FromString(raw), raw, time.time())
+
+    @property
+    def cancelled_by_us(self) -> bool:
+        return self._cancelled_by_us
+
+    def cancel(self) -> None:
+        """End the stream; the gateway releases its unacked receipts at once (F7)."""
+        self._cancelled_by_us = True
+        self._call.cancel()
+
+
+class FeedClient:
+    """The ReceiptFeed RPCs of one login over one channel, in domain types."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        login: str,
+        password: str,
+        *,
+        ack_timeout: float = 10.0,
+    ) -> None:
+        credential = base64.b64encode(f"{login}:{password}".encode()).decode("ascii")
+        # The only copy of the secret lives in this tuple; it is never logged or repr'd.
+        self.__metadata = (("authorization", f"Basic {credential}"),)
+        self._ack_timeout = ack_timeout
+        # Subscribe returns the raw bytes so that `Receipt.raw` is exactly what was received.
+        self._subscribe = channel.unary_stream(
+            _SERVICE + "Subscribe",
+            request_serializer=feed_pb2.SubscribeRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        self._pull = channel.unary_unary(
+            _SERVICE + "Pull",
+            request_serializer=feed_pb2.PullRequest.SerializeToString,
+            response_deserializer=feed_pb2.PullResponse.FromString,
+        )
+        self._ack = channel.unary_unary(
+            _SERVICE + "Ack",
+            request_serializer=feed_pb2.AckRequest.SerializeToString,
+            response_deserializer=feed_pb2.AckResponse.FromString,
+        )
+
+    def __repr__(self) -> str:
+        return "FeedClient(<credentials redacted>)"
+
+    def subscribe(self, window: int) -> SubscribeStream:
+        """Open a Subscribe stream holding at most `window` unacked receipts (F11)."""
+        call = self._subscribe(feed_pb2.SubscribeRequest(window=window), metadata=self.__metadata)
+        return SubscribeStream(call)
+
+    def pull(self, max_receipts: int, wait_seconds: int) -> PullCall:
+        """Start one long-poll Pull (F10); await `PullCall.receipts()` for its result."""
+        request = feed_pb2.PullRequest(
+            max=min(max_receipts, MAX_PULL), wait_seconds=min(wait_seconds, MAX_PULL_WAIT_SECONDS)
+        )
+        call = self._pull(request, metadata=self.__metadata, timeout=wait_seconds + 15.0)
+        return PullCall(call)
+
+    async def ack(self, tokens: Sequence[str]) -> AckOutcome:
+        """Ack up to 1000 tokens in one call; `already_gone` tokens count as done (F9)."""
+        if not 0 < len(tokens) <= MAX_ACK_TOKENS:
+            raise ValueError(f"an Ack carries 1..{MAX_ACK_TOKENS} tokens, not {len(tokens)}")
+        try:
+            response = await self._ack(
+                feed_pb2.AckRequest(tokens=tokens),
+                metadata=self.__metadata,
+                timeout=self._ack_timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate_rpc_error(exc, "Ack") from None
+        return AckOutcome(acked=response.acked, already_gone=len(response.already_gone))
+
+    async def check_access(self, deadline_s: float = 10.0) -> None:
+        """Prove the gateway is reachable, TLS verifies and the login is accepted.
+
+        Sends an Ack with no token, which a healthy gateway answers INVALID_ARGUMENT (F9) without
+        touching the queue; raises AuthenticationError, FeedTlsError or FeedUnavailableError.
+        """
+        try:
+            await self._ack(
+                feed_pb2.AckRequest(tokens=[]), metadata=self.__metadata, timeout=deadline_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                return
+            raise translate_rpc_error(exc, "Ack") from None
+
+
+class PullCall:
+    """One Pull in flight; `cancel()` abandons it (its receipts come back after the lease, F6)."""
+
+    def __init__(
+        self, call: grpc.aio.UnaryUnaryCall[feed_pb2.PullRequest, feed_pb2.PullResponse]
+    ) -> None:
+        self._call = call
+        self._cancelled_by_us = False
+
+    async def receipts(self) -> list[Receipt]:
+        """The pulled receipts, oldest first (possibly none after a long poll)."""
+        try:
+            response = await self._call
+        except grpc.aio.AioRpcError as exc:
+            raise translate_rpc_error(exc, "Pull") from None
+        received_at = time.time()
+        # Pull delivers a PullResponse; each receipt's own serialization is its raw evidence
+        # (canonical protobuf encoding, identical to the bytes inside the response).
+        return [
+            receipt_from_proto(message, message.SerializeToString(), received_at)
+            for message in response.receipts
+        ]
+
+    @property
+    def cancelled_by_us(self) -> bool:
+        return self._cancelled_by_us
+
+    def cancel(self) -> None:
+        self._cancelled_by_us = True
+        self._call.cancel()
+
+
+def is_own_cancellation(cancelled_by_us: bool) -> bool:
+    """True when a CancelledError came from our `cancel()` of a call, not of the running task."""
+    task = asyncio.current_task()
+    return cancelled_by_us and (task is None or task.cancelling() == 0)
