@@ -71,6 +71,7 @@ class QueueCounters:
     redelivered: int = 0
     acked: int = 0
     already_gone: int = 0
+    invalid_tokens: int = 0  # of already_gone: malformed, forged or another login's
     dropped_at_cap: int = 0
     removed_by_retention: int = 0
     lease_expired: int = 0
@@ -87,6 +88,8 @@ class LoginQueue:
         self.lease_seconds = lease_seconds
         self.cap = cap
         self.entries: dict[int, Entry] = {}  # insertion order = seq order = arrival order
+        # Live tokens of this login only: a foreign, forged or spent token is simply absent.
+        self.by_token: dict[str, int] = {}
         self.ready: deque[int] = deque()
         self._leases: deque[tuple[float, int, int]] = deque()  # (deadline, seq, generation)
         self.in_flight = 0
@@ -113,6 +116,7 @@ class LoginQueue:
     def add(self, entry: Entry) -> None:
         """Append a receipt at the back of the queue (caller has checked the cap)."""
         self.entries[entry.seq] = entry
+        self.by_token[entry.token] = entry.seq
         self.ready.append(entry.seq)
         self.counters.enqueued += 1
 
@@ -187,11 +191,16 @@ class LoginQueue:
         return expired
 
     # -- ack and removal ------------------------------------------------------------------
-    def remove(self, seq: int) -> Entry | None:
-        """Ack: take a receipt out of the queue whichever delivery its token came from."""
-        entry = self.entries.pop(seq, None)
-        if entry is not None:
-            self._unlease(entry)
+    def remove_by_token(self, token: str) -> Entry | None:
+        """Ack: take a receipt out of the queue whichever delivery its token came from.
+
+        None when the token names nothing queued for this login (already_gone, F9).
+        """
+        seq = self.by_token.pop(token, None)
+        if seq is None:
+            return None
+        entry = self.entries.pop(seq)
+        self._unlease(entry)
         return entry
 
     def expire_retention(self, cutoff: float) -> list[Entry]:
@@ -204,6 +213,7 @@ class LoginQueue:
                 removed.append(entry)
         for entry in removed:
             del self.entries[entry.seq]
+            del self.by_token[entry.token]
         self.counters.removed_by_retention += len(removed)
         return removed
 
@@ -211,6 +221,7 @@ class LoginQueue:
         """Load receipts read back from the store; all are waiting (F7: restart releases)."""
         for entry in entries:
             self.entries[entry.seq] = entry
+            self.by_token[entry.token] = entry.seq
             self.ready.append(entry.seq)
 
     def stats(self) -> dict[str, int]:
@@ -226,6 +237,7 @@ class LoginQueue:
             "enqueued": counters.enqueued,
             "delivered": counters.delivered,
             "already_gone": counters.already_gone,
+            "invalid_tokens": counters.invalid_tokens,
             "removed_by_retention": counters.removed_by_retention,
             "lease_expired": counters.lease_expired,
             "released_on_stream_end": counters.released_on_stream_end,

@@ -542,16 +542,20 @@ class FakeGateway:
 
     def _apply_acks(self, queue: LoginQueue, tokens: Sequence[str]) -> list[bool]:
         """F9: remove each token's receipt; False (already_gone) for gone, foreign, forged."""
-        verify = self._signer.verify
+        # Tokens are HMAC-signed and deterministic, (key, login, seq) -> token, so the live
+        # tokens of a login can be rebuilt from the store after a restart; acking is then one
+        # dict lookup per token, and a foreign, forged or spent token is simply not found.
         login = queue.login
         now = time.time()
         durable = self.persistence.durable
+        remove = queue.remove_by_token
         outcome: list[bool] = []
         for token in tokens:
-            seq = verify(login, token)
-            entry = queue.remove(seq) if seq is not None else None
+            entry = remove(token)
             if entry is None:
                 outcome.append(False)
+                if self._signer.verify(login, token) is None:
+                    queue.counters.invalid_tokens += 1
                 continue
             outcome.append(True)
             self._record(login, "ack", entry.seq, entry.token, now, entry.fields)

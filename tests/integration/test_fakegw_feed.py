@@ -196,6 +196,8 @@ async def test_f9_every_already_gone_case(gateway: GatewayFactory) -> None:
         assert list(response.already_gone) == gone_cases
         # The other login's receipt is untouched by the foreign ack.
         assert gw.stats(OTHER_LOGIN)["total"] == 1
+        # Only the spent token was genuine; the other three fail the HMAC check for this login.
+        assert gw.stats(LOGIN)["invalid_tokens"] == 3
 
 
 async def test_f9_token_of_an_expired_lease_still_acks(gateway: GatewayFactory) -> None:
