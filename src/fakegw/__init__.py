@@ -1,4 +1,14 @@
 """fakegw: a faithful, adversarial fake of the gateway's receipt feed (spec/feed.md F1-F16).
 
 It shares nothing with dlrfeed but the generated proto (package `gateway.receipts.v1`).
+In-process use: `async with FakeGateway({"login": "password"}).running() as gw: ...`;
+other processes use `fakegw serve` and `fakegw.admin_client`. See docs/fakegw.md.
 """
+
+from __future__ import annotations
+
+from fakegw.faults import Faults
+from fakegw.server import FakeGateway
+from fakegw.traffic import Scenario, TrafficMix, scenario
+
+__all__ = ["FakeGateway", "Faults", "Scenario", "TrafficMix", "scenario"]
