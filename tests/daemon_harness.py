@@ -3,15 +3,20 @@ and the store/gateway comparisons that prove nothing was lost or applied twice."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
 
 from dlrfeed.cli import build_parser
 from dlrfeed.config import LayeredDefaults
+from dlrfeed.daemon.app import Daemon
 from dlrfeed.daemon.settings import DaemonSettings
+from fakegw.server import FakeGateway
 from gateway.receipts.v1 import feed_pb2
 
 LOGIN = "acme"
@@ -121,3 +126,43 @@ def enqueued_keys(ledger: Sequence[Mapping[str, Any]]) -> set[tuple[str, int]]:
 def acked_tokens(ledger: Sequence[Mapping[str, Any]]) -> set[str]:
     """Tokens of every receipt the gateway removed because of an Ack."""
     return {str(rec["token"]) for rec in ledger if rec["kind"] == "ack"}
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(**kwargs: object) -> AsyncIterator[FakeGateway]:
+    gateway = FakeGateway({LOGIN: PASSWORD}, **kwargs)  # type: ignore[arg-type]
+    async with gateway.running() as running:
+        yield running
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def drained(gateway: FakeGateway) -> bool:
+    stats = gateway.stats(LOGIN)
+    return stats["queued"] == 0 and stats["in_flight"] == 0
+
+
+async def run_until_drained(daemon: Daemon, gateway: FakeGateway, within_s: float = 30) -> int:
+    task = asyncio.create_task(daemon.run(), name="daemon-under-test")
+    try:
+        await wait_until(lambda: drained(gateway), within_s, "the queue to drain")
+    finally:
+        daemon.stop()
+        code = await asyncio.wait_for(task, 15)
+    return code
+
+
+async def assert_ledger_matches_store(gateway: FakeGateway, database_url: str) -> None:
+    """Every enqueued (id, level) is one event; every acked receipt is stored (F8, C7)."""
+    ledger = gateway.ledger(LOGIN, limit=10_000_000)["records"]
+    stored, enqueued = await stored_event_keys(database_url), enqueued_keys(ledger)
+    assert stored == enqueued, (sorted(stored - enqueued)[:5], sorted(enqueued - stored)[:5], len(stored), len(enqueued))
+    counts = await store_counts(database_url)
+    assert counts["events"] == counts["distinct_events"]
+    assert acked_tokens(ledger) <= await stored_tokens(database_url)

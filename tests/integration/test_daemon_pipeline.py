@@ -2,66 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-
 import pytest
 
 from daemon_harness import (
     LOGIN,
-    PASSWORD,
-    acked_tokens,
-    enqueued_keys,
+    assert_ledger_matches_store,
     receipt_bodies,
+    run_until_drained,
+    running_gateway,
     settings_for,
-    store_counts,
-    stored_event_keys,
-    stored_tokens,
 )
 from dlrfeed.daemon.app import Daemon
 from fakegw.faults import Faults
-from fakegw.server import FakeGateway
-
-
-@contextlib.asynccontextmanager
-async def running_gateway(**kwargs: object) -> AsyncIterator[FakeGateway]:
-    gateway = FakeGateway({LOGIN: PASSWORD}, **kwargs)  # type: ignore[arg-type]
-    async with gateway.running() as running:
-        yield running
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def drained(gateway: FakeGateway) -> bool:
-    stats = gateway.stats(LOGIN)
-    return stats["queued"] == 0 and stats["in_flight"] == 0
-
-
-async def run_until_drained(daemon: Daemon, gateway: FakeGateway, within_s: float = 30) -> int:
-    task = asyncio.create_task(daemon.run(), name="daemon-under-test")
-    try:
-        await wait_until(lambda: drained(gateway), within_s, "the queue to drain")
-    finally:
-        daemon.stop()
-        code = await asyncio.wait_for(task, 15)
-    return code
-
-
-async def assert_ledger_matches_store(gateway: FakeGateway, database_url: str) -> None:
-    """Every enqueued (id, level) is one event; every acked receipt is stored (F8, C7)."""
-    ledger = gateway.ledger(LOGIN, limit=10_000_000)["records"]
-    assert await stored_event_keys(database_url) == enqueued_keys(ledger)
-    counts = await store_counts(database_url)
-    assert counts["events"] == counts["distinct_events"]
-    assert acked_tokens(ledger) <= await stored_tokens(database_url)
 
 
 @pytest.mark.parametrize("mode", ["subscribe", "pull", "auto"])

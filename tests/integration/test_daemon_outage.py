@@ -1,0 +1,65 @@
+"""Issue 4 §6: a PostgreSQL outage mid-run — real server stopped and started again."""
+
+from __future__ import annotations
+
+import asyncio
+
+from structlog.testing import capture_logs
+
+from daemon_harness import (
+    LOGIN,
+    assert_ledger_matches_store,
+    drained,
+    receipt_bodies,
+    running_gateway,
+    settings_for,
+    wait_until,
+)
+from dlrfeed.daemon.app import Daemon
+from pgcluster import PgCluster
+
+
+async def test_database_outage_stops_reading_releases_and_resumes(
+    pg_cluster: PgCluster, database_url: str
+) -> None:
+    """While the DB is down nothing is acked and readers stop taking receipts; after
+    --release-after the streams close so the gateway releases everything (F7); when the DB
+    is back the daemon resumes by itself, and the ledger and the store agree."""
+    async with running_gateway() as gateway:
+        await gateway.inject(LOGIN, receipt_bodies(2000, prefix="a"))
+        daemon = Daemon(
+            settings_for(
+                gateway.target, database_url, "--mode", "subscribe", "--release-after", "2"
+            )
+        )
+        with capture_logs() as logs:
+            task = asyncio.create_task(daemon.run(), name="daemon-under-test")
+            await wait_until(lambda: drained(gateway), 30, "the first backlog to drain")
+            # "fast": clients are cut mid-transaction; the test cluster runs synchronous_commit=off,
+            # so an "immediate" stop would also forget acknowledged commits (not an outage).
+            await asyncio.to_thread(pg_cluster.stop, "fast")
+            try:
+                await gateway.inject(LOGIN, receipt_bodies(2000, prefix="b"))
+                acked_at_outage = gateway.stats(LOGIN)["acked"]
+
+                async def released() -> bool:
+                    stats = gateway.stats(LOGIN)
+                    return stats["in_flight"] == 0 and stats["released_on_stream_end"] > 0
+
+                await wait_until(released, 20, "the streams to be released (F7)")
+                await asyncio.sleep(1.0)
+                stats = gateway.stats(LOGIN)
+                assert stats["acked"] == acked_at_outage, "acked while the store was down"
+                assert stats["in_flight"] == 0, "receipts held while the store was down"
+                assert not task.done(), "the daemon must not exit on a database outage"
+            finally:
+                await asyncio.to_thread(pg_cluster.start)
+            await wait_until(lambda: drained(gateway), 60, "the backlog to drain after the outage")
+            daemon.stop()
+            assert await asyncio.wait_for(task, 15) == 0
+        events = [entry["event"] for entry in logs]
+        assert "store_unavailable" in events
+        assert "streams_released" in events
+        assert "store_available" in events
+        await assert_ledger_matches_store(gateway, database_url)
+        assert gateway.stats(LOGIN)["acked"] == 4000
