@@ -44,6 +44,9 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cannot connect now
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
     asyncpg_base.InterfaceError,
+    # A backend killed under an idle pooled connection can leave the client's protocol state
+    # confused ("cannot switch to state ..."); the connection is as good as lost.
+    asyncpg_base.InternalClientError,
     OSError,
     TimeoutError,
 )

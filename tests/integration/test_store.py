@@ -1,0 +1,425 @@
+"""The receipt store against a real PostgreSQL: C1-C6, C8, concurrency, late correlation."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.parse import parse
+from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.domain.rules import Delivery, EventFacts, replay
+from dlrfeed.domain.status import Outcome
+from dlrfeed.errors import StoreUnavailableError
+from dlrfeed.store import Store, Submission
+from gateway.receipts.v1 import feed_pb2
+
+LOGIN = "acme"
+
+
+def receipt(
+    message_id: str,
+    level: int = 2,
+    stat: str = "DELIVRD",
+    *,
+    err: str | None = "000",
+    done_date: str | None = "2611291200",
+    text: str | None = None,
+    destination: str | None = None,
+    delivery_count: int = 1,
+) -> Receipt:
+    """A receipt as the feed adapter builds it, with the real serialized proto as `raw`."""
+    wire = feed_pb2.Receipt(
+        id=message_id, level=level, stat=stat, ack_token=f"tok-{message_id}-{level}"
+    )
+    wire.delivery_count = delivery_count
+    for name, value in (("err", err), ("done_date", done_date), ("text", text)):
+        if value is not None:
+            setattr(wire, name, value)
+    if destination is not None:
+        wire.destination_addr = destination
+    return Receipt(
+        message_id=MessageId(message_id),
+        level=level,
+        stat=stat,
+        err=err,
+        sub=None,
+        dlvrd=None,
+        submit_date="2611291159",
+        done_date=done_date,
+        text=text,
+        source_addr=None,
+        destination_addr=destination,
+        smsc_message_id=None,
+        connector=None,
+        delivery_count=delivery_count,
+        ack_token=AckToken(wire.ack_token),
+        raw=wire.SerializeToString(),
+        received_at=time.time(),
+    )
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    opened = await Store.open(database_url, pool_size=2)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def record(store: Store, *message_ids: str, destination: str = "+34600000001") -> None:
+    await store.record_submissions([Submission(LOGIN, m, destination) for m in message_ids])
+
+
+async def status_of(db: asyncpg.Connection, message_id: str) -> dict[str, object] | None:
+    row = await db.fetchrow(
+        "SELECT status, is_final, reason, supporting_event_id, repeats, conflicts,"
+        " progress_events FROM dlr.message_status WHERE login = $1 AND message_id = $2",
+        LOGIN,
+        message_id,
+    )
+    return None if row is None else dict(row)
+
+
+async def open_exceptions(db: asyncpg.Connection, kind: str) -> list[asyncpg.Record]:
+    return await db.fetch(
+        "SELECT * FROM dlr.exceptions WHERE kind = $1 AND resolved_at IS NULL ORDER BY id", kind
+    )
+
+
+async def test_c1_same_receipt_again_is_a_repeat_and_changes_only_repeat_counters(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C1/C7: a redelivery is a repeat: status, reason, basis and effect counters unchanged."""
+    await record(store, "m1")
+    first = await store.ingest(LOGIN, [receipt("m1", 1, "ENROUTE"), receipt("m1")])
+    assert first.outcomes == [Outcome.APPLIED, Outcome.APPLIED]
+    before = await status_of(db, "m1")
+    again = await store.ingest(LOGIN, [receipt("m1", delivery_count=2)])
+    assert again.outcomes == [Outcome.REPEAT]
+    after = await status_of(db, "m1")
+    assert before is not None
+    assert after is not None
+    assert after == {**before, "repeats": 1}
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 3
+    assert await db.fetchval("SELECT count(*) FROM dlr.events") == 2
+    assert await db.fetchval("SELECT times_received FROM dlr.events WHERE level = 2") == 2
+    assert await db.fetchval("SELECT count(*) FROM dlr.exceptions") == 0
+
+
+async def test_c2_progress_after_final_neither_degrades_nor_overwrites(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C2/F13: a progress receipt arriving after the final is recorded as late_progress."""
+    await record(store, "m2")
+    await store.ingest(LOGIN, [receipt("m2", 2, "DELIVRD")])
+    late = await store.ingest(LOGIN, [receipt("m2", 1, "ENROUTE", done_date="2611291100")])
+    assert late.outcomes == [Outcome.LATE_PROGRESS]
+    status = await status_of(db, "m2")
+    assert status is not None
+    assert (status["status"], status["is_final"]) == ("DELIVERED", True)
+    assert status["progress_events"] == 1
+    outcome = await db.fetchval("SELECT outcome FROM dlr.receptions WHERE level = 1")
+    assert outcome == "late_progress"
+
+
+async def test_c3_incompatible_finals_second_preserved_and_flagged(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C3/P14/P18: the first final stays; the later one is kept and opens a conflict."""
+    await record(store, "m3", "m4")
+    await store.ingest(LOGIN, [receipt("m3", 2, "DELIVRD"), receipt("m4", 1, "DELIVRD")])
+    result = await store.ingest(LOGIN, [receipt("m3", 2, "UNDELIV"), receipt("m4", 2, "EXPIRED")])
+    assert result.outcomes == [Outcome.CONFLICT, Outcome.CONFLICT]
+    for message_id in ("m3", "m4"):
+        status = await status_of(db, message_id)
+        assert status is not None
+        assert (status["status"], status["conflicts"]) == ("DELIVERED", 1)
+    conflicts = await open_exceptions(db, "conflict")
+    causes = sorted(c["details"] for c in conflicts)
+    assert len(conflicts) == 2
+    assert '"incompatible_final"' in causes[0] + causes[1]
+    assert '"same_key_other_content"' in causes[0] + causes[1]
+    stored = await db.fetchval(
+        "SELECT count(*) FROM dlr.receptions WHERE stat IN ('UNDELIV', 'EXPIRED')"
+    )
+    assert stored == 2
+
+
+async def test_c4_unknown_id_bad_dates_unknown_stat_stored_and_flagged(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C4: an unknown id, garbage dates and an unknown stat are stored, flagged, not lost."""
+    await record(store, "m5")
+    result = await store.ingest(
+        LOGIN,
+        [
+            receipt("nobody"),
+            receipt("m5", 1, "ENROUTE", done_date="13/13/13"),
+            receipt("m5", 2, "DELIVERED!"),
+        ],
+    )
+    assert result.outcomes == [Outcome.UNCORRELATED, Outcome.APPLIED, Outcome.UNRECOGNIZED]
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 3
+    assert len(await open_exceptions(db, "uncorrelated")) == 1
+    assert len(await open_exceptions(db, "unrecognized")) == 1
+    malformed = await open_exceptions(db, "malformed")
+    assert [m["message_id"] for m in malformed] == ["m5"]
+    flags = await db.fetchval("SELECT flags FROM dlr.receptions WHERE done_date_raw = '13/13/13'")
+    assert flags == ["done_date_unparsed"]
+    status = await status_of(db, "m5")
+    assert status is not None
+    assert status["status"] == "ENROUTE"
+
+
+async def test_c5_unknown_id_with_known_destination_and_text_stays_uncorrelated(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C5/P11: same destination and text as a sent message, other id: never assigned."""
+    await record(store, "m6", destination="+34600000006")
+    result = await store.ingest(
+        LOGIN, [receipt("m6-typo", text="hello", destination="+34600000006")]
+    )
+    assert result.outcomes == [Outcome.UNCORRELATED]
+    assert await status_of(db, "m6") is None
+    assert await db.fetchval("SELECT count(*) FROM dlr.message_status") == 0
+    [waiting] = await open_exceptions(db, "uncorrelated")
+    assert waiting["message_id"] == "m6-typo"
+
+
+async def test_c6_submit_acceptance_dlr_status_and_verification_kept_apart(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C6/P2/P3: acceptance is the messages row; the DLR status is labelled as reported."""
+    await store.record_submissions(
+        [Submission(LOGIN, "m7", "+34600000007", dlr_level=3), Submission(LOGIN, "m8", "+3460")]
+    )
+    await store.ingest(LOGIN, [receipt("m7")])
+    accepted = await db.fetch("SELECT message_id, dlr_requested, dlr_level FROM dlr.messages")
+    assert len(accepted) == 2
+    assert await status_of(db, "m8") is None  # accepted, no receipt: no status invented (P1)
+    status = await status_of(db, "m7")
+    assert status is not None
+    assert "reported by the network" in str(status["reason"])
+    columns = await db.fetch(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = 'dlr'"
+        " AND table_name = 'message_status'"
+    )
+    assert not {"read", "seen", "verified"} & {c[0] for c in columns}
+
+
+async def test_c8_poison_receipt_isolated_kept_raw_and_the_rest_commit(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C8: a receipt the database cannot take is bisected out and kept raw; the rest commit."""
+    await record(store, *[f"p{i}" for i in range(9)])
+    batch = [receipt(f"p{i}") for i in range(8)]
+    # A lone surrogate cannot be encoded as UTF-8: the driver refuses the whole batch.
+    poison = replace(receipt("badid"), message_id=MessageId("bad\ud800id"))
+    nul = receipt("p8", 1, "ENROUTE", text="a\x00b" + "x" * 2_000_000)
+    batch[3:3] = [poison, nul]
+    result = await store.ingest(LOGIN, batch)
+    assert result.outcomes[3] is Outcome.UNSTORABLE
+    assert result.outcomes.count(Outcome.APPLIED) == 9
+    assert result.bisections >= 1
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 9
+    [unstorable] = await open_exceptions(db, "unstorable")
+    assert unstorable["evidence"] == poison.raw
+    assert unstorable["message_id"] == "bad\\ud800id"
+    stored_text = await db.fetchval(
+        "SELECT payload_json->>'text' FROM dlr.receptions WHERE level = 1"
+    )
+    assert stored_text.startswith("a\\u0000b")
+    assert await db.fetchval("SELECT payload FROM dlr.receptions WHERE level = 1") == nul.raw
+
+
+async def test_connection_loss_raises_store_unavailable_and_commits_nothing(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """F8/C7: a connection lost mid-batch is a transient error; nothing is committed."""
+    await record(store, "held")
+    async with db.transaction():
+        # Hold the message's row lock so the ingest waits inside its transaction, then kill it.
+        await db.execute("SELECT 1 FROM dlr.messages WHERE message_id = 'held' FOR UPDATE")
+        ingest = asyncio.create_task(store.ingest(LOGIN, [receipt("other"), receipt("held")]))
+        for _ in range(200):
+            killed = await db.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if killed:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(StoreUnavailableError):
+            await ingest
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 0
+    assert await db.fetchval("SELECT count(*) FROM dlr.events") == 0
+    retried = await store.ingest(LOGIN, [receipt("other"), receipt("held")])
+    assert retried.outcomes == [Outcome.UNCORRELATED, Outcome.APPLIED]
+
+
+async def test_receptions_are_append_only_p13(store: Store, db: asyncpg.Connection) -> None:
+    """P13: the database itself refuses UPDATE and DELETE of receptions."""
+    await store.ingest(LOGIN, [receipt("a1")])
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
+        await db.execute("UPDATE dlr.receptions SET stat = 'X'")
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
+        await db.execute("DELETE FROM dlr.receptions")
+
+
+async def test_late_correlation_applies_waiting_events_and_resolves_exceptions(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """P12 + late correlation: events waiting as uncorrelated are applied when recorded."""
+    await store.ingest(
+        LOGIN,
+        [receipt("late", 2, "DELIVRD"), receipt("late", 1, "ENROUTE"), receipt("late")],
+    )
+    assert await status_of(db, "late") is None
+    result = await store.record_submissions([Submission(LOGIN, "late", "0034 600 000 009")])
+    assert (result.recorded, result.late_correlated_events) == (1, 2)
+    status = await status_of(db, "late")
+    assert status is not None
+    assert (status["status"], status["repeats"], status["progress_events"]) == ("DELIVERED", 1, 1)
+    assert await open_exceptions(db, "uncorrelated") == []
+    resolutions = await db.fetch("SELECT resolution FROM dlr.exceptions ORDER BY id")
+    assert len(resolutions) == 2
+    for (resolution,) in resolutions:
+        assert resolution.startswith("correlated late: message late recorded; rules outcome ")
+    assert await db.fetchval("SELECT destination FROM dlr.messages") == "+34600000009"
+    again = await store.record_submissions([Submission(LOGIN, "late", "+34600000009")])
+    assert (again.recorded, again.already_recorded) == (0, 1)
+
+
+async def test_late_correlation_racing_ingest_never_loses_a_correlation(
+    store: Store, db: asyncpg.Connection, database_url: str
+) -> None:
+    """P12: receipts and their submission recorded at the same moment always meet."""
+    other = await Store.open(database_url, pool_size=1)
+    try:
+        for round_number in range(15):
+            ids = [f"race{round_number}-{i}" for i in range(20)]
+            await asyncio.gather(
+                store.ingest(LOGIN, [receipt(m) for m in ids]),
+                other.record_submissions([Submission(LOGIN, m, "+34600000010") for m in ids]),
+            )
+    finally:
+        await other.close()
+    assert await open_exceptions(db, "uncorrelated") == []
+    assert await db.fetchval("SELECT count(*) FROM dlr.message_status") == 300
+
+
+async def test_concurrent_ingests_exactly_once_without_deadlock(
+    store: Store, db: asyncpg.Connection, database_url: str
+) -> None:
+    """Several workers, overlapping repeats and conflicting finals: exactly-once effects."""
+    message_ids = [f"c{i:03d}" for i in range(150)]
+    await record(store, *message_ids)
+    deliveries: list[Receipt] = []
+    for i, message_id in enumerate(message_ids):
+        deliveries += [receipt(message_id, 1, "ENROUTE"), receipt(message_id, 2, "DELIVRD")]
+        if i % 10 == 0:
+            deliveries.append(receipt(message_id, 2, "UNDELIV"))  # conflicting final
+    workers = [await Store.open(database_url, pool_size=1) for _ in range(4)]
+    rng = random.Random(7)
+    try:
+        batches = []
+        for _ in range(3):  # every receipt delivered three times, spread over the workers
+            copy = deliveries[:]
+            rng.shuffle(copy)
+            batches += [copy[i : i + 60] for i in range(0, len(copy), 60)]
+        rng.shuffle(batches)
+        results = await asyncio.gather(
+            *(workers[i % 4].ingest(LOGIN, batch) for i, batch in enumerate(batches))
+        )
+    finally:
+        for worker in workers:
+            await worker.close()
+    total = 3 * len(deliveries)
+    assert sum(len(r.outcomes) for r in results) == total
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == total
+    assert await db.fetchval("SELECT count(*) FROM dlr.events") == 300
+    counted = await db.fetchval(
+        "SELECT sum(times_received + conflicting_receptions) FROM dlr.events"
+    )
+    assert counted == total
+    # Each logical event goes through the rules exactly once (applied, or late_progress when
+    # its final was applied first); every other delivery is a repeat or a conflict.
+    first_time = sum(
+        r.counts.get(Outcome.APPLIED, 0) + r.counts.get(Outcome.LATE_PROGRESS, 0) for r in results
+    )
+    assert first_time == 300
+    rows = await db.fetch("SELECT * FROM dlr.message_status ORDER BY message_id")
+    assert len(rows) == 150
+    for i, row in enumerate(rows):
+        assert row["is_final"]
+        assert row["repeats"] == 4  # two events, each delivered three times
+        if i % 10 == 0:
+            assert row["conflicts"] == 3
+            assert row["status"] in ("DELIVERED", "UNDELIVERABLE")
+        else:
+            assert (row["status"], row["conflicts"]) == ("DELIVERED", 0)
+    assert len(await open_exceptions(db, "conflict")) == 45
+
+
+_spec_numbers = itertools.count()
+stats = st.sampled_from(["ACCEPTD", "ENROUTE", "DELIVRD", "UNDELIV", "UNKNOWN", "WEIRD"])
+contents = st.tuples(st.integers(1, 2), stats, st.sampled_from([None, "2611291200", "2611291300"]))
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), chosen=st.lists(contents, min_size=1, max_size=6))
+async def test_store_agrees_with_the_rules_specification(
+    store: Store,
+    db: asyncpg.Connection,
+    data: st.DataObject,
+    chosen: list[tuple[int, str, str | None]],
+) -> None:
+    """The batched ingest computes what `rules.replay` specifies, whatever the batch split."""
+    message_id = f"spec-{next(_spec_numbers)}"  # the database lives across examples
+    await record(store, message_id)
+    receipts = [receipt(message_id, level, stat, done_date=done) for level, stat, done in chosen]
+    cut = data.draw(st.integers(0, len(receipts)))
+    outcomes: list[Outcome] = []
+    for part in (receipts[:cut], receipts[cut:]):
+        outcomes += (await store.ingest(LOGIN, part)).outcomes
+    options = IntegrationOptions()
+    expected, expected_outcomes = replay(
+        [
+            Delivery(r.level, EventFacts(0, e.status, e.stat, e.err, e.done_at, e.fingerprint))
+            for r, e in ((r, parse(r, options)) for r in receipts)
+        ],
+        options,
+    )
+    assert outcomes == expected_outcomes
+    status = await status_of(db, message_id)
+    if expected is None:
+        assert status is None
+    else:
+        assert status is not None
+        assert (status["status"], status["reason"], status["repeats"], status["conflicts"]) == (
+            expected.status.value,
+            expected.reason,
+            expected.repeats,
+            expected.conflicts,
+        )
+        assert status["progress_events"] == expected.progress_events
