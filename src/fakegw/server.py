@@ -100,6 +100,7 @@ class FakeGateway:
         self._housekeeper: asyncio.Task[None] | None = None
         self._stream_numbers = 0
         self._stopping = False
+        self._started = False
         self.port = 0
         self.host = "127.0.0.1"
 
@@ -110,7 +111,13 @@ class FakeGateway:
         return f"{self.host}:{self.port}"
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Load the store, bind `host:port` (0 = any free port) and serve; returns the port."""
+        """Load the store, bind `host:port` (0 = any free port) and serve; returns the port.
+
+        An instance serves once: to restart on the same store, create a new FakeGateway.
+        """
+        if self._started:
+            raise RuntimeError("a FakeGateway starts once; create a new one to restart")
+        self._started = True
         self._load()
         await self.persistence.start()
         server = grpc.aio.server(

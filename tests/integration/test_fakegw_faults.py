@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -90,3 +92,13 @@ async def test_unknown_fault_knob_is_invalid_argument() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await admin.faults(no_such_knob=1)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_latency_fault_delays_pull_and_ack_answers() -> None:
+    async with FakeGateway(LOGINS, faults=Faults(latency_ms=250)).running() as gw:
+        client = feed_client(gw.target)
+        started = time.monotonic()
+        assert await client.pull() == []
+        assert (await client.ack(["gone"])).acked == 0
+        assert time.monotonic() - started >= 0.5
+        await client.close()
