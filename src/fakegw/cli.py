@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-pull-wait-seconds", type=float, default=20.0)
     serve.add_argument("--housekeeping-seconds", type=float, default=None)
     serve.add_argument(
+        "--ledger-max-records", type=int, default=0, help="keep only the newest N (0 = all)"
+    )
+    serve.add_argument(
         "--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop"
     )
     faults = serve.add_argument_group("faults (seedable: same seed + same calls = same run)")
@@ -143,6 +146,7 @@ async def _serve(args: argparse.Namespace) -> int:
         dlr_deadline_seconds=args.dlr_deadline_seconds,
         housekeeping_seconds=args.housekeeping_seconds,
         max_pull_wait_seconds=args.max_pull_wait_seconds,
+        ledger_max_records=args.ledger_max_records,
         faults=Faults(
             seed=args.seed,
             duplicate_rate=args.duplicate_rate,

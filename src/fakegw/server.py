@@ -72,6 +72,7 @@ class FakeGateway:
         faults: Faults | None = None,
         housekeeping_seconds: float | None = None,
         max_pull_wait_seconds: float = MAX_PULL_WAIT_SECONDS,
+        ledger_max_records: int = 0,
     ) -> None:
         if not logins:
             raise ValueError("at least one login is needed")
@@ -94,6 +95,9 @@ class FakeGateway:
         self._signer = TokenSigner(b"")
         self._next_seq = 1
         self._ledger: list[LedgerRecord] = []
+        # A long demo would otherwise hold every receipt ever seen; 0 keeps everything.
+        self.ledger_max_records = ledger_max_records
+        self._ledger_dropped = 0  # records trimmed from memory; ids stay stable
         self._sent: dict[tuple[str, str], SentMessage] = {}
         self._deadlines: list[tuple[float, str, str]] = []
         self._server: grpc.aio.Server | None = None
@@ -192,7 +196,10 @@ class FakeGateway:
             self.queues[login].restore(entries)
         for ledger_id, kind, login, seq, token, at, fields_json in state.ledger:
             max_seq = max(max_seq, seq)
+            if not self._ledger:
+                self._ledger_dropped = ledger_id - 1
             self._ledger.append((ledger_id, kind, login, seq, token, at, json.loads(fields_json)))
+        self._trim_ledger()
         for login, message_id, message_json, sent_at, resolved in state.sent:
             message = parse_sent_message(login, json.loads(message_json), sent_at)
             message.resolved = bool(resolved)
@@ -255,12 +262,20 @@ class FakeGateway:
     def _record(
         self, login: str, kind: str, seq: int, token: str, at: float, fields: ReceiptFields
     ) -> None:
-        ledger_id = len(self._ledger) + 1
+        ledger_id = self._ledger_dropped + len(self._ledger) + 1
         self._ledger.append((ledger_id, kind, login, seq, token, at, fields))
+        if self.ledger_max_records and len(self._ledger) > self.ledger_max_records * 11 // 10:
+            self._trim_ledger()
         if self.persistence.durable:
             self.persistence.pending.ledger_insert.append(
                 (ledger_id, kind, login, seq, token, at, dumps(fields))
             )
+
+    def _trim_ledger(self) -> None:
+        excess = len(self._ledger) - self.ledger_max_records
+        if self.ledger_max_records and excess > 0:
+            del self._ledger[:excess]
+            self._ledger_dropped += excess
 
     def _enqueue_with_faults(self, queue: LoginQueue, fields: ReceiptFields, now: float) -> int:
         enqueued = int(self._enqueue(queue, fields, now))
@@ -349,10 +364,12 @@ class FakeGateway:
 
         Each record: `id`, `kind` ("enqueue" or "ack"), `login`, `seq`, `token`, `at` (epoch
         seconds), `receipt` (fields 1-13). `next` is the `after` for the following page.
+        `first_id` is the oldest id still held (above 1 only with `ledger_max_records`).
         """
         records: list[dict[str, Any]] = []
         last = after
-        for ledger_id, kind, rec_login, seq, token, at, fields in self._ledger[max(after, 0) :]:
+        start = max(after - self._ledger_dropped, 0)
+        for ledger_id, kind, rec_login, seq, token, at, fields in self._ledger[start:]:
             last = ledger_id
             if login is not None and rec_login != login:
                 continue
@@ -369,7 +386,7 @@ class FakeGateway:
             )
             if len(records) >= limit:
                 break
-        return {"records": records, "next": last}
+        return {"records": records, "next": last, "first_id": self._ledger_dropped + 1}
 
     async def sweep(self) -> None:
         """Run lease expiry (F6), retention (F16) and the receipt deadline (F3) now."""

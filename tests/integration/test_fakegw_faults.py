@@ -102,3 +102,17 @@ async def test_latency_fault_delays_pull_and_ack_answers() -> None:
         assert (await client.ack(["gone"])).acked == 0
         assert time.monotonic() - started >= 0.5
         await client.close()
+
+
+async def test_ledger_pages_by_id_and_a_bounded_ledger_keeps_the_newest() -> None:
+    """The ledger (every enqueue and ack) pages stably, also when trimmed for long runs."""
+    async with FakeGateway(LOGINS, ledger_max_records=10).running() as gw:
+        await gw.inject(LOGIN, [receipt_body(i) for i in range(30)])
+        page = gw.ledger(LOGIN, after=0, limit=5)
+        assert page["first_id"] > 1
+        assert len(page["records"]) == 5
+        assert page["records"][0]["id"] == page["first_id"]
+        rest = gw.ledger(LOGIN, after=page["next"])
+        ids = [r["id"] for r in page["records"] + rest["records"]]
+        assert ids == list(range(ids[0], 31))
+        assert rest["records"][-1]["receipt"]["id"] == "m29"
