@@ -18,10 +18,9 @@ from dataclasses import dataclass
 class Holder:
     """Whoever a delivered receipt is leased to: one Subscribe stream, or the login's Pulls."""
 
-    __slots__ = ("held", "name")
+    __slots__ = ("held",)
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         # F11: the stream's delivered-but-unacked receipts; its size is checked against window.
         self.held: set[int] = set()
 
@@ -94,7 +93,7 @@ class LoginQueue:
         self._leases: deque[tuple[float, int, int]] = deque()  # (deadline, seq, generation)
         self.in_flight = 0
         self.counters = QueueCounters()
-        self.pull_holder = Holder("pull")
+        self.pull_holder = Holder()
         self.streams = 0
         self._changed = asyncio.Event()
 

@@ -102,7 +102,6 @@ class FakeGateway:
         self._deadlines: list[tuple[float, str, str]] = []
         self._server: grpc.aio.Server | None = None
         self._housekeeper: asyncio.Task[None] | None = None
-        self._stream_numbers = 0
         self._stopping = False
         self._started = False
         self.port = 0
@@ -475,8 +474,7 @@ class FakeGateway:
         window = request.window
         if window == 0 or window > self.max_window:
             window = self.max_window
-        self._stream_numbers += 1
-        holder = Holder(f"stream-{self._stream_numbers}")
+        holder = Holder()
         queue.streams += 1
         sent = 0
         try:
