@@ -162,7 +162,12 @@ async def assert_ledger_matches_store(gateway: FakeGateway, database_url: str) -
     """Every enqueued (id, level) is one event; every acked receipt is stored (F8, C7)."""
     ledger = gateway.ledger(LOGIN, limit=10_000_000)["records"]
     stored, enqueued = await stored_event_keys(database_url), enqueued_keys(ledger)
-    assert stored == enqueued, (sorted(stored - enqueued)[:5], sorted(enqueued - stored)[:5], len(stored), len(enqueued))
+    assert stored == enqueued, (
+        sorted(stored - enqueued)[:5],
+        sorted(enqueued - stored)[:5],
+        len(stored),
+        len(enqueued),
+    )
     counts = await store_counts(database_url)
     assert counts["events"] == counts["distinct_events"]
     assert acked_tokens(ledger) <= await stored_tokens(database_url)

@@ -25,5 +25,5 @@ async def run(args: argparse.Namespace) -> int:
     settings = DaemonSettings.from_args(args)
     configure_logging(settings.log_level, settings.log_format)  # type: ignore[arg-type]
     if settings.processes > 1:
-        return await Supervisor(settings, sys.argv[2:]).run()
+        return await Supervisor(settings, sys.argv[1:]).run()
     return await Daemon(settings).run()

@@ -26,11 +26,12 @@ from .settings import DaemonSettings
 
 log = structlog.get_logger("dlrfeed.supervisor")
 
-FATAL_EXIT_CODES = frozenset({77, 78})
+# 2: argparse usage error; 77, 78: credentials, configuration. A restart cannot fix any.
+FATAL_EXIT_CODES = frozenset({2, 77, 78})
 
 
 def worker_argv(argv: Sequence[str], settings: DaemonSettings, index: int) -> list[str]:
-    """The command line of worker `index`: our own, forced to one process and its own port."""
+    """The command line of worker `index`: ours (`run ...`), forced to one process, own port."""
     args = [sys.executable, "-m", "dlrfeed.cli", *argv, "--processes", "1"]
     if settings.metrics is not None:
         host, port = settings.metrics
