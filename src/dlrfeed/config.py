@@ -128,3 +128,21 @@ class LayeredDefaults:
             for action in settable_actions(sub)
             if any(option in spelled for option in action.option_strings)
         }
+
+
+def add_database_url(parser: argparse.ArgumentParser) -> None:
+    """The `--database-url` option shared by every command that talks to PostgreSQL."""
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="PostgreSQL URL, e.g. postgresql://dlrfeed@db.example/dlr (libpq style)",
+    )
+
+
+def required(args: argparse.Namespace, dest: str) -> str:
+    """The value of a setting that has no default, or a one-line ConfigError naming its sources."""
+    value = getattr(args, dest, None)
+    if not value:
+        option = "--" + dest.replace("_", "-")
+        raise ConfigError(f"{option} is required (flag, {env_name(dest)} or --config file)")
+    return str(value)

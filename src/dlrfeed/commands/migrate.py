@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from dlrfeed.config import add_database_url, required
 from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.store.migrate import expected_version, migrate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`dlrfeed migrate` takes only the database URL, which the CLI layer provides."""
+    """`dlrfeed migrate` takes only the database URL (of the owner role, docs/security.md)."""
+    add_database_url(parser)
 
 
 async def run(args: argparse.Namespace) -> int:
     """Apply the migrations still missing; print what was applied and the resulting version."""
     try:
-        applied = await migrate(args.database_url)
+        applied = await migrate(required(args, "database_url"))
     except OSError as exc:
         raise StoreUnavailableError(f"cannot reach PostgreSQL: {exc}") from exc
     for name in applied:

@@ -1,0 +1,79 @@
+"""Totals: statuses reported by the network, repeats, conflicts, exceptions, DLR latency."""
+
+from __future__ import annotations
+
+import argparse
+
+from dlrfeed.commands.output import cell, print_json, table
+from dlrfeed.config import add_database_url, required
+from dlrfeed.store.reports import JsonDict, connect, statistics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--login to narrow to one login, --json."""
+    add_database_url(parser)
+    parser.add_argument("--login", help="only this login (default: all)")
+    parser.add_argument("--json", action="store_true", help="one JSON document")
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Print the totals."""
+    conn = await connect(required(args, "database_url"))
+    try:
+        totals = await statistics(conn, args.login)
+    finally:
+        await conn.close()
+    if args.json:
+        print_json(totals)
+    else:
+        print(render(totals))
+    return 0
+
+
+def _percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate * 100:.2f} %"
+
+
+def render(totals: JsonDict) -> str:
+    """The totals as text, keeping submit acceptance and network reports apart (C6)."""
+    submitted = totals["submitted"]
+    network = totals["reported_by_network"]
+    latency = totals["dlr_latency_seconds"]
+    lines = [
+        f"login: {totals['login'] or 'all'}",
+        "",
+        "accepted at submit (recorded by the sender, P3):",
+        f"  messages recorded {submitted['recorded']}, "
+        f"of which with no receipt yet {submitted['without_any_status']}",
+        "",
+        "status reported by the network (P2: delivered to the handset, not read):",
+        table(
+            ["status", "kind", "messages"],
+            [[s, "final", n] for s, n in network["final"].items()]
+            + [[s, "progress", n] for s, n in network["progress"].items()],
+        ),
+        "",
+        "independent verification: none — dlrfeed has no source beyond the network's reports",
+        "",
+        f"receptions {totals['receptions']['total']}, logical events {totals['events']}",
+        f"  repeats: {totals['repeats']['deliveries']} ({_percent(totals['repeats']['rate'])})",
+        f"  conflicts: {totals['conflicts']['deliveries']} conflicting deliveries, "
+        f"{totals['conflicts']['open']} open",
+        f"  uncorrelated: {totals['uncorrelated']['receptions']} receptions "
+        f"({_percent(totals['uncorrelated']['rate'])}), {totals['uncorrelated']['open']} open",
+        "",
+        "exceptions:",
+        table(
+            ["kind", "open", "total"],
+            [[k, v["open"], v["total"]] for k, v in sorted(totals["exceptions"].items())],
+        ),
+        "",
+        f"DLR latency (reported done - submitted, {latency['samples']} finals): "
+        f"p50 {cell(_seconds(latency['p50']))}  p90 {cell(_seconds(latency['p90']))}  "
+        f"p99 {cell(_seconds(latency['p99']))}",
+    ]
+    return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.1f} s"
