@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
@@ -52,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dlr-deadline-seconds", type=float, default=86_400.0)
     serve.add_argument("--max-pull-wait-seconds", type=float, default=20.0)
     serve.add_argument("--housekeeping-seconds", type=float, default=None)
+    serve.add_argument("--tls-cert", help="PEM server certificate chain: serve TLS")
+    serve.add_argument("--tls-key", help="PEM server private key (with --tls-cert)")
+    serve.add_argument("--tls-client-ca", help="PEM CA that client certificates must chain to")
     serve.add_argument(
         "--ledger-max-records", type=int, default=0, help="keep only the newest N (0 = all)"
     )
@@ -134,8 +138,20 @@ def _open_input(path: str) -> Iterator[TextIO]:
             yield stream
 
 
+def _server_credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
+    """TLS from --tls-cert/--tls-key; mTLS when --tls-client-ca is given; None = plaintext."""
+    if not args.tls_cert:
+        return None
+    pair = [(Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())]
+    client_ca = Path(args.tls_client_ca).read_bytes() if args.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        pair, root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
 async def _serve(args: argparse.Namespace) -> int:
     host, port = args.listen
+    credentials = _server_credentials(args)
     gateway = FakeGateway(
         dict(args.login),
         store=args.store,
@@ -147,6 +163,7 @@ async def _serve(args: argparse.Namespace) -> int:
         housekeeping_seconds=args.housekeeping_seconds,
         max_pull_wait_seconds=args.max_pull_wait_seconds,
         ledger_max_records=args.ledger_max_records,
+        server_credentials=credentials,
         faults=Faults(
             seed=args.seed,
             duplicate_rate=args.duplicate_rate,

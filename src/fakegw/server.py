@@ -73,6 +73,7 @@ class FakeGateway:
         housekeeping_seconds: float | None = None,
         max_pull_wait_seconds: float = MAX_PULL_WAIT_SECONDS,
         ledger_max_records: int = 0,
+        server_credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         if not logins:
             raise ValueError("at least one login is needed")
@@ -85,6 +86,8 @@ class FakeGateway:
         self.dlr_deadline_seconds = dlr_deadline_seconds
         self.max_pull_wait_seconds = max_pull_wait_seconds
         self.faults = faults if faults is not None else Faults()
+        # TLS (and mTLS when the credentials require client certificates); None = plaintext.
+        self.server_credentials = server_credentials
         # Leases, retention and deadlines are checked this often; short leases get short ticks.
         self.housekeeping_seconds = housekeeping_seconds or min(0.5, max(0.02, lease_seconds / 20))
         self.persistence: NullPersistence | SqlitePersistence = (
@@ -131,7 +134,11 @@ class FakeGateway:
             ]
         )
         server.add_generic_rpc_handlers((self._feed_handler(), self._admin_handler()))
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = (
+            server.add_secure_port(f"{host}:{port}", self.server_credentials)
+            if self.server_credentials is not None
+            else server.add_insecure_port(f"{host}:{port}")
+        )
         if bound == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         await server.start()
