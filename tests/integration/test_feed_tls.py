@@ -95,7 +95,7 @@ async def _pull_and_ack(target: str, tls: TlsSettings) -> int:
         outcome = await client.ack([r.ack_token for r in receipts])
         return outcome.acked
     finally:
-        await channel.close()
+        await channel.close(grace=None)
 
 
 async def test_tls_with_private_ca(pki: Pki) -> None:
@@ -123,7 +123,7 @@ async def test_mtls_without_client_certificate_is_refused(pki: Pki) -> None:
             with pytest.raises((FeedTlsError, FeedUnavailableError)):
                 await FeedClient(channel, LOGIN, PASSWORD).check_access()
         finally:
-            await channel.close()
+            await channel.close(grace=None)
 
 
 async def test_wrong_ca_stops_the_daemon_with_one_clear_line(pki: Pki, database_url: str) -> None:
@@ -150,5 +150,5 @@ async def test_plaintext_client_against_tls_gateway_fails_without_leaking(pki: P
             with pytest.raises((FeedTlsError, FeedUnavailableError)) as caught:
                 await FeedClient(channel, LOGIN, PASSWORD).check_access(deadline_s=2)
         finally:
-            await channel.close()
+            await channel.close(grace=None)
     assert PASSWORD not in str(caught.value)
