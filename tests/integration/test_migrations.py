@@ -42,6 +42,9 @@ DESCRIBE = {
     "function": """
         SELECT p.proname || ' ' || md5(p.prosrc) FROM pg_proc p
         WHERE p.pronamespace = 'dlr'::regnamespace""",
+    "storage": """
+        SELECT relname || ' ' || array_to_string(reloptions, ',') FROM pg_class
+        WHERE relnamespace = 'dlr'::regnamespace AND reloptions IS NOT NULL""",
     "sequence": """
         SELECT sequence_name FROM information_schema.sequences WHERE sequence_schema = 'dlr'""",
 }

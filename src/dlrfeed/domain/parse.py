@@ -98,6 +98,7 @@ def _digits(value: str) -> bool:
     return value.isascii() and value.isdigit()
 
 
+@lru_cache(maxsize=8192)  # receipts of one batch mostly share their minute: parse each once
 def parse_reported_date(raw: str, tz: tzinfo) -> datetime | None:
     """A reported date in one of the documented forms, in `tz` unless it names its own offset.
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
+from functools import lru_cache
 from typing import assert_never
 
 from dlrfeed.domain.options import IntegrationOptions
@@ -98,7 +99,8 @@ def kind_of(status: Status) -> Kind:
     return Kind.UNRECOGNIZED
 
 
-def transition_table(options: IntegrationOptions) -> dict[tuple[Kind, Kind], Action]:
+@lru_cache(maxsize=16)
+def transition_table(options: IntegrationOptions) -> Mapping[tuple[Kind, Kind], Action]:
     """The table in force under `options`: the defaults with each enabled option's cells."""
     table = dict(TRANSITIONS)
     for name, cells in OPTION_TRANSITIONS.items():
@@ -148,30 +150,38 @@ class MessageStatus:
     """Option `deadline_unknown_superseded` took effect for this message."""
 
 
-def explain(status: MessageStatus) -> str:
-    """P7: the reason for a status, a function of the status alone (so order-independent)."""
-    basis = status.basis
+def explain(basis: EventFacts, deadline_superseded: bool) -> str:
+    """P7: the reason for a status, a function of its basis alone (so order-independent)."""
     err = "" if basis.err is None else f", err {basis.err}"
-    if status.deadline_superseded:
+    if deadline_superseded:
         return (
             f"network final {basis.stat}{err} supersedes the gateway's deadline UNKNOWN "
             "(option deadline_unknown_superseded)"
         )
     if basis.status is Status.UNKNOWN:
         return "the gateway's deadline receipt UNKNOWN: no result reported in time (F3)"
-    if status.is_final:
+    if basis.status in FINAL_STATUSES:
         return f"final status reported by the network: {basis.stat}{err}"
     return f"in progress as reported by the network: {basis.stat}{err}"
 
 
-def _status(basis: EventFacts, previous: MessageStatus | None, **changes: object) -> MessageStatus:
-    current = (
-        MessageStatus(basis.status, basis.status in FINAL_STATUSES, "", basis)
-        if previous is None
-        else replace(previous, status=basis.status, is_final=basis.status in FINAL_STATUSES)
+def _based_on(
+    basis: EventFacts,
+    previous: MessageStatus | None,
+    progress_events: int,
+    deadline_superseded: bool,
+) -> MessageStatus:
+    """A status supported by `basis`, keeping the counters of `previous`."""
+    return MessageStatus(
+        status=basis.status,
+        is_final=basis.status in FINAL_STATUSES,
+        reason=explain(basis, deadline_superseded),
+        basis=basis,
+        repeats=0 if previous is None else previous.repeats,
+        conflicts=0 if previous is None else previous.conflicts,
+        progress_events=progress_events,
+        deadline_superseded=deadline_superseded,
     )
-    current = replace(current, basis=basis, **changes)  # type: ignore[arg-type]  # dataclass kwargs
-    return replace(current, reason=explain(current))
 
 
 def apply(
@@ -188,13 +198,14 @@ def apply(
     if action is Action.NOT_APPLIED:
         return current, Outcome.UNRECOGNIZED
     if current is None:
-        return _status(event, None, progress_events=progress), Outcome.APPLIED
+        return _based_on(event, None, progress, False), Outcome.APPLIED
     counted = current.progress_events + progress
+    superseded = current.deadline_superseded
     if action is Action.TAKE:
-        return _status(event, current, progress_events=counted), Outcome.APPLIED
+        return _based_on(event, current, counted, superseded), Outcome.APPLIED
     if action is Action.NEWER_PROGRESS:
         if event.order_key() > current.basis.order_key():
-            return _status(event, current, progress_events=counted), Outcome.APPLIED
+            return _based_on(event, current, counted, superseded), Outcome.APPLIED
         return replace(current, progress_events=counted), Outcome.LATE_PROGRESS
     if action is Action.IGNORE_PROGRESS:
         return replace(current, progress_events=counted), Outcome.LATE_PROGRESS
@@ -203,14 +214,14 @@ def apply(
             # Corroboration: keep the earlier of the two by reported time so that the basis
             # does not depend on which arrived first.
             if event.order_key() < current.basis.order_key():
-                return _status(event, current), Outcome.CORROBORATED
+                return _based_on(event, current, counted, superseded), Outcome.CORROBORATED
             return current, Outcome.CORROBORATED
         # P18/C3: the first final applied stays; the later incompatible one is a conflict.
         return replace(current, conflicts=current.conflicts + 1), Outcome.CONFLICT
     if action is Action.SUPERSEDE_DEADLINE:
-        return _status(event, current, deadline_superseded=True), Outcome.APPLIED
+        return _based_on(event, current, counted, True), Outcome.APPLIED
     if action is Action.DEADLINE_SUPERSEDED:
-        return _status(current.basis, current, deadline_superseded=True), Outcome.SUPERSEDED
+        return _based_on(current.basis, current, counted, True), Outcome.SUPERSEDED
     assert_never(action)
 
 

@@ -14,13 +14,14 @@ CORRELATION_LOCK_NAMESPACE = 0x646C72  # "dlr"
 
 # -- name: lock_messages
 # P10: exact correlation by message id within the login; the row lock serialises every status
-# computation of that message (FOR NO KEY UPDATE still lets FK checks of message_status pass).
+# computation of that message. A join on unnest (not `= ANY`), so that even a plan made on a
+# young table's stale statistics probes or hashes instead of scanning the array per row.
 LOCK_MESSAGES = """
-SELECT message_id
-FROM dlr.messages
-WHERE login = $1 AND message_id = ANY($2::text[])
-ORDER BY message_id
-FOR NO KEY UPDATE
+SELECT m.message_id
+FROM unnest($2::text[]) AS k(message_id)
+JOIN dlr.messages AS m ON m.login = $1 AND m.message_id = k.message_id
+ORDER BY m.message_id
+FOR NO KEY UPDATE OF m
 """
 
 # -- name: lock_correlation_ids
@@ -39,34 +40,43 @@ READ_STATUSES = """
 SELECT k.message_id,
        s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
        s.progress_events, s.deadline_superseded,
-       e.status AS basis_status, e.stat AS basis_stat, e.err AS basis_err,
-       e.done_at AS basis_done_at, e.fingerprint AS basis_fingerprint,
+       s.basis_status, s.basis_stat, s.basis_err, s.basis_done_at, s.basis_fingerprint,
        o.repeats AS orphan_repeats, o.conflicts AS orphan_conflicts
 FROM unnest($2::text[]) AS k(message_id)
-LEFT JOIN dlr.message_status AS s ON s.login = $1 AND s.message_id = k.message_id
-LEFT JOIN dlr.events AS e ON e.id = s.supporting_event_id
+-- LATERAL ... OFFSET 0: one primary-key probe per id, whatever the table statistics say (a
+-- young table's stale statistics otherwise invite a scan of every status of the login).
+LEFT JOIN LATERAL (
+    SELECT s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
+           s.progress_events, s.deadline_superseded,
+           e.status AS basis_status, e.stat AS basis_stat, e.err AS basis_err,
+           e.done_at AS basis_done_at, e.fingerprint AS basis_fingerprint
+    FROM dlr.message_status AS s
+    JOIN dlr.events AS e ON e.id = s.supporting_event_id
+    WHERE s.login = $1 AND s.message_id = k.message_id
+    OFFSET 0
+) AS s ON true
 LEFT JOIN LATERAL (
     SELECT coalesce(sum(x.times_received - 1), 0)::int AS repeats,
            coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
     FROM dlr.events AS x
-    WHERE s.message_id IS NULL AND x.login = $1 AND x.correlation_id = k.message_id
+    WHERE s.status IS NULL AND x.login = $1 AND x.correlation_id = k.message_id
 ) AS o ON true
 """
 
 # -- name: insert_events
 # P14: insert-or-detect of logical events; one row per distinct key of the batch, sorted.
+# $4 is a JSON array of rows [message_id, correlation_id, level, stat, status, err, done_raw,
+# done_at, fingerprint, flags, received_at]: one parameter instead of eleven arrays, because
+# the driver's per-element array encoding costs more than the whole ingest's SQL (bench_store).
 INSERT_EVENTS = """
 INSERT INTO dlr.events (
     login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
     fingerprint, flags, parser_version, rules_version, first_received_at, last_received_at)
-SELECT $1, u.message_id, u.correlation_id, u.level, u.stat, u.status, u.err, u.done_raw,
-       u.done_at, u.fingerprint, string_to_array(u.flags, ' '), $2, $3,
-       to_timestamp(u.received_at), to_timestamp(u.received_at)
-FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[],
-            $10::text[], $11::timestamptz[], $12::text[], $13::text[], $14::float8[])
-     AS u(message_id, correlation_id, level, stat, status, err, done_raw, done_at,
-          fingerprint, flags, received_at)
-ORDER BY u.message_id, u.level
+SELECT $1, u.r->>0, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5, u.r->>6,
+       (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '), $2, $3,
+       to_timestamp((u.r->>10)::float8), to_timestamp((u.r->>10)::float8)
+FROM jsonb_array_elements($4::jsonb) AS u(r)
+ORDER BY u.r->>0, (u.r->>2)::bigint
 ON CONFLICT (login, message_id, level) DO NOTHING
 RETURNING id, message_id, level
 """
@@ -87,51 +97,46 @@ FOR NO KEY UPDATE OF e
 # -- name: write_batch
 # One statement for everything else: receptions (append-only, with their outcome), exceptions
 # (joined to their reception by batch position), the new statuses, the events' counters.
+# $3 is a JSON array of rows, one per delivery in batch order: [message_id, level, stat, err,
+# sub, dlvrd, submit_raw, submit_at, done_raw, done_at, text, source_addr, destination_addr,
+# smsc_message_id, connector, delivery_count, received_at, flags, outcome, event_id]; $4 the
+# raw payloads in the same order. Values are already storable (parse), so jsonb accepts them.
 WRITE_BATCH = """
 WITH rec_in AS MATERIALIZED (
-    SELECT nextval('dlr.receptions_id_seq') AS id, u.*
-    FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
-                $9::text[], $10::timestamptz[], $11::text[], $12::timestamptz[], $13::text[],
-                $14::text[], $15::text[], $16::text[], $17::text[], $18::bigint[],
-                $19::float8[], $20::bytea[], $21::text[], $22::text[], $23::bigint[])
-         WITH ORDINALITY
-         AS u(message_id, level, stat, err, sub, dlvrd, submit_raw, submit_at, done_raw, done_at,
-              text, source_addr, destination_addr, smsc_message_id, connector, delivery_count,
-              received_at, payload, flags, outcome, event_id, position)
+    SELECT nextval('dlr.receptions_id_seq') AS id, u.r, u.position, p.payload
+    FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS u(r, position)
+    JOIN unnest($4::bytea[]) WITH ORDINALITY AS p(payload, position) USING (position)
 ),
 rec AS (
     INSERT INTO dlr.receptions (
         id, login, message_id, level, stat, err, submit_date_raw, submit_at, done_date_raw,
         done_at, delivery_count, received_at, payload, payload_json, flags, outcome, event_id,
         parser_version)
-    SELECT r.id, $1, r.message_id, r.level, r.stat, r.err, r.submit_raw, r.submit_at, r.done_raw,
-           r.done_at, r.delivery_count, to_timestamp(r.received_at), r.payload,
+    SELECT i.id, $1, i.r->>0, (i.r->>1)::bigint, i.r->>2, i.r->>3, i.r->>6,
+           (i.r->>7)::timestamptz, i.r->>8, (i.r->>9)::timestamptz, (i.r->>15)::bigint,
+           to_timestamp((i.r->>16)::float8), i.payload,
            jsonb_strip_nulls(jsonb_build_object(
-               'id', r.message_id, 'level', r.level, 'stat', r.stat, 'err', r.err,
-               'sub', r.sub, 'dlvrd', r.dlvrd, 'submit_date', r.submit_raw,
-               'done_date', r.done_raw, 'text', r.text, 'source_addr', r.source_addr,
-               'destination_addr', r.destination_addr, 'smsc_message_id', r.smsc_message_id,
-               'connector', r.connector, 'delivery_count', r.delivery_count)),
-           string_to_array(r.flags, ' '), r.outcome, r.event_id, $2
-    FROM rec_in AS r
+               'id', i.r->0, 'level', i.r->1, 'stat', i.r->2, 'err', i.r->3, 'sub', i.r->4,
+               'dlvrd', i.r->5, 'submit_date', i.r->6, 'done_date', i.r->8, 'text', i.r->10,
+               'source_addr', i.r->11, 'destination_addr', i.r->12,
+               'smsc_message_id', i.r->13, 'connector', i.r->14, 'delivery_count', i.r->15)),
+           string_to_array(i.r->>17, ' '), i.r->>18, (i.r->>19)::bigint, $2
+    FROM rec_in AS i
 ),
 exc AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
-    SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id, r.id
-    FROM unnest($24::text[], $25::text[], $26::text[], $27::bigint[], $28::bigint[])
+    SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id, i.id
+    FROM unnest($5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[])
          AS x(kind, message_id, details, event_id, position)
-    LEFT JOIN rec_in AS r ON r.position = x.position
+    LEFT JOIN rec_in AS i ON i.position = x.position
 ),
 st AS (
     INSERT INTO dlr.message_status (
         login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
         progress_events, deadline_superseded, rules_version, updated_at)
-    SELECT $1, s.message_id, s.status, s.is_final, s.reason, s.event_id, s.repeats, s.conflicts,
-           s.progress_events, s.deadline_superseded, $29, now()
-    FROM unnest($30::text[], $31::text[], $32::boolean[], $33::text[], $34::bigint[],
-                $35::int[], $36::int[], $37::int[], $38::boolean[])
-         AS s(message_id, status, is_final, reason, event_id, repeats, conflicts,
-              progress_events, deadline_superseded)
+    SELECT $1, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
+           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $10, now()
+    FROM jsonb_array_elements($11::jsonb) AS s(r)
     ON CONFLICT (login, message_id) DO UPDATE SET
         status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
         supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
@@ -144,7 +149,7 @@ ev AS (
         times_received = e.times_received + c.repeats,
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
         last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at))
-    FROM unnest($39::bigint[], $40::int[], $41::int[], $42::float8[])
+    FROM unnest($12::bigint[], $13::int[], $14::int[], $15::float8[])
          AS c(id, repeats, conflicts, received_at)
     WHERE e.id = c.id
 )
@@ -180,8 +185,8 @@ RETURNING message_id
 WAITING_EVENTS = """
 SELECT e.id, e.message_id, e.correlation_id, e.level, e.status, e.stat, e.err, e.done_at,
        e.fingerprint, e.times_received, e.conflicting_receptions
-FROM dlr.events AS e
-WHERE e.login = $1 AND e.correlation_id = ANY($2::text[])
+FROM unnest($2::text[]) AS k(correlation_id)
+JOIN dlr.events AS e ON e.login = $1 AND e.correlation_id = k.correlation_id
 ORDER BY e.correlation_id, e.id
 """
 
@@ -193,12 +198,9 @@ WITH st AS (
     INSERT INTO dlr.message_status (
         login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
         progress_events, deadline_superseded, rules_version, updated_at)
-    SELECT $1, s.message_id, s.status, s.is_final, s.reason, s.event_id, s.repeats, s.conflicts,
-           s.progress_events, s.deadline_superseded, $2, now()
-    FROM unnest($3::text[], $4::text[], $5::boolean[], $6::text[], $7::bigint[],
-                $8::int[], $9::int[], $10::int[], $11::boolean[])
-         AS s(message_id, status, is_final, reason, event_id, repeats, conflicts,
-              progress_events, deadline_superseded)
+    SELECT $1, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
+           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $2, now()
+    FROM jsonb_array_elements($3::jsonb) AS s(r)
     ON CONFLICT (login, message_id) DO UPDATE SET
         status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
         supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
@@ -208,14 +210,14 @@ WITH st AS (
 ),
 resolved AS (
     UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
-    FROM unnest($12::bigint[], $13::text[]) AS r(event_id, resolution)
+    FROM unnest($4::bigint[], $5::text[]) AS r(event_id, resolution)
     WHERE x.event_id = r.event_id AND x.kind = 'uncorrelated' AND x.resolved_at IS NULL
     RETURNING x.id
 ),
 opened AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id)
     SELECT n.kind, $1, n.message_id, n.details::jsonb, n.event_id
-    FROM unnest($14::text[], $15::text[], $16::text[], $17::bigint[])
+    FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[])
          AS n(kind, message_id, details, event_id)
 )
 SELECT count(*) FROM resolved

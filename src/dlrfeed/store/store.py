@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -116,20 +116,26 @@ def _is_malformed(flags: tuple[str, ...]) -> bool:
     return any(not flag.endswith(_BENIGN_FLAG_SUFFIXES) for flag in flags)
 
 
-def _status_columns(statuses: Mapping[str, MessageStatus]) -> list[list[Any]]:
-    keys = sorted(statuses)
-    rows = [statuses[k] for k in keys]
-    return [
-        keys,
-        [s.status.value for s in rows],
-        [s.is_final for s in rows],
-        [s.reason for s in rows],
-        [s.basis.ref for s in rows],
-        [s.repeats for s in rows],
-        [s.conflicts for s in rows],
-        [s.progress_events for s in rows],
-        [s.deadline_superseded for s in rows],
-    ]
+def _json(rows: Iterable[list[Any]]) -> str:
+    """A JSON array of rows, the one parameter of a set-based statement (see queries)."""
+    return json.dumps(list(rows), ensure_ascii=False, separators=(",", ":"))
+
+
+def _status_json(statuses: Mapping[str, MessageStatus]) -> str:
+    return _json(
+        [
+            key,
+            s.status.value,
+            s.is_final,
+            s.reason,
+            s.basis.ref,
+            s.repeats,
+            s.conflicts,
+            s.progress_events,
+            s.deadline_superseded,
+        ]
+        for key, s in sorted(statuses.items())
+    )
 
 
 def _printable(value: str) -> str:
@@ -297,17 +303,22 @@ class Store:
                 login,
                 PARSER_VERSION,
                 RULES_VERSION,
-                [e.message_id for e in firsts],
-                [e.correlation_id for e in firsts],
-                [e.level for e in firsts],
-                [e.stat for e in firsts],
-                [e.status.value for e in firsts],
-                [e.err for e in firsts],
-                [e.done_date_raw for e in firsts],
-                [e.done_at for e in firsts],
-                [e.fingerprint for e in firsts],
-                [" ".join(e.flags) for e in firsts],
-                [e.received_at for e in firsts],
+                _json(
+                    [
+                        e.message_id,
+                        e.correlation_id,
+                        e.level,
+                        e.stat,
+                        e.status.value,
+                        e.err,
+                        e.done_date_raw,
+                        None if e.done_at is None else e.done_at.isoformat(),
+                        e.fingerprint,
+                        " ".join(e.flags),
+                        e.received_at,
+                    ]
+                    for e in firsts
+                ),
             )
         }
         stored: dict[tuple[str, int], tuple[int, str]] = {}
@@ -323,38 +334,45 @@ class Store:
 
         plan = self._plan(events, first_of_key, inserted, stored, correlated, held, pending)
         changed = {k: v for k, v in plan.statuses.items() if held.get(k) is not v}
+        outcomes = plan.outcomes
+        event_ids = plan.event_ids
         await conn.fetchval(
             queries.WRITE_BATCH,
             login,
             PARSER_VERSION,
-            [e.message_id for e in events],
-            [e.level for e in events],
-            [e.stat for e in events],
-            [e.err for e in events],
-            [e.sub for e in events],
-            [e.dlvrd for e in events],
-            [e.submit_date_raw for e in events],
-            [e.submit_at for e in events],
-            [e.done_date_raw for e in events],
-            [e.done_at for e in events],
-            [e.text for e in events],
-            [e.source_addr for e in events],
-            [e.destination_addr for e in events],
-            [e.smsc_message_id for e in events],
-            [e.connector for e in events],
-            [e.delivery_count for e in events],
-            [e.received_at for e in events],
+            _json(
+                [
+                    e.message_id,
+                    e.level,
+                    e.stat,
+                    e.err,
+                    e.sub,
+                    e.dlvrd,
+                    e.submit_date_raw,
+                    None if e.submit_at is None else e.submit_at.isoformat(),
+                    e.done_date_raw,
+                    None if e.done_at is None else e.done_at.isoformat(),
+                    e.text,
+                    e.source_addr,
+                    e.destination_addr,
+                    e.smsc_message_id,
+                    e.connector,
+                    e.delivery_count,
+                    e.received_at,
+                    " ".join(e.flags),
+                    outcomes[i].value,
+                    event_ids[i],
+                ]
+                for i, e in enumerate(events)
+            ),
             [e.raw for e in events],
-            [" ".join(e.flags) for e in events],
-            [o.value for o in plan.outcomes],
-            plan.event_ids,
             [x[0] for x in plan.exceptions],
             [x[1] for x in plan.exceptions],
             [x[2] for x in plan.exceptions],
             [x[3] for x in plan.exceptions],
             [x[4] for x in plan.exceptions],
             RULES_VERSION,
-            *_status_columns(changed),
+            _status_json(changed),
             list(plan.event_last),
             [plan.event_repeats[i] for i in plan.event_last],
             [plan.event_conflicts[i] for i in plan.event_last],
@@ -628,7 +646,7 @@ class Store:
             queries.WRITE_LATE_CORRELATION,
             login,
             RULES_VERSION,
-            *_status_columns(plan.statuses),
+            _status_json(plan.statuses),
             resolved_ids,
             resolutions,
             [x[0] for x in plan.exceptions],
