@@ -48,8 +48,29 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+class _RefusePasswordOnArgv(argparse.Action):
+    """`--password` exists only to be refused without echoing the value (argparse would print
+    an unknown option's value, and `--password` would otherwise abbreviate --password-file)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        raise argparse.ArgumentError(self, REFUSED_ON_ARGV)
+
+
+REFUSED_ON_ARGV = (
+    "refused: the password is never accepted on the command line (ps, shell history); use "
+    "--password-file FILE, DLRFEED_PASSWORD or the systemd credential `password`"
+)
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every `dlrfeed run` option (also used by `dlrfeed check-config`)."""
+    parser.allow_abbrev = False  # no `--pass` → --password-file guessing
     feed = parser.add_argument_group("gateway")
     feed.add_argument("--gateway", metavar="HOST:PORT", help="the gateway's ReceiptFeed address")
     feed.add_argument("--login", metavar="NAME", help="the gateway login whose feed to drain")
@@ -58,6 +79,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="file holding the login's password (else DLRFEED_PASSWORD, else "
         "$CREDENTIALS_DIRECTORY/password); never accepted on the command line",
+    )
+    feed.add_argument(
+        "--password", action=_RefusePasswordOnArgv, nargs="?", metavar="-", help=REFUSED_ON_ARGV
     )
     feed.add_argument("--tls", action="store_true", help="TLS to the gateway (system roots)")
     feed.add_argument("--ca-file", metavar="FILE", help="PEM CA bundle instead of system roots")
@@ -281,6 +305,11 @@ class DaemonSettings:
         )
         if tls is not None and (tls.client_cert is None) != (tls.client_key is None):
             raise ConfigError("--client-cert and --client-key must be given together (mTLS)")
+        if getattr(args, "_sources", {}).get("password") == "config":
+            raise ConfigError(
+                "the config file sets `password`: keep it in a --password-file, "
+                "DLRFEED_PASSWORD or the systemd credential `password`"
+            )
         password, source = resolve_password(args.password_file, env)
         mode = Mode(args.mode)
         return cls(
@@ -353,6 +382,8 @@ def effective_configuration(args: argparse.Namespace) -> list[tuple[str, str, st
     rows: list[tuple[str, str, str]] = []
     for dest, source in sorted(sources.items()):
         value: Any = getattr(args, dest, None)
+        if dest == "password":
+            continue  # reported once, redacted, by the caller
         if dest == "database_url" and value:
             value = redact_url(str(value))
         rows.append(("--" + dest.replace("_", "-"), "" if value is None else str(value), source))
