@@ -49,7 +49,7 @@ CREATE INDEX events_login_correlation_id_idx ON dlr.events (login, correlation_i
 
 -- P6/P13: every delivery of every receipt, repeats included. Append-only (trigger below).
 CREATE TABLE dlr.receptions (
-    id               bigint      PRIMARY KEY,      -- from receptions_id_seq, allocated in the ingest statement
+    id               bigint      NOT NULL,         -- from receptions_id_seq, allocated in the ingest statement
     login            text        NOT NULL,
     message_id       text        NOT NULL,         -- as received (storable form)
     level            bigint      NOT NULL,
@@ -71,11 +71,13 @@ CREATE TABLE dlr.receptions (
     -- No FOREIGN KEY: a per-row FK check would cost the hot path ~a third of its time; the
     -- ingest transaction writes the event before its receptions, in the same transaction.
     event_id         bigint      NOT NULL,
-    parser_version   text        NOT NULL
+    parser_version   text        NOT NULL,
+    -- One index only (each index costs every insert): it serves `show MESSAGE_ID` and makes
+    -- `id` unique all the same.
+    PRIMARY KEY (login, message_id, id)
 );
 CREATE SEQUENCE dlr.receptions_id_seq OWNED BY dlr.receptions.id;
 ALTER TABLE dlr.receptions ALTER COLUMN id SET DEFAULT nextval('dlr.receptions_id_seq');
-CREATE INDEX receptions_login_message_id_idx ON dlr.receptions (login, message_id);
 
 CREATE FUNCTION dlr.forbid_reception_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -120,7 +122,7 @@ CREATE TABLE dlr.exceptions (
     message_id       text,                          -- storable form of the receipt id
     details          jsonb       NOT NULL DEFAULT '{}',
     event_id         bigint      REFERENCES dlr.events (id),
-    reception_id     bigint      REFERENCES dlr.receptions (id),
+    reception_id     bigint,                        -- dlr.receptions.id (of login, message_id)
     evidence         bytea,                         -- C8: raw bytes when no reception could be stored
     opened_at        timestamptz NOT NULL DEFAULT now(),
     resolved_at      timestamptz,
