@@ -24,7 +24,7 @@ from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, par
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.rules import RULES_VERSION, EventFacts, MessageStatus, apply, count
 from dlrfeed.domain.status import Outcome, Status
-from dlrfeed.errors import StoreUnavailableError
+from dlrfeed.errors import BadDataError, StoreUnavailableError
 from dlrfeed.store import queries
 from dlrfeed.store.migrate import ensure_current
 from dlrfeed.store.submission import Submission, SubmissionResult
@@ -539,7 +539,8 @@ class Store:
     async def record_submissions(self, submissions: Sequence[Submission]) -> SubmissionResult:
         """Record sent messages (P5) and correlate the receipts that were waiting for them.
 
-        Idempotent: a message id already recorded for its login is left unchanged. Events that
+        Idempotent: a message id already recorded for its login is left unchanged. Chunks of 500
+        commit one by one; BadDataError when the database refuses a value. Events that
         arrived first (open `uncorrelated` exceptions) are applied by the same rules, in the
         order they were first received, and their exceptions resolved with the reason.
         """
@@ -556,6 +557,9 @@ class Store:
                             new, applied = await self._record_chunk(conn, login, chunk)
                         recorded += new
                         late += applied
+        except _DATA_ERRORS as exc:
+            # Chunks already committed stay (recording is idempotent: run the file again).
+            raise BadDataError(f"a submission was refused by the database: {exc}") from exc
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
         return SubmissionResult(
