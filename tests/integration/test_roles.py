@@ -1,0 +1,333 @@
+"""Least privilege: the roles of sql/roles.sql and migration 0002_roles, each proven by a login.
+
+The documented procedure, end to end on a fresh database: a DBA runs sql/roles.sql, the schema
+is migrated by a login of `dlrfeed_owner`, then logins of `dlrfeed_writer` (the daemon),
+`dlrfeed_reader` (reports) and `dlrfeed_operator` (resolving exceptions) do their real work and
+are refused everything else. The test cluster uses trust authentication, so logins need no
+password here. P13: the reception log is evidence that its own writer cannot rewrite.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.status import Outcome
+from dlrfeed.feed.client import receipt_from_proto
+from dlrfeed.store import Store, Submission
+from dlrfeed.store import queries as store_queries
+from dlrfeed.store.migrate import migrate
+from dlrfeed.store.reports import list_exceptions, message_reports, resolve_exception, statistics
+from gateway.receipts.v1 import feed_pb2
+from pgcluster import PgCluster
+
+ROLES_SQL = Path(__file__).resolve().parents[2] / "sql" / "roles.sql"
+TABLES = ("messages", "events", "receptions", "message_status", "exceptions", "schema_version")
+LOGINS = {
+    "t_owner": "dlrfeed_owner",
+    "t_writer": "dlrfeed_writer",
+    "t_reader": "dlrfeed_reader",
+    "t_operator": "dlrfeed_operator",
+}
+_numbers = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class RoleDatabase:
+    """A database set up by the documented procedure, with one login DSN per role."""
+
+    name: str
+    superuser: str
+    owner: str
+    writer: str
+    reader: str
+    operator: str
+
+
+def _dsn(cluster: PgCluster, user: str, database: str) -> str:
+    return f"postgresql://{user}@127.0.0.1:{cluster.port}/{database}"
+
+
+@pytest.fixture
+async def roles_db(pg_cluster: PgCluster) -> AsyncIterator[RoleDatabase]:
+    """An empty database: roles.sql run by the superuser, then migrated by the owner's login."""
+    name = f"roles_{os.getpid()}_{next(_numbers)}"
+    admin = await asyncpg.connect(pg_cluster.dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    superuser = pg_cluster.dsn_for(name)
+    conn = await asyncpg.connect(superuser)
+    try:
+        await conn.execute(ROLES_SQL.read_text("utf-8"))
+        for login, group in LOGINS.items():
+            exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login)
+            if not exists:
+                await conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE {group}")
+        # docs/security.md: the migrating login acts as the group, so the group owns the schema.
+        await conn.execute("ALTER ROLE t_owner SET role = 'dlrfeed_owner'")
+    finally:
+        await conn.close()
+    owner = _dsn(pg_cluster, "t_owner", name)
+    await migrate(owner)
+    yield RoleDatabase(
+        name=name,
+        superuser=superuser,
+        owner=owner,
+        writer=_dsn(pg_cluster, "t_writer", name),
+        reader=_dsn(pg_cluster, "t_reader", name),
+        operator=_dsn(pg_cluster, "t_operator", name),
+    )
+    admin = await asyncpg.connect(pg_cluster.dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+def _receipt(message_id: str, level: int, stat: str, count: int = 1) -> feed_pb2.Receipt:
+    return feed_pb2.Receipt(
+        id=message_id,
+        level=level,
+        stat=stat,
+        err="000",
+        done_date="2611291200",
+        ack_token=f"tok-{message_id}-{level}-{count}",
+        delivery_count=count,
+    )
+
+
+def _domain(wire: feed_pb2.Receipt) -> Receipt:
+    raw = wire.SerializeToString()
+    return receipt_from_proto(feed_pb2.Receipt.FromString(raw), raw, time.time())
+
+
+async def _refused(dsn: str, statement: str) -> str:
+    """Run `statement` as the login of `dsn`; return the privilege error it must raise."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        with pytest.raises(asyncpg.exceptions.InsufficientPrivilegeError) as caught:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+    return str(caught.value)
+
+
+async def _seed(db: RoleDatabase) -> Store:
+    """Real daemon work as the writer: submissions, a batch with every kind of outcome."""
+    store = await Store.open(db.writer, pool_size=2)
+    await store.check_schema()
+    await store.record_submissions(
+        [Submission(login="acme", message_id=m, destination="+34600000001") for m in ("m1", "m2")]
+    )
+    batch = [
+        _domain(_receipt("m1", 1, "ENROUTE")),
+        _domain(_receipt("m1", 2, "DELIVRD")),
+        _domain(_receipt("m1", 2, "DELIVRD", 2)),  # C1 repeat
+        _domain(_receipt("m2", 2, "UNDELIV")),
+        _domain(_receipt("m2", 2, "DELIVRD")),  # P14 conflict
+        _domain(_receipt("late", 2, "DELIVRD")),  # P12 uncorrelated, correlated below
+        _domain(_receipt("m1", 2, "WEIRD")),  # same key, other content
+    ]
+    result = await store.ingest("acme", batch)
+    assert result.outcomes[:4] == [
+        Outcome.APPLIED,
+        Outcome.APPLIED,
+        Outcome.REPEAT,
+        Outcome.APPLIED,
+    ]
+    assert Outcome.UNCORRELATED in result.outcomes
+    late = await store.record_submissions(
+        [Submission(login="acme", message_id="late", destination="+34600000002")]
+    )
+    assert late.late_correlated_events == 1
+    return store
+
+
+async def test_p13_migrated_by_the_owner_login_every_object_belongs_to_the_owner_group(
+    roles_db: RoleDatabase,
+) -> None:
+    """The migrating login acts as dlrfeed_owner: the schema and every table are the group's."""
+    conn = await asyncpg.connect(roles_db.superuser)
+    try:
+        owners = await conn.fetch(
+            "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c "
+            "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'S')"
+        )
+        schema_owner = await conn.fetchval(
+            "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'dlr'"
+        )
+    finally:
+        await conn.close()
+    assert schema_owner == "dlrfeed_owner"
+    assert {r["owner"] for r in owners} == {"dlrfeed_owner"}
+    assert set(TABLES) <= {r["relname"] for r in owners}
+
+
+async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: RoleDatabase) -> None:
+    """Store.ingest (every outcome, C8 unstorable) and late correlation work as the writer."""
+    await (await _seed(roles_db)).close()
+    writer = await asyncpg.connect(roles_db.writer)
+    try:  # C8: the unstorable path's own statement, as the writer
+        await writer.execute(store_queries.INSERT_UNSTORABLE, "acme", "poison", "{}", b"\x00\xff")
+    finally:
+        await writer.close()
+    conn = await asyncpg.connect(roles_db.superuser)
+    try:
+        receptions = await conn.fetchval("SELECT count(*) FROM dlr.receptions")
+        kinds = sorted(r[0] for r in await conn.fetch("SELECT kind FROM dlr.exceptions"))
+        resolved = await conn.fetchval(
+            "SELECT count(*) FROM dlr.exceptions WHERE resolved_at IS NOT NULL"
+        )
+    finally:
+        await conn.close()
+    assert receptions == 7
+    assert kinds.count("conflict") == 2
+    assert "unstorable" in kinds
+    assert "uncorrelated" in kinds
+    assert resolved == 1  # the late correlation closed the uncorrelated exception
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE dlr.receptions SET stat = 'DELIVRD'",
+        "DELETE FROM dlr.receptions",
+        "TRUNCATE dlr.receptions",
+        "SELECT payload FROM dlr.receptions",
+        "UPDATE dlr.messages SET destination = '+1'",
+        "DELETE FROM dlr.messages",
+        "UPDATE dlr.events SET stat = 'DELIVRD'",
+        "DELETE FROM dlr.events",
+        "DELETE FROM dlr.message_status",
+        "UPDATE dlr.exceptions SET kind = 'conflict'",
+        "DELETE FROM dlr.exceptions",
+        "TRUNCATE dlr.events, dlr.exceptions, dlr.message_status, dlr.messages",
+        "INSERT INTO dlr.schema_version (version, name) VALUES (99, 'x')",
+        "ALTER TABLE dlr.receptions DISABLE TRIGGER receptions_append_only",
+        "DROP TABLE dlr.receptions",
+        "CREATE TABLE dlr.shadow (x int)",
+        "CREATE TABLE public.shadow (x int)",
+        "CREATE FUNCTION dlr.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        "ALTER TABLE dlr.receptions OWNER TO t_writer",
+    ],
+)
+async def test_p13_writer_cannot_rewrite_evidence_or_change_the_schema(
+    roles_db: RoleDatabase, statement: str
+) -> None:
+    """P13: refused by the grants themselves ("permission denied"/"must be owner"), not merely
+    by the append-only trigger, which stays as the second line of defence."""
+    message = await _refused(roles_db.writer, statement)
+    assert "permission denied" in message or "must be owner" in message
+
+
+async def test_reader_runs_the_operator_reports(roles_db: RoleDatabase) -> None:
+    """`show`, `exceptions` and `stats` read everything they need as dlrfeed_reader."""
+    await (await _seed(roles_db)).close()
+    conn = await asyncpg.connect(roles_db.reader)
+    try:
+        reports = await message_reports(conn, "m1", None)
+        exceptions = await list_exceptions(
+            conn,
+            kind=None,
+            login=None,
+            include_resolved=True,
+            opened_before=None,
+            opened_after=None,
+            limit=100,
+        )
+        stats = await statistics(conn, None)
+    finally:
+        await conn.close()
+    assert reports
+    assert reports[0]["status"]["status"] == "DELIVERED"
+    assert len(reports[0]["receptions"]) == 4
+    assert {x["kind"] for x in exceptions} == {"conflict", "uncorrelated"}
+    assert json.dumps(stats, default=str)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        *(f"DELETE FROM dlr.{table}" for table in TABLES),
+        *(f"TRUNCATE dlr.{table}" for table in TABLES),
+        "INSERT INTO dlr.messages (login, message_id, internal_id, destination, "
+        "destination_raw, destination_is_e164) VALUES ('a', 'b', 'c', 'd', 'd', false)",
+        "UPDATE dlr.message_status SET status = 'DELIVERED'",
+        "UPDATE dlr.exceptions SET resolved_at = now(), resolution = 'x'",
+        "UPDATE dlr.events SET times_received = 1",
+        "SELECT nextval('dlr.receptions_id_seq')",
+        "CREATE TABLE dlr.shadow (x int)",
+    ],
+)
+async def test_reader_writes_nothing(roles_db: RoleDatabase, statement: str) -> None:
+    """dlrfeed_reader: SELECT only; every write, even resolving an exception, is refused."""
+    assert "permission denied" in await _refused(roles_db.reader, statement)
+
+
+async def test_operator_resolves_an_exception_and_nothing_more(roles_db: RoleDatabase) -> None:
+    """dlrfeed_operator = reader + UPDATE (resolved_at, resolution) of dlr.exceptions."""
+    await (await _seed(roles_db)).close()
+    conn = await asyncpg.connect(roles_db.operator)
+    try:
+        open_id = await conn.fetchval(
+            "SELECT min(id) FROM dlr.exceptions WHERE resolved_at IS NULL"
+        )
+        assert await resolve_exception(conn, open_id, "checked with the carrier")
+    finally:
+        await conn.close()
+    for statement in (
+        "UPDATE dlr.exceptions SET details = '{}'",
+        "UPDATE dlr.exceptions SET kind = 'conflict'",
+        "DELETE FROM dlr.exceptions",
+        "UPDATE dlr.message_status SET status = 'DELIVERED'",
+        "UPDATE dlr.receptions SET stat = 'x'",
+    ):
+        assert "permission denied" in await _refused(roles_db.operator, statement)
+
+
+async def test_privilege_matrix_no_role_but_the_owner_may_delete_or_truncate(
+    roles_db: RoleDatabase,
+) -> None:
+    """Every table of schema dlr (also those of later migrations): readable by the reader;
+    DELETE/TRUNCATE/REFERENCES/TRIGGER by nobody but the owner; receptions insert-only."""
+    conn = await asyncpg.connect(roles_db.superuser)
+    try:
+        tables = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT c.oid::regclass::text FROM pg_class c "
+                "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'p')"
+            )
+        ]
+
+        async def has(role: str, table: str, privilege: str) -> bool:
+            return bool(
+                await conn.fetchval(
+                    "SELECT has_table_privilege($1, $2, $3)", role, table, privilege
+                )
+            )
+
+        for table in tables:
+            assert await has("dlrfeed_reader", table, "SELECT"), table
+            for role in ("dlrfeed_writer", "dlrfeed_reader", "dlrfeed_operator"):
+                for privilege in ("DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"):
+                    assert not await has(role, table, privilege), (role, table, privilege)
+        assert await has("dlrfeed_writer", "dlr.receptions", "INSERT")
+        assert not await has("dlrfeed_writer", "dlr.receptions", "UPDATE")
+        assert not await has("dlrfeed_writer", "dlr.receptions", "SELECT")
+        assert not await conn.fetchval(
+            "SELECT has_schema_privilege('dlrfeed_writer', 'dlr', 'CREATE')"
+        )
+    finally:
+        await conn.close()
