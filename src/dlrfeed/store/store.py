@@ -260,9 +260,7 @@ class Store:
             login,
             _printable(receipt.message_id)[:MAX_ID_CHARS],
             json.dumps(details, ensure_ascii=True),
-            receipt.raw
-            if isinstance(receipt.raw, bytes)
-            else _printable(repr(receipt.raw)).encode(),
+            bytes(receipt.raw),
         )
 
     async def _correlate(self, conn: _Connection, login: str, ids: list[str]) -> set[str]:
