@@ -1,0 +1,730 @@
+"""The chaos matrix: seeded fault scenarios against real processes, each ending with the checker.
+
+Every scenario starts a fresh fakegw process (a SQLite store file, so it can be killed and
+restarted), a fresh migrated database, and one or more `dlrfeed run` processes; feeds seeded
+adversarial traffic (`fakegw.traffic.scenario`) while it breaks something on purpose; then waits
+for the queue to drain and runs the ledger-vs-store invariant checker (scripts/invariants.py).
+Done means: 0 lost, 0 double-applied, 0 acked-but-missing, an empty queue.
+
+    python scripts/chaos.py                       # the short form (what `make test` runs)
+    python scripts/chaos.py --full --out docs/reliability.md   # `make chaos`
+    python scripts/chaos.py --only daemon_kill9 --seed 7
+
+Process handling reuses the daemon tests' command line (tests/daemon_harness.py `run_args`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import grpc
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the daemon harness lives with the tests
+
+from daemon_harness import LOGIN, PASSWORD, run_args  # noqa: E402
+from dlrfeed.store.migrate import migrate  # noqa: E402
+from dlrfeed.store.store import Store  # noqa: E402
+from dlrfeed.store.submission import Submission  # noqa: E402
+from fakegw.admin_client import AdminClient  # noqa: E402
+from fakegw.traffic import Scenario, TrafficMix, scenario  # noqa: E402
+from gateway.receipts.v1 import feed_pb2  # noqa: E402
+from invariants import check, read_ledger  # noqa: E402
+from pgcluster import PgCluster, free_port  # noqa: E402
+
+TEMPLATE = "chaos_template"
+MiB = 1024 * 1024
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+class GatewayProcess:
+    """`fakegw serve` in its own process with a file store: killable, restartable on its port."""
+
+    def __init__(self, workdir: Path, flags: Sequence[str]) -> None:
+        self.workdir = workdir
+        self.flags = list(flags)
+        self.port = 0
+        self.process: asyncio.subprocess.Process | None = None
+        self.kills = 0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Start (or restart on the same port) and wait for its `listening` line."""
+        log = (self.workdir / "fakegw.log").open("ab")
+        for attempt in range(50):
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "fakegw", "serve",
+                "--listen", f"127.0.0.1:{self.port}",
+                "--login", f"{LOGIN}:{PASSWORD}",
+                "--store", str(self.workdir / "fakegw.sqlite"),
+                *self.flags,
+                stdout=asyncio.subprocess.PIPE, stderr=log, cwd=REPO,
+            )  # fmt: skip
+            assert self.process.stdout is not None
+            line = await asyncio.wait_for(self.process.stdout.readline(), 30)
+            if line:
+                self.port = int(json.loads(line)["target"].rsplit(":", 1)[1])
+                log.close()
+                return
+            await self.process.wait()  # the port may still be held by the killed one
+            await asyncio.sleep(0.1 * (attempt + 1))
+        log.close()
+        raise RuntimeError("fakegw did not start; see fakegw.log")
+
+    async def kill9(self) -> None:
+        """SIGKILL: no cleanup, whatever was not yet written to its store is gone."""
+        assert self.process is not None
+        self.process.kill()
+        await self.process.wait()
+        self.kills += 1
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), 15)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+class DaemonProcess:
+    """One `dlrfeed run` process (the harness's test command line plus `extra`)."""
+
+    def __init__(self, gateway: GatewayProcess, database_url: str, log: Path, extra: Sequence[str]):
+        self.gateway = gateway
+        self.database_url = database_url
+        self.log = log
+        self.extra = list(extra)
+        self.process: asyncio.subprocess.Process | None = None
+        self.kills = 0
+
+    async def start(self) -> None:
+        env = {**os.environ, "DLRFEED_PASSWORD": PASSWORD}
+        env.pop("NOTIFY_SOCKET", None)
+        with self.log.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "dlrfeed.cli",
+                *run_args(self.gateway.target, self.database_url, *self.extra),
+                env=env, stdout=log, stderr=log, cwd=REPO,
+            )  # fmt: skip
+
+    async def kill9(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        await self.process.wait()
+        self.kills += 1
+
+    async def stop(self) -> int | None:
+        """SIGTERM and wait for a clean stop; the exit status (None if it had to be killed)."""
+        if self.process is None:
+            return None
+        if self.process.returncode is not None:
+            return self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.process.wait(), 40)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+            return None
+
+
+# ---------------------------------------------------------------------------- the rig
+
+
+@dataclass
+class Rig:
+    """What one scenario runs against; scenarios add faults through it."""
+
+    cluster: PgCluster
+    database_url: str
+    workdir: Path
+    rng: random.Random
+    full: bool
+    gateway: GatewayProcess
+    daemons: list[DaemonProcess] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    extra_failures: list[str] = field(default_factory=list)
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.gateway.target, LOGIN, PASSWORD, timeout=10)
+
+    async def start_daemons(self, count: int, *extra: str) -> None:
+        for n in range(count):
+            daemon = DaemonProcess(
+                self.gateway, self.database_url, self.workdir / f"daemon{n}.log", extra
+            )
+            await daemon.start()
+            self.daemons.append(daemon)
+
+    async def record(self, traffic: Scenario) -> None:
+        """The sending application's side (P5): every sent message recorded before receipts."""
+        store = await Store.open(self.database_url)
+        try:
+            await store.record_submissions(
+                [
+                    Submission(login=LOGIN, message_id=m["id"], destination=m["destination"])
+                    for m in traffic.messages
+                ]
+            )
+        finally:
+            await store.close()
+
+    async def inject(self, receipts: Sequence[dict[str, Any]]) -> None:
+        """Enqueue, retrying while the gateway is down (a retried chunk may enqueue twice)."""
+        async with self.admin() as admin:
+            for attempt in range(600):
+                try:
+                    await admin.inject(receipts)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in (
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.CANCELLED,
+                    ):
+                        raise
+                    await asyncio.sleep(min(0.05 * (attempt + 1), 0.5))
+                else:
+                    return
+        raise RuntimeError("fakegw stayed unreachable while injecting")
+
+    async def feed(self, receipts: Sequence[dict[str, Any]], over_s: float) -> None:
+        """Inject `receipts` in chunks spread over `over_s` seconds (traffic during faults)."""
+        chunks = max(1, min(40, len(receipts) // 250))
+        size = -(-len(receipts) // chunks)
+        for start in range(0, len(receipts), size):
+            await self.inject(receipts[start : start + size])
+            await asyncio.sleep(over_s / chunks)
+
+    async def faults(self, **knobs: Any) -> None:
+        async with self.admin() as admin:
+            await admin.faults(**knobs)
+
+
+def traffic(rig: Rig, receipts: int, **mix: float) -> Scenario:
+    """Seeded adversarial traffic of about `receipts` receipts (~1.9 per message)."""
+    defaults = {
+        "duplicate_rate": 0.1,
+        "result_before_progress_rate": 0.05,
+        "conflicting_final_rate": 0.02,
+        "unknown_id_rate": 0.02,
+        "malformed_rate": 0.01,
+    }
+    seed = rig.rng.randrange(2**31)
+    return scenario(seed, max(1, receipts * 10 // 19), TrafficMix(**{**defaults, **mix}))
+
+
+async def during(work: Awaitable[None], faults: Callable[[], Awaitable[None]]) -> None:
+    """Run the traffic feed and the fault schedule together; both must finish."""
+    await asyncio.gather(work, faults())
+
+
+# ---------------------------------------------------------------------------- scenarios
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    name: str
+    title: str
+    proves: str
+    run: Callable[[Rig], Awaitable[str]]
+    gateway_flags: tuple[str, ...] = ()
+
+
+async def daemon_kill9(rig: Rig) -> str:
+    kills = 20 if rig.full else 3
+    receipts = 50_000 if rig.full else 5_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    await rig.start_daemons(1, "--streams", "2")
+    span = kills * (2.0 if rig.full else 1.5)
+
+    async def killer() -> None:
+        for _ in range(kills):
+            await asyncio.sleep(rig.rng.uniform(0.6, 2.0 if rig.full else 1.4))
+            daemon = rig.daemons[0]
+            await daemon.kill9()
+            await daemon.start()
+
+    await during(rig.feed(work.receipts, span), killer)
+    return f"{kills} x kill -9 of the daemon, restarted at once"
+
+
+async def gateway_kill9(rig: Rig) -> str:
+    kills = 5 if rig.full else 2
+    receipts = 20_000 if rig.full else 3_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    await rig.start_daemons(1, "--streams", "2")
+
+    async def killer() -> None:
+        for _ in range(kills):
+            await asyncio.sleep(rig.rng.uniform(1.0, 3.0))
+            await rig.gateway.kill9()
+            await asyncio.sleep(rig.rng.uniform(0.1, 1.0))
+            await rig.gateway.start()
+
+    await during(rig.feed(work.receipts, kills * 2.5), killer)
+    return f"{kills} x kill -9 of fakegw (file store), restarted on the same port"
+
+
+async def postgres_outages(rig: Rig) -> str:
+    outage = 30.0 if rig.full else 8.0
+    receipts = 20_000 if rig.full else 4_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    await rig.start_daemons(1, "--streams", "2", "--release-after", "5")
+
+    async def outages() -> None:
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(rig.cluster.restart, "fast")
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(rig.cluster.stop, "fast")
+        await asyncio.sleep(outage)
+        await asyncio.to_thread(rig.cluster.start)
+
+    await during(rig.feed(work.receipts, 4.0 + outage), outages)
+    return f"PostgreSQL restarted (fast), then stopped for {outage:.0f} s; --release-after 5"
+
+
+async def stream_cuts(rig: Rig) -> str:
+    every = 700 if rig.full else 300
+    receipts = 30_000 if rig.full else 4_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    await rig.faults(cut_stream_every=every, duplicate_rate=0.05)
+    await rig.start_daemons(1, "--mode", "subscribe", "--streams", "2", "--max-reopens", "50")
+    await rig.feed(work.receipts, 6.0 if rig.full else 3.0)
+    return f"every Subscribe stream cut after {every} receipts; 5 % gateway duplicates"
+
+
+async def unavailable_bursts(rig: Rig) -> str:
+    bursts = 8 if rig.full else 3
+    receipts = 20_000 if rig.full else 3_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    await rig.start_daemons(1, "--mode", "pull", "--streams", "2", "--max-reopens", "50")
+
+    async def burster() -> None:
+        for _ in range(bursts):
+            await asyncio.sleep(rig.rng.uniform(0.3, 1.0))
+            await rig.faults(unavailable_rate=0.6, ack_lost_rate=0.3)
+            await asyncio.sleep(rig.rng.uniform(0.5, 1.5))
+            await rig.faults(unavailable_rate=0.0, ack_lost_rate=0.0)
+
+    await during(rig.feed(work.receipts, bursts * 1.5), burster)
+    return (
+        f"{bursts} bursts: 60 % of Pull/Ack answer UNAVAILABLE, 30 % of Acks applied "
+        "but answered UNAVAILABLE (lost reply)"
+    )
+
+
+async def slow_commit_lease(rig: Rig) -> str:
+    holds = 3 if rig.full else 1
+    hold_s = 5.0
+    receipts = 10_000 if rig.full else 2_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    await rig.start_daemons(
+        2, "--mode", "pull", "--streams", "1", "--lease-seconds", "2", "--batch-size", "200"
+    )
+
+    async def locker() -> None:
+        conn = await asyncpg.connect(rig.database_url)
+        try:
+            for _ in range(holds):
+                await asyncio.sleep(1.0)
+                # Every ingest touching a status waits on this lock: commit takes > the 2 s
+                # lease, the gateway redelivers the batch to the other worker (F6).
+                async with conn.transaction():
+                    await conn.execute("LOCK TABLE dlr.message_status IN EXCLUSIVE MODE")
+                    await asyncio.sleep(hold_s)
+        finally:
+            await conn.close()
+
+    await during(rig.feed(work.receipts, holds * (hold_s + 1.0)), locker)
+    return (
+        f"lease 2 s; {holds} x {hold_s:.0f} s exclusive lock on dlr.message_status; 2 Pull workers"
+    )
+
+
+async def three_process_race(rig: Rig) -> str:
+    receipts = 30_000 if rig.full else 4_000
+    work = traffic(rig, receipts, duplicate_rate=0.2, conflicting_final_rate=0.1)
+    await rig.record(work)
+    await rig.start_daemons(3, "--streams", "2")
+    await rig.feed(work.receipts, 5.0 if rig.full else 2.0)
+    return "3 processes x 2 streams on one login; 20 % repeats, 10 % conflicting finals"
+
+
+def hostile_bodies(rng: random.Random, count: int, megabyte_texts: int) -> list[dict[str, Any]]:
+    """Receipts a hostile or broken network might send; each marked `connector: hostile`."""
+    kinds: list[Callable[[int], dict[str, Any]]] = [
+        lambda n: {"id": f"nul\x00{n}", "level": 2, "stat": "DELIVRD"},
+        lambda n: {"id": f"h{n}", "level": 2, "stat": "DEL\x00IVRD", "err": "0\x000"},
+        lambda n: {"id": f"h{n}", "level": 1, "stat": "ENROUTE", "text": "a\x00b" * 50},
+        lambda n: {"id": f"{n}-" + "x" * 10_240, "level": 2, "stat": "DELIVRD"},
+        lambda n: {"id": "", "level": 2, "stat": "DELIVRD", "done_date": f"{n}"},
+        lambda n: {"id": f"h{n}", "level": 2, "stat": rng.choice(["WHATEVER", "", "délivré"])},
+        lambda n: {"id": f"h{n}", "level": 2, "stat": "DELIVRD", "done_date": "2613451299"},
+        lambda n: {"id": f"h{n}", "level": 2, "stat": "EXPIRED", "submit_date": "0000000000"},
+        lambda n: {"id": f"h{n}", "level": 0, "stat": "DELIVRD"},
+        lambda n: {"id": f"h{n}", "level": 99, "stat": "DELIVRD"},
+    ]
+    bodies = [{**rng.choice(kinds)(n), "connector": "hostile"} for n in range(count)]
+    for n in range(megabyte_texts):
+        bodies.insert(
+            rng.randrange(len(bodies) + 1),
+            {"id": f"big{n}", "level": 2, "stat": "DELIVRD", "text": "T" * MiB,
+             "connector": "hostile"},
+        )  # fmt: skip
+    return bodies
+
+
+async def hostile_flood(rig: Rig) -> str:
+    hostile = 5_000 if rig.full else 600
+    megabytes = 8 if rig.full else 3
+    work = traffic(rig, 10_000 if rig.full else 2_000)
+    await rig.record(work)
+    bodies = hostile_bodies(rig.rng, hostile, megabytes)
+    mixed = list(work.receipts)
+    for body in bodies:
+        mixed.insert(rig.rng.randrange(len(mixed) + 1), body)
+    await rig.start_daemons(1, "--streams", "2")
+    await rig.feed(mixed, 3.0)
+    rig.notes.append(await _hostile_unflagged(rig))
+    return (
+        f"{hostile} hostile receipts (NUL in id/stat/err/text, 10 KB id, empty id, unknown stat, "
+        f"impossible dates, level 0 and 99) and {megabytes} with a 1 MB text, mixed into "
+        "normal traffic"
+    )
+
+
+async def _hostile_unflagged(rig: Rig) -> str:
+    """Every hostile receipt must be stored raw AND flagged (reception flags, an exception
+    outcome, or C8 `unstorable` evidence); a count of those that are not fails the scenario."""
+    async with rig.admin() as admin:
+        stats = await admin.stats()
+        deadline = time.monotonic() + 120
+        while stats["queued"] + stats["in_flight"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            stats = await admin.stats()
+        ledger = await read_ledger(admin)
+    hostile = {
+        r["token"]
+        for r in ledger
+        if r["kind"] == "enqueue" and r["receipt"].get("connector") == "hostile"
+    }
+    conn = await asyncpg.connect(rig.database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT payload, flags, outcome FROM dlr.receptions WHERE payload_json->>'connector'"
+            " = 'hostile' OR cardinality(flags) > 0"
+        )
+        evidence = await conn.fetch("SELECT evidence FROM dlr.exceptions WHERE kind = 'unstorable'")
+    finally:
+        await conn.close()
+    flagged: set[str] = set()
+    for row in rows:
+        if row["flags"] or row["outcome"] in ("uncorrelated", "unrecognized", "conflict"):
+            flagged.add(feed_pb2.Receipt.FromString(bytes(row["payload"])).ack_token)
+    for row in evidence:
+        with contextlib.suppress(Exception):
+            flagged.add(feed_pb2.Receipt.FromString(bytes(row["evidence"])).ack_token)
+    unflagged = len(hostile - flagged)
+    if unflagged:
+        rig.extra_failures.append(f"{unflagged} hostile receipts stored without a flag")
+    return f"hostile receipts: {len(hostile)} enqueued, {len(hostile) - unflagged} flagged"
+
+
+SCENARIOS: tuple[ScenarioSpec, ...] = (
+    ScenarioSpec(
+        "daemon_kill9",
+        "kill -9 of the daemon at random moments",
+        "A crash at any point — before commit, between commit and ack, mid-ack — loses nothing "
+        "and applies nothing twice: unacked receipts come back (F6/F7) and are stored once or "
+        "recognised as repeats (C7, C1).",
+        daemon_kill9,
+    ),
+    ScenarioSpec(
+        "gateway_kill9",
+        "kill -9 and restart of fakegw",
+        "The daemon survives its gateway vanishing mid-stream and mid-ack: it reconnects with "
+        "backoff, receipts delivered but not acked come back after the restart and are repeats, "
+        "and every ack the gateway answered was for a stored receipt (F1, F9, C7).",
+        gateway_kill9,
+    ),
+    ScenarioSpec(
+        "postgres_outages",
+        "PostgreSQL restarted fast, then stopped",
+        "A database outage stops reading instead of acking or dropping: batches in hand are "
+        "retried whole, streams are closed after --release-after so the gateway can release "
+        "their receipts (F7), and draining resumes by itself when PostgreSQL is back.",
+        postgres_outages,
+    ),
+    ScenarioSpec(
+        "stream_cuts",
+        "streams cut every N receipts",
+        "A Subscribe stream that ends releases its unacked receipts at once (F7); the reader "
+        "reopens within its reopen cap and the redeliveries are repeats, never new effects.",
+        stream_cuts,
+    ),
+    ScenarioSpec(
+        "unavailable_bursts",
+        "UNAVAILABLE bursts on Pull and Ack",
+        "Transient Pull failures are retried with backoff; a failed or lost Ack reply is "
+        "retried and `already_gone` counts as done (F9); nothing stored stays unacked forever.",
+        unavailable_bursts,
+    ),
+    ScenarioSpec(
+        "slow_commit_lease",
+        "a commit slower than the lease",
+        "When a commit outlives the lease the gateway redelivers the receipt to another worker "
+        "while the first still holds it (F6); both commits land, the second as a repeat, the "
+        "projection is computed once, and the late acks (from an expired lease) still work.",
+        slow_commit_lease,
+        ("--lease-seconds", "2", "--housekeeping-seconds", "0.2"),
+    ),
+    ScenarioSpec(
+        "three_process_race",
+        "three processes racing on one login",
+        "Workers on one login converge through idempotent set-based writes: concurrent "
+        "repeats and conflicting finals of the same message give exactly the rules' result "
+        "(P14, P18, F12), with no deadlock left unhandled.",
+        three_process_race,
+    ),
+    ScenarioSpec(
+        "hostile_flood",
+        "a flood of hostile receipts",
+        "Garbage never blocks the queue and is never lost: NUL characters, megabyte fields, "
+        "empty or 10 KB ids, unknown stats, impossible dates and odd levels are stored raw "
+        "and flagged (C4, C8), and the normal receipts around them drain as usual.",
+        hostile_flood,
+    ),
+)
+BY_NAME = {spec.name: spec for spec in SCENARIOS}
+
+
+# ---------------------------------------------------------------------------- running
+
+
+async def run_scenario(
+    spec: ScenarioSpec,
+    cluster: PgCluster,
+    database_url: str,
+    workdir: Path,
+    *,
+    full: bool = False,
+    seed: int = 1,
+    drain_within_s: float = 120.0,
+) -> dict[str, Any]:
+    """Run one scenario on a fresh migrated `database_url`; its invariant report plus
+    `scenario`, `faults`, `seconds`, `notes`, `clean_exits` and `ok`/`failed`."""
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    rng = random.Random(f"{seed}:{spec.name}")
+    gateway = GatewayProcess(workdir, ("--no-uvloop", *spec.gateway_flags))
+    await gateway.start()
+    rig = Rig(cluster, database_url, workdir, rng, full, gateway)
+    started = time.monotonic()
+    try:
+        faults = await spec.run(rig)
+        # drain_seconds: from the end of the faults (and of the traffic) to an empty queue.
+        report = await check(
+            gateway.target, LOGIN, PASSWORD, database_url, wait_drain_s=drain_within_s
+        )
+        exits = [await daemon.stop() for daemon in rig.daemons]
+    finally:
+        for daemon in rig.daemons:
+            await daemon.stop()
+        await gateway.stop()
+    report.update(
+        scenario=spec.name,
+        faults=faults,
+        seconds=round(time.monotonic() - started, 1),
+        notes=rig.notes,
+        clean_exits=sum(code == 0 for code in exits),
+        daemon_processes=len(exits),
+        daemon_kills=sum(d.kills for d in rig.daemons),
+        gateway_kills=gateway.kills,
+    )
+    report["failed"] = [*report["failed"], *rig.extra_failures]
+    if report["clean_exits"] != len(exits):
+        report["failed"].append("a daemon did not stop cleanly on SIGTERM")
+    report["ok"] = not report["failed"]
+    return report
+
+
+@contextlib.asynccontextmanager
+async def own_cluster(root: Path) -> AsyncIterator[PgCluster]:
+    """A throwaway cluster for a standalone run, with the migrated template database."""
+    cluster = PgCluster(root / "pg", free_port())
+    await asyncio.to_thread(cluster.init)
+    await asyncio.to_thread(cluster.start)
+    try:
+        conn = await asyncpg.connect(cluster.dsn)
+        try:
+            await conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        finally:
+            await conn.close()
+        await migrate(cluster.dsn_for(TEMPLATE))
+        yield cluster
+    finally:
+        await asyncio.to_thread(cluster.destroy)
+
+
+async def fresh_database(cluster: PgCluster, name: str) -> str:
+    conn = await asyncpg.connect(cluster.dsn)
+    try:
+        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    finally:
+        await conn.close()
+    return cluster.dsn_for(name)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+COLUMNS = (
+    ("receipts", "receipts"),
+    ("receptions", "deliveries stored"),
+    ("redeliveries", "redeliveries"),
+    ("repeats", "repeats"),
+    ("conflicts", "conflicts"),
+    ("unstorable", "unstorable (C8)"),
+    ("lost", "lost"),
+    ("double_applied", "double-applied"),
+    ("acked_but_missing", "acked-but-missing"),
+    ("queued", "left in queue"),
+    ("drain_seconds", "drain s"),
+    ("seconds", "scenario s"),
+)
+
+
+def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: float) -> str:
+    """docs/reliability.md: one section and table per scenario, generated from the reports."""
+    form = "full (`make chaos`)" if full else "short (the form inside `make test`)"
+    lines = [
+        "# Reliability under faults — generated by `scripts/chaos.py`",
+        "",
+        f"Form: **{form}**, seed {seed}, {len(reports)} scenarios in {took_s:.0f} s on "
+        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d', time.gmtime())}. "
+        "Regenerate with `make chaos` (full) or `python scripts/chaos.py --out docs/reliability.md`"
+        " (short).",
+        "",
+        "Each scenario runs real processes — fakegw (SQLite store file), `dlrfeed run`, "
+        "PostgreSQL — feeds seeded adversarial traffic (`fakegw.traffic`: ~10 % repeats, 5 % "
+        "result before progress, 2 % conflicting finals, 2 % unknown ids, 1 % malformed) while "
+        "it breaks something, waits for the queue to drain, and ends with the invariant checker "
+        "(`scripts/invariants.py`): fakegw's ledger (every enqueue, every successful ack) "
+        "against the store.",
+        "",
+        "- **lost**: an enqueued (login, id, level) with no logical event and no C8 evidence.",
+        "- **double-applied**: a `message_status` that differs from `rules.replay` over the "
+        "message's stored events and deliveries, or an event whose `times_received` / "
+        "`conflicting_receptions` differ from the deliveries stored for it.",
+        "- **acked-but-missing**: a token the gateway removed on an Ack that is in no stored "
+        "reception (payload bytes) and no `unstorable` evidence.",
+        "- **redeliveries**: stored deliveries with `delivery_count > 1`; **repeats**: "
+        "deliveries stored with outcome `repeat`; **conflicts**: open `conflict` exceptions; "
+        "**drain s**: from the end of the faults to an empty queue.",
+        "",
+        "| scenario | verdict |",
+        "| --- | --- |",
+    ]
+    for report in reports:
+        verdict = "pass" if report["ok"] else "**FAIL**: " + "; ".join(report["failed"])
+        lines.append(f"| [{report['scenario']}](#{report['scenario']}) | {verdict} |")
+    for report in reports:
+        spec = BY_NAME[report["scenario"]]
+        lines += [
+            "",
+            f"## {spec.name}",
+            "",
+            f"**{spec.title}.** Faults: {report['faults']}.",
+            "",
+            f"Proves: {spec.proves}",
+            "",
+            "| " + " | ".join(title for _, title in COLUMNS) + " |",
+            "|" + " ---: |" * len(COLUMNS),
+            "| " + " | ".join(_cell(report.get(key)) for key, _ in COLUMNS) + " |",
+            "",
+            f"Daemon processes: {report['daemon_processes']}, kill -9 of a daemon: "
+            f"{report['daemon_kills']}, of fakegw: {report['gateway_kills']}, clean SIGTERM "
+            f"exits at the end: {report['clean_exits']}/{report['daemon_processes']}; same "
+            f"delivery stored twice (a redelivery whose count the gateway had not yet "
+            f"persisted, or a retried commit): {report['same_delivery_stored_twice']}."
+            + "".join(f" {note}." for note in report["notes"]),
+        ]
+        if not report["ok"]:
+            lines += ["", "Samples: `" + json.dumps(report["samples"])[:1500] + "`"]
+    return "\n".join(lines) + "\n"
+
+
+async def run_matrix(names: Sequence[str], full: bool, seed: int) -> list[dict[str, Any]]:
+    """Every named scenario on one throwaway cluster, a fresh database each; the reports."""
+    reports: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        root = Path(tmp)
+        async with own_cluster(root) as cluster:
+            for name in names:
+                url = await fresh_database(cluster, f"chaos_{name}")
+                report = await run_scenario(
+                    BY_NAME[name], cluster, url, root / name, full=full, seed=seed
+                )
+                status = "ok" if report["ok"] else f"FAILED {report['failed']}"
+                print(
+                    f"{name:20} {report['receipts']:>7} receipts  lost {report['lost']}  "
+                    f"double {report['double_applied']}  acked-missing "
+                    f"{report['acked_but_missing']}  queued {report['queued']}  "
+                    f"drain {report['drain_seconds']} s  ({report['seconds']} s)  {status}",
+                    flush=True,
+                )
+                reports.append(report)
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: run the matrix, print one line per scenario, optionally write the markdown."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the full sizes (make chaos)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", action="append", choices=sorted(BY_NAME), help="repeatable")
+    parser.add_argument("--out", type=Path, help="write the generated markdown here")
+    parser.add_argument("--json", type=Path, help="write the raw reports here")
+    args = parser.parse_args(argv)
+    names = args.only or [spec.name for spec in SCENARIOS]
+    started = time.monotonic()
+    reports = asyncio.run(run_matrix(names, args.full, args.seed))
+    took = time.monotonic() - started
+    if args.out:
+        args.out.write_text(markdown(reports, args.full, args.seed, took))
+    if args.json:
+        args.json.write_text(json.dumps(reports, indent=2, default=str))
+    return 0 if all(r["ok"] for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

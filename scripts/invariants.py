@@ -1,0 +1,388 @@
+"""The ledger-vs-store invariant checker: what fakegw handed out and had acked, against PostgreSQL.
+
+fakegw's ledger records every receipt it enqueued and every successful ack (docs/fakegw.md).
+The store keeps every delivery raw in `dlr.receptions` (the serialized receipt, ack token
+included) and the logical events, projections and exceptions beside it. The checker proves:
+
+- **lost** — an enqueued (login, id, level) with no logical event and no C8 `unstorable`
+  evidence (F5, F8, C4, C8);
+- **double-applied** — a `message_status` row that differs from the pure rules (`rules.replay`)
+  applied to the message's stored event set and deliveries, or an event whose delivery
+  counters differ from the deliveries actually stored (P13, P14, C1);
+- **acked-but-missing** — a receipt the gateway removed on an Ack whose token is in no stored
+  reception and no `unstorable` evidence (F8, C7);
+- **queued** — receipts still waiting or leased at the gateway (the queue must end empty);
+- **drain time** — how long the queue took to empty, when asked to wait for it.
+
+    python scripts/invariants.py --gateway H:P --login L --password P --database-url URL
+                                 [--wait-drain SECONDS] [--json]
+
+Exit status 0 when every invariant holds, 1 when one fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import asyncpg
+import grpc
+
+from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.parse import MAX_ID_CHARS, fingerprint, storable
+from dlrfeed.domain.rules import Delivery, EventFacts, MessageStatus, replay
+from dlrfeed.domain.status import FINAL_STATUSES, Status
+from fakegw.admin_client import AdminClient, JsonObject
+from gateway.receipts.v1 import feed_pb2
+
+SAMPLE = 5
+"""How many offending keys each failed invariant names in the report."""
+
+INVARIANTS = ("lost", "double_applied", "acked_but_missing", "queued")
+"""The counts that must all be zero for the check to pass."""
+
+
+async def read_ledger(admin: AdminClient, page: int = 5_000) -> list[JsonObject]:
+    """Every ledger record of the admin client's login, page after page.
+
+    A page holding very large receipts (a 1 MB `text`) can exceed the client's 4 MB receive
+    limit (RESOURCE_EXHAUSTED); the page is then read again in halves, down to one record.
+    """
+    records: list[JsonObject] = []
+    after = 0
+    limit = page
+    while True:
+        try:
+            response = await admin.ledger(after, limit)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and limit > 1:
+                limit = max(1, limit // 2)
+                continue
+            raise
+        records.extend(response["records"])
+        if response["next"] == after:
+            return records
+        after = response["next"]
+        limit = page
+
+
+async def wait_for_drain(admin: AdminClient, within_s: float) -> tuple[JsonObject, float | None]:
+    """Poll the gateway's stats until nothing is queued or leased; (stats, seconds or None)."""
+    started = time.monotonic()
+    while True:
+        stats = await admin.stats()
+        if stats["queued"] == 0 and stats["in_flight"] == 0:
+            return stats, time.monotonic() - started
+        if time.monotonic() - started >= within_s:
+            return stats, None
+        await asyncio.sleep(0.1)
+
+
+def _token_of(raw: bytes) -> str | None:
+    try:
+        return feed_pb2.Receipt.FromString(raw).ack_token
+    except Exception:  # noqa: BLE001  # evidence is arbitrary bytes; unparsable = no token
+        return None
+
+
+def _delivery_fingerprint(message: feed_pb2.Receipt) -> str:
+    """P14: the fingerprint of one stored delivery, from its raw payload (never truncated)."""
+    has = message.HasField
+    return fingerprint(
+        message.stat,
+        message.err if has("err") else None,
+        message.done_date if has("done_date") else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    id: int
+    correlation_id: str
+    level: int
+    facts: EventFacts
+    times_received: int
+    conflicting_receptions: int
+
+
+def _ledger_key(record: Mapping[str, Any]) -> tuple[str, int]:
+    return str(record["receipt"].get("id", "")), int(record["receipt"].get("level", 0))
+
+
+def _status(value: str) -> Status:
+    return Status(value) if value in Status.__members__ else Status.UNRECOGNIZED
+
+
+def _expected_status(
+    events: Sequence[_Event],
+    fingerprints: Mapping[int, list[str]],
+    first_seen: Mapping[int, int],
+    options: IntegrationOptions,
+    first_final: int | None,
+) -> MessageStatus | None:
+    """`rules.replay` over one message: each event once, then its other stored deliveries.
+
+    Events go in the order of their first stored delivery; `first_final` (an event id) is put
+    first when given, which is the order in which the store applied the finals it kept (P18:
+    "the first applied stays" — commit order, which reception ids do not always reflect).
+    """
+    ordered = sorted(events, key=lambda e: (e.id != first_final, first_seen.get(e.id, 0)))
+    deliveries: list[Delivery] = []
+    for event in ordered:
+        deliveries.append(Delivery(event.level, event.facts))
+        seen_self = False
+        for fp in fingerprints.get(event.id, []):
+            if fp == event.facts.fingerprint and not seen_self:
+                seen_self = True  # the delivery that created the event
+                continue
+            deliveries.append(Delivery(event.level, replace(event.facts, fingerprint=fp)))
+    status, _ = replay(deliveries, options)
+    return status
+
+
+def _projection(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        row["status"],
+        row["reason"],
+        row["repeats"],
+        row["conflicts"],
+        row["progress_events"],
+        row["supporting_event_id"],
+    )
+
+
+def _expected_projection(status: MessageStatus | None) -> tuple[Any, ...] | None:
+    if status is None:
+        return None
+    return (
+        status.status.value,
+        status.reason,
+        status.repeats,
+        status.conflicts,
+        status.progress_events,
+        status.basis.ref,
+    )
+
+
+async def store_rows(database_url: str, login: str) -> dict[str, list[asyncpg.Record]]:
+    """The rows of `login` that `compare` reads, from one consistent snapshot."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            return {
+                "receptions": await conn.fetch(
+                    "SELECT id, event_id, delivery_count, outcome, payload"
+                    " FROM dlr.receptions WHERE login = $1 ORDER BY id",
+                    login,
+                ),
+                "events": await conn.fetch(
+                    "SELECT id, message_id, correlation_id, level, status, stat, err, done_at,"
+                    " fingerprint, times_received, conflicting_receptions"
+                    " FROM dlr.events WHERE login = $1",
+                    login,
+                ),
+                "statuses": await conn.fetch(
+                    "SELECT message_id, status, reason, repeats, conflicts, progress_events,"
+                    " supporting_event_id FROM dlr.message_status WHERE login = $1",
+                    login,
+                ),
+                "unstorable": await conn.fetch(
+                    "SELECT evidence FROM dlr.exceptions WHERE kind = 'unstorable' AND login = $1",
+                    login,
+                ),
+                "conflicts": await conn.fetch(
+                    "SELECT count(*) AS n FROM dlr.exceptions WHERE kind = 'conflict'"
+                    " AND login = $1",
+                    login,
+                ),
+            }
+    finally:
+        await conn.close()
+
+
+def compare(
+    ledger: Iterable[Mapping[str, Any]],
+    rows: Mapping[str, Sequence[Any]],
+    options: IntegrationOptions | None = None,
+) -> dict[str, Any]:
+    """The invariants over one login's ledger records and store rows (pure; see the module doc).
+
+    Returns counts (`receipts`, `acks`, `receptions`, `redeliveries`, `repeats`, `conflicts`,
+    `unstorable`, `lost`, `double_applied`, `acked_but_missing`, ...) and a sample of offenders.
+    """
+    options = options or IntegrationOptions()
+    id_limit = min(options.max_field_chars, MAX_ID_CHARS)
+    enqueued = [r for r in ledger if r["kind"] == "enqueue"]
+    acked = {str(r["token"]) for r in ledger if r["kind"] == "ack"}
+
+    stored_tokens: set[str] = set()
+    fingerprints: dict[int, list[str]] = defaultdict(list)
+    first_seen: dict[int, int] = {}
+    same_delivery: Counter[tuple[str, int]] = Counter()
+    redeliveries = 0
+    outcomes: Counter[str] = Counter()
+    for row in rows["receptions"]:
+        message = feed_pb2.Receipt.FromString(bytes(row["payload"]))
+        stored_tokens.add(message.ack_token)
+        same_delivery[(message.ack_token, int(row["delivery_count"]))] += 1
+        redeliveries += int(row["delivery_count"]) > 1
+        outcomes[row["outcome"]] += 1
+        fingerprints[row["event_id"]].append(_delivery_fingerprint(message))
+        first_seen.setdefault(row["event_id"], row["id"])
+    unstorable_tokens = {
+        token
+        for row in rows["unstorable"]
+        if row["evidence"] is not None
+        for token in [_token_of(bytes(row["evidence"]))]
+        if token is not None
+    }
+
+    # Lost: every enqueued key must be a logical event, or C8 evidence of that very receipt.
+    event_keys = {(row["message_id"], int(row["level"])) for row in rows["events"]}
+    lost: list[str] = []
+    for record in enqueued:
+        receipt = record["receipt"]
+        key = (
+            storable(str(receipt.get("id", "")), "id", id_limit, []),
+            int(receipt.get("level", 0)),
+        )
+        if key not in event_keys and str(record["token"]) not in unstorable_tokens:
+            lost.append(f"{key[0][:40]!r}/{key[1]}")
+
+    acked_missing = sorted(acked - stored_tokens - unstorable_tokens)
+
+    # Double-applied: counters against stored deliveries, projections against the rules.
+    events: dict[str, list[_Event]] = defaultdict(list)
+    double: list[str] = []
+    for row in rows["events"]:
+        event = _Event(
+            id=row["id"],
+            correlation_id=row["correlation_id"],
+            level=int(row["level"]),
+            facts=EventFacts(
+                row["id"],
+                _status(row["status"]),
+                row["stat"],
+                row["err"],
+                row["done_at"],
+                row["fingerprint"],
+            ),
+            times_received=row["times_received"],
+            conflicting_receptions=row["conflicting_receptions"],
+        )
+        events[event.correlation_id].append(event)
+        delivered = fingerprints.get(event.id, [])
+        same = sum(fp == event.facts.fingerprint for fp in delivered)
+        if (same, len(delivered) - same) != (event.times_received, event.conflicting_receptions):
+            double.append(
+                f"event {event.id} counters {event.times_received}+"
+                f"{event.conflicting_receptions} vs {same}+{len(delivered) - same} stored"
+            )
+    for row in rows["statuses"]:
+        message_events = events.get(row["message_id"], [])
+        actual = _projection(row)
+        expected = _expected_projection(
+            _expected_status(message_events, fingerprints, first_seen, options, None)
+        )
+        finals = [e for e in message_events if e.facts.status in FINAL_STATUSES]
+        if expected != actual and len(finals) > 1:
+            # P18: with incompatible finals the store keeps the one it applied first.
+            expected = _expected_projection(
+                _expected_status(
+                    message_events, fingerprints, first_seen, options, row["supporting_event_id"]
+                )
+            )
+        if expected != actual:
+            double.append(f"{row['message_id'][:40]!r}: store {actual} rules {expected}")
+
+    report: dict[str, Any] = {
+        "receipts": len(enqueued),
+        "distinct_keys": len({_ledger_key(r) for r in enqueued}),
+        "acks": len(acked),
+        "receptions": len(rows["receptions"]),
+        "redeliveries": redeliveries,
+        "repeats": outcomes.get("repeat", 0),
+        "conflicts": int(rows["conflicts"][0]["n"]) if rows["conflicts"] else 0,
+        "unstorable": len(rows["unstorable"]),
+        "events": len(rows["events"]),
+        "statuses": len(rows["statuses"]),
+        "same_delivery_stored_twice": sum(n - 1 for n in same_delivery.values() if n > 1),
+        "lost": len(lost),
+        "double_applied": len(double),
+        "acked_but_missing": len(acked_missing),
+        "samples": {
+            "lost": lost[:SAMPLE],
+            "double_applied": double[:SAMPLE],
+            "acked_but_missing": acked_missing[:SAMPLE],
+        },
+    }
+    return report
+
+
+async def check(
+    gateway: str,
+    login: str,
+    password: str | None,
+    database_url: str,
+    *,
+    wait_drain_s: float = 0.0,
+    options: IntegrationOptions | None = None,
+) -> dict[str, Any]:
+    """Read fakegw's ledger and stats and the store of `login`; the invariant report.
+
+    With `wait_drain_s > 0` it first waits up to that long for the gateway's queue to empty and
+    reports the time as `drain_seconds` (None if it did not). `ok` is True when `lost`,
+    `double_applied`, `acked_but_missing` and `queued` (waiting + leased) are all zero.
+    """
+    async with AdminClient(gateway, login, password) as admin:
+        stats, drain = await wait_for_drain(admin, wait_drain_s)
+        ledger = await read_ledger(admin)
+    rows = await store_rows(database_url, login)
+    report = compare(ledger, rows, options)
+    report["queued"] = int(stats["queued"]) + int(stats["in_flight"])
+    report["gateway_redelivered"] = int(stats["redelivered"])
+    report["drain_seconds"] = None if drain is None else round(drain, 2)
+    report["failed"] = [name for name in INVARIANTS if report[name]]
+    report["ok"] = not report["failed"]
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print the report (one JSON object with --json) and exit 1 if an invariant fails."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gateway", required=True, metavar="HOST:PORT")
+    parser.add_argument("--login", required=True)
+    parser.add_argument("--password", help="omit to use fakegw's loopback admin login")
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument(
+        "--wait-drain", type=float, default=0.0, metavar="S", help="wait up to S s for the queue"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+    args = parser.parse_args(argv)
+    report = asyncio.run(
+        check(
+            args.gateway,
+            args.login,
+            args.password,
+            args.database_url,
+            wait_drain_s=args.wait_drain,
+        )
+    )
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        for name, value in report.items():
+            print(f"{name:28} {value}")
+        print("OK" if report["ok"] else f"FAILED: {', '.join(report['failed'])}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
