@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from structlog.testing import capture_logs
 
 from daemon_harness import (
     LOGIN,
@@ -49,3 +52,40 @@ async def test_auto_falls_back_to_pull_when_subscribe_is_unimplemented(database_
         assert await run_until_drained(daemon, gateway) == 0
         await assert_ledger_matches_store(gateway, database_url)
         assert daemon.metrics.received.labels(mode="pull")._value.get() >= 1000
+
+
+async def test_auto_moves_to_pull_when_streams_keep_failing(database_url: str) -> None:
+    """Issue 4 §4/§5: streams cut every 50 receipts → after 3 failures auto mode drains through
+    Pull for the cool-down; reopens stay under the cap."""
+    async with running_gateway(faults=Faults(cut_stream_every=50)) as gateway:
+        await gateway.inject(LOGIN, receipt_bodies(3000))
+        daemon = Daemon(
+            settings_for(gateway.target, database_url, "--mode", "auto", "--auto-pull-rate", "1e9")
+        )
+        with capture_logs() as logs:
+            assert await run_until_drained(daemon, gateway) == 0
+        await assert_ledger_matches_store(gateway, database_url)
+    switches = [e for e in logs if e["event"] == "auto_switch"]
+    assert any(e["reason"] == "stream_failures" and e["to"] == "pull" for e in switches)
+    reconnects = [e for e in logs if e["event"] == "reader_reconnect"]
+    assert 3 <= len(reconnects) <= 20
+
+
+async def test_reopens_are_capped_per_reader(database_url: str) -> None:
+    """Issue 4 §5: a stream cut after every receipt does not turn into a reconnect storm:
+    at most --max-reopens opens per reader per 10 s."""
+    async with running_gateway(faults=Faults(cut_stream_every=1)) as gateway:
+        await gateway.inject(LOGIN, receipt_bodies(200))
+        settings = settings_for(
+            gateway.target, database_url, "--mode", "subscribe", "--streams", "1",
+            "--max-reopens", "3",
+        )  # fmt: skip
+        daemon = Daemon(settings)
+        with capture_logs() as logs:
+            task = asyncio.create_task(daemon.run(), name="daemon-under-test")
+            await asyncio.sleep(3.0)
+            daemon.stop()
+            assert await asyncio.wait_for(task, 15) == 0
+    opened = [e for e in logs if e["event"] == "reader_up"]
+    assert 1 <= len(opened) <= 3
+    assert any(e["event"] == "reopen_capped" for e in logs)
