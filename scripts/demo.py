@@ -71,16 +71,19 @@ class Child:
     process: subprocess.Popen[bytes]
     log: Path
 
+    log_offset: int = 0  # where this run's output starts in the (appended) log
+
     @classmethod
     def start(cls, name: str, argv: Sequence[str], log: Path, env: dict[str, str]) -> Child:
         with log.open("ab") as out:
+            offset = out.tell()
             out.write(f"\n--- {datetime.now(UTC).isoformat()} {shlex.join(argv)}\n".encode())
             out.flush()
             process = subprocess.Popen(
                 list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=REPO, start_new_session=True,
             )  # fmt: skip
-        return cls(name, process, log)
+        return cls(name, process, log, offset)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -334,11 +337,11 @@ class LiveView:
         self.drawn_lines = len(lines)
 
 
-def _last_json_line(log: Path) -> dict[str, Any]:
-    """The traffic simulator's latest totals line."""
+def _last_json_line(log: Path, offset: int) -> dict[str, Any]:
+    """The traffic simulator's latest totals line written after `offset` (this run's)."""
     try:
         with log.open("rb") as stream:
-            stream.seek(max(0, log.stat().st_size - 4096))
+            stream.seek(max(offset, log.stat().st_size - 4096))
             lines = stream.read().splitlines()
     except OSError:
         return {}
@@ -363,6 +366,7 @@ class Demo:
         self.database_url = ""
         self.gateway = ""
         self.metrics = ""
+        self.traffic_log_offset = -1
         self.run_started = datetime.now(UTC)
         self.env = {**os.environ, "DLRFEED_PASSWORD": PASSWORD, "FAKEGW_PASSWORD": PASSWORD}
         self.env.pop("NOTIFY_SOCKET", None)  # the daemon is not a systemd unit here
@@ -429,7 +433,7 @@ class Demo:
         )
 
     def start_traffic(self) -> None:
-        self.children["traffic"] = Child.start(
+        self.children["traffic"] = traffic = Child.start(
             "traffic",
             [
                 sys.executable, str(REPO / "scripts" / "traffic.py"), "--target", self.gateway,
@@ -438,6 +442,11 @@ class Demo:
             ],
             self.layout.logs / "traffic.log", self.env,
         )  # fmt: skip
+        self.traffic_log_offset = traffic.log_offset
+
+    def traffic_totals(self) -> dict[str, Any]:
+        """The simulator's latest totals line of this run (empty before its first)."""
+        return _last_json_line(self.layout.logs / "traffic.log", self.traffic_log_offset)
 
     def watch(self) -> None:
         """Redraw the view each `--refresh` seconds until the duration ends (or Ctrl-C)."""
@@ -464,7 +473,7 @@ class Demo:
                             "SELECT count(*) FROM dlr.exceptions WHERE resolved_at IS NULL"
                         )
                     )
-                    view.show(sample, _last_json_line(self.layout.logs / "traffic.log"))
+                    view.show(sample, self.traffic_totals())
                     pause = self.args.refresh - (time.monotonic() - sample.at)
                     if deadline is not None:
                         pause = min(pause, deadline - time.monotonic())
@@ -575,8 +584,9 @@ def run(args: argparse.Namespace) -> int:
     """Start everything, watch, stop everything in order; 0 on a clean run, 1 on a failure."""
     demo = Demo(args)
     demo.layout.logs.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _request_stop)
-    signal.signal(signal.SIGINT, _request_stop)
+    # SIGHUP too: a closed terminal must stop the demo in order, not orphan its children.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _request_stop)
     failure: str | None = None
     codes: dict[str, int | None] = {}
     stats: dict[str, Any] | None = None
@@ -599,10 +609,10 @@ def run(args: argparse.Namespace) -> int:
         failure = str(exc)
     finally:
         # A second Ctrl-C must not abort the ordered stop half-way.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if args.tty:
-            sys.stdout.write("\nstopping: traffic, dlrfeed, fakegw, postgres ...\n")
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            demo.say("\nstopping: traffic, dlrfeed, fakegw, postgres ...")
         codes = demo.stop_children()
         if failure is None and demo.database_url:
             try:
@@ -621,7 +631,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if codes.get("dlrfeed") not in (0, None):
         failure = f"dlrfeed exited {codes['dlrfeed']} (see {demo.layout.logs}/dlrfeed.log)"
-    traffic = _last_json_line(demo.layout.logs / "traffic.log")
+    traffic = demo.traffic_totals() if demo.traffic_log_offset >= 0 else {}
     assert stats is not None
     print("\n".join(render_summary(stats, traffic, codes) + explore_hint(demo, message_id)))
     if failure is not None:

@@ -16,7 +16,8 @@ of the generator's anomalies it adds the ones only time can make:
 - result-only messages (`dlr_level` 2): the gateway drops their progress receipts (F2);
 - unknown ids go through admin `Inject`, since `Report` only takes ids the gateway sent.
 
-It prints one JSON line of running totals per second and stops on SIGTERM/SIGINT (exit 0).
+It prints one JSON line of running totals per second and stops on SIGTERM/SIGINT (exit 0),
+after handing over everything still scheduled (see `Simulator.drain`).
 fakegw and dlrfeed never import each other; this script uses fakegw's admin client and runs the
 `dlrfeed` command.
 
@@ -238,6 +239,13 @@ class Simulator:
             self.totals.unknown_ids_injected += len(injects)
             self.totals.receipts_enqueued += result["enqueued"]
 
+    def drain(self) -> None:
+        """On stop, the network "catches up": every scheduled receipt is handed over now (the
+        gateway keeps them durably for the next run) and the late submissions are recorded,
+        so a stop leaves no message without its result to turn into a deadline UNKNOWN."""
+        self.flush_receipts(float("inf"))
+        self.record([d.body for d in self.pop_due(float("inf"), kinds={"submission"})])
+
 
 def run(args: argparse.Namespace) -> int:
     """Play traffic until SIGTERM/SIGINT or `--duration`; one JSON totals line per second."""
@@ -268,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
                 print(simulator.totals.as_json(len(simulator.due)), flush=True)
                 next_print = now + 1.0
             time.sleep(_TICK_SECONDS)
+        simulator.drain()
         print(simulator.totals.as_json(len(simulator.due)), flush=True)
     return 0
 

@@ -1,0 +1,76 @@
+"""`make run` end to end: scripts/demo.py as a real process tree (issue 5 §1, §2).
+
+One short unattended run (`--duration`) in a temporary data directory: PostgreSQL, fakegw, the
+traffic simulator and `dlrfeed run` start, receipts flow, the ordered stop leaves no process
+behind, the summary reports what was stored, and the data directory stays for the next run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+def _command_lines() -> list[str]:
+    """The command line of every process on the machine (those readable to us)."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            raw = cmdline.read_bytes()
+        except OSError:
+            continue  # the process ended while we looked
+        if raw:
+            lines.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+    return lines
+
+
+def test_demo_runs_stops_cleanly_and_summarises(tmp_path: Path) -> None:
+    """An 8-second demo exits 0, stores receipts, opens exceptions for the anomalies (P12,
+    P14), stops every child (no fakegw/dlrfeed/traffic/postgres left) and keeps its data."""
+    data_dir = tmp_path / "run"
+    python = str(VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable))
+    proc = subprocess.run(
+        [python, "scripts/demo.py", "--duration", "8", "--data-dir", str(data_dir),
+         "--rate", "100", "--anomaly-rate", "0.1"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, f"demo failed:\n{out}\n{proc.stderr}"
+
+    gateway = re.search(r"^fakegw\s+(127\.0\.0\.1:\d+)", out, re.M)
+    database_url = re.search(r"^postgres\s+(postgresql://\S+)", out, re.M)
+    assert gateway is not None, out
+    assert database_url is not None, out
+    # Not a terminal: plain periodic lines instead of an ANSI redraw.
+    assert "\x1b[" not in out
+    assert re.search(r"stored=\d", out), out
+
+    assert "Summary" in out
+    stored = re.search(r"receptions stored ([\d,]+)", out)
+    assert stored is not None, out
+    assert int(stored.group(1).replace(",", "")) > 0, out
+    exceptions = re.findall(r"^\s{4}(\w+)\s+([\d,]+) / ([\d,]+)$", out, re.M)
+    assert sum(int(total.replace(",", "")) for _, _, total in exceptions) >= 1, out
+    assert "stopped: traffic exit 0, dlrfeed exit 0, fakegw exit 0" in out
+    shown = re.search(r"dlrfeed show (\S+) --database-url (\S+)", out)
+    assert shown is not None, out
+    assert shown.group(1) != "MESSAGE_ID"  # a real message of this run
+    assert shown.group(2) == database_url.group(1)
+
+    markers = (str(data_dir), gateway.group(1), database_url.group(1))
+    leftovers = [line for line in _command_lines() if any(m in line for m in markers)]
+    assert leftovers == []
+
+    assert (data_dir / "postgres" / "data" / "PG_VERSION").exists()
+    assert not (data_dir / "postgres" / "data" / "postmaster.pid").exists()
+    assert (data_dir / "fakegw.sqlite").exists()
+    assert {p.name for p in (data_dir / "logs").iterdir()} >= {
+        "fakegw.log",
+        "dlrfeed.log",
+        "traffic.log",
+    }
