@@ -22,6 +22,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -108,8 +109,13 @@ class Child:
             os.killpg(self.process.pid, signum)
 
     def tail(self, lines: int = 15) -> str:
-        text = self.log.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
+        """The exit status and the last lines this run wrote to the log, for an error message."""
+        with self.log.open("rb") as stream:
+            stream.seek(self.log_offset)
+            text = stream.read().decode(errors="replace").splitlines()
+        code = self.process.poll()
+        status = "running" if code is None else f"exit {code}" if code >= 0 else f"signal {-code}"
+        return "\n".join([f"({status}; log {self.log})", *text[-lines:]])
 
 
 @dataclass
@@ -153,6 +159,17 @@ def _listening_target(log: Path, offset: int) -> str | None:
             if line.startswith(b'{"event": "listening"'):
                 return str(json.loads(line)["target"])
     return None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As PostgreSQL binds: connections of the last run in TIME_WAIT do not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def http_get(host_port: str, path: str, timeout: float) -> bytes | None:
@@ -383,10 +400,16 @@ class Demo:
         port = int(port_file.read_text()) if port_file.exists() else free_port()
         cluster = PgCluster(root, port)
         cluster.stop("immediate")  # a cluster left running by a killed demo
-        cluster.init()
-        port_file.write_text(str(port))
-        self.cluster = cluster
-        cluster.start()
+        if not _port_free(port):
+            port = free_port()  # taken by something else since the last run: a new URL
+            cluster = PgCluster(root, port)
+        try:
+            cluster.init()
+            port_file.write_text(str(port))
+            self.cluster = cluster
+            cluster.start()
+        except RuntimeError as exc:
+            raise DemoError(f"PostgreSQL: {exc} (log {cluster.logfile})") from exc
         self.database_url = cluster.dsn
 
     def run_command(self, *argv: str) -> str:
