@@ -346,8 +346,9 @@ async def slow_commit_lease(rig: Rig) -> str:
     work = traffic(rig, receipts)
     await rig.record(work)
     await rig.start_daemons(
-        2, "--mode", "pull", "--streams", "1", "--lease-seconds", "2", "--batch-size", "200"
-    )
+        2, "--mode", "pull", "--streams", "1", "--lease-seconds", "2", "--release-after", "1",
+        "--batch-size", "200",
+    )  # fmt: skip
 
     async def locker() -> None:
         conn = await asyncpg.connect(rig.database_url)
@@ -548,6 +549,13 @@ async def run_scenario(
     started = time.monotonic()
     try:
         faults = await spec.run(rig)
+        for daemon in rig.daemons:
+            assert daemon.process is not None
+            if daemon.process.returncode is not None:
+                # A daemon that died by itself (not one of our kills) can drain nothing.
+                tail = daemon.log.read_text(errors="replace")[-500:]
+                rig.extra_failures.append(f"daemon exited {daemon.process.returncode}: {tail}")
+                drain_within_s = 0.0
         # drain_seconds: from the end of the faults (and of the traffic) to an empty queue.
         report = await check(
             gateway.target, LOGIN, PASSWORD, database_url, wait_drain_s=drain_within_s
