@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import (
     AuthenticationError,
     ConfigError,
@@ -25,6 +25,8 @@ from dlrfeed.errors import (
     FatalError,
     FeedUnavailableError,
 )
+from dlrfeed.feed.wire import pull_receipts, receipt_from_wire
+from dlrfeed.feed.wire import receipt_from_proto as receipt_from_proto  # moved; name kept
 from gateway.receipts.v1 import feed_pb2
 
 _SERVICE = "/gateway.receipts.v1.ReceiptFeed/"
@@ -79,30 +81,6 @@ def translate_rpc_error(exc: grpc.aio.AioRpcError, rpc: str) -> DlrfeedError:
     return FatalError(f"{rpc} failed: {code.name}: {details[:300]}")
 
 
-def receipt_from_proto(message: feed_pb2.Receipt, raw: bytes, received_at: float) -> Receipt:
-    """The domain receipt for one proto `Receipt`; absent optional fields become None (F4)."""
-    has = message.HasField
-    return Receipt(
-        message_id=MessageId(message.id),
-        level=message.level,
-        stat=message.stat,
-        err=message.err if has("err") else None,
-        sub=message.sub if has("sub") else None,
-        dlvrd=message.dlvrd if has("dlvrd") else None,
-        submit_date=message.submit_date if has("submit_date") else None,
-        done_date=message.done_date if has("done_date") else None,
-        text=message.text if has("text") else None,
-        source_addr=message.source_addr if has("source_addr") else None,
-        destination_addr=message.destination_addr if has("destination_addr") else None,
-        smsc_message_id=message.smsc_message_id if has("smsc_message_id") else None,
-        connector=message.connector if has("connector") else None,
-        delivery_count=message.delivery_count,
-        ack_token=AckToken(message.ack_token),
-        raw=raw,
-        received_at=received_at,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class AckOutcome:
     """What one Ack call reported: removed now, and already gone (F9: not an error)."""
@@ -132,7 +110,8 @@ class SubscribeStream:
         if raw is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
             return None
         assert isinstance(raw, bytes)
-        return receipt_from_proto(feed_pb2.Receipt.FromString(raw), raw, time.time())
+        # C8: bytes the strict decoder refuses still become a receipt (dlrfeed.feed.wire).
+        return receipt_from_wire(raw, time.time())
 
     @property
     def cancelled_by_us(self) -> bool:
@@ -168,7 +147,9 @@ class FeedClient:
         self._pull = channel.unary_unary(
             _SERVICE + "Pull",
             request_serializer=feed_pb2.PullRequest.SerializeToString,
-            response_deserializer=feed_pb2.PullResponse.FromString,
+            # Each receipt decoded on its own (dlrfeed.feed.wire): one undecodable receipt
+            # must not fail the whole response and stall the 999 others with it (C8).
+            response_deserializer=pull_receipts,
         )
         self._ack = channel.unary_unary(
             _SERVICE + "Ack",
@@ -225,9 +206,7 @@ class FeedClient:
 class PullCall:
     """One Pull in flight; `cancel()` abandons it (its receipts come back after the lease, F6)."""
 
-    def __init__(
-        self, call: grpc.aio.UnaryUnaryCall[feed_pb2.PullRequest, feed_pb2.PullResponse]
-    ) -> None:
+    def __init__(self, call: grpc.aio.UnaryUnaryCall[feed_pb2.PullRequest, list[bytes]]) -> None:
         self._call = call
         self._cancelled_by_us = False
 
@@ -238,12 +217,8 @@ class PullCall:
         except grpc.aio.AioRpcError as exc:
             raise translate_rpc_error(exc, "Pull") from None
         received_at = time.time()
-        # Pull delivers a PullResponse; each receipt's own serialization is its raw evidence
-        # (canonical protobuf encoding, identical to the bytes inside the response).
-        return [
-            receipt_from_proto(message, message.SerializeToString(), received_at)
-            for message in response.receipts
-        ]
+        # Each receipt's bytes exactly as they were inside the PullResponse are its evidence.
+        return [receipt_from_wire(raw, received_at) for raw in response]
 
     @property
     def cancelled_by_us(self) -> bool:

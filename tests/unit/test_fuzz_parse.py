@@ -1,0 +1,118 @@
+"""Fuzz of the feed adapter's decode and the pure parse: no input raises, nothing odd unflagged.
+
+C4/C8: whatever a gateway sends - any unicode, any length, any level or delivery count, bytes
+the protobuf decoder refuses - becomes a receipt with its bytes whole, and parse makes every
+field storable while flagging each value it had to change. `make test` runs the default
+form (100-300 examples each, a few seconds); `make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs 10,000.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+
+from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.parse import MAX_ID_CHARS, parse
+from dlrfeed.domain.status import STAT_TO_STATUS, Status
+from dlrfeed.feed.wire import fields, pull_receipts, receipt_from_wire
+from gateway.receipts.v1 import feed_pb2
+from receipt_strategies import OPTIONAL_FIELDS, examples, hostile_payloads, wire_receipts
+
+OPTIONS = IntegrationOptions()
+LIMIT = OPTIONS.max_field_chars
+pytestmark = pytest.mark.fuzz
+
+
+@examples(300)
+@given(wire_receipts())
+def test_c4_every_field_survives_decode_and_parse_flags_every_change(
+    message: feed_pb2.Receipt,
+) -> None:
+    """A well-formed receipt decodes to exactly its fields; parse keeps the raw bytes, makes
+    every text storable (no NUL, bounded) and flags each NUL escape, truncation, odd level and
+    unknown stat (C4, P17)."""
+    raw = message.SerializeToString()
+    receipt = receipt_from_wire(raw, 0.0)
+    assert receipt.raw == raw
+    assert receipt.message_id == message.id
+    assert (receipt.level, receipt.delivery_count) == (message.level, message.delivery_count)
+    for name in OPTIONAL_FIELDS:
+        present = message.HasField(name)  # type: ignore[arg-type]  # names from the proto
+        expected = getattr(message, name) if present else None
+        assert getattr(receipt, name) == expected, name
+
+    event = parse(receipt, OPTIONS)
+    flags = set(event.flags)
+    assert event.raw == raw
+    texts = {"id": event.message_id, "stat": event.stat, "err": event.err, "text": event.text}
+    for value in texts.values():
+        assert value is None or "\x00" not in value
+    assert len(event.message_id) <= MAX_ID_CHARS
+    assert all(len(v) <= LIMIT for v in texts.values() if v is not None)
+    if "\x00" in message.id:
+        assert "nul_escaped:id" in flags
+    if len(message.id.replace("\x00", "\\u0000")) > MAX_ID_CHARS:
+        assert "truncated:id" in flags
+    if message.HasField("text") and len(message.text.replace("\x00", "\\u0000")) > LIMIT:
+        assert "truncated:text" in flags
+    assert ("level_unexpected" in flags) == (message.level not in (1, 2))
+    if message.stat not in STAT_TO_STATUS:
+        assert event.status is Status.UNRECOGNIZED
+        assert "stat_unrecognized" in flags
+
+
+@examples(300)
+@given(hostile_payloads())
+def test_c8_any_bytes_become_a_receipt_with_the_bytes_whole(raw: bytes) -> None:
+    """Damaged, truncated, spliced or random bytes never raise in the adapter or in parse; the
+    receipt carries the bytes unchanged (the evidence) and a fixed receipt decodes the same as
+    the strict decoder would."""
+    receipt = receipt_from_wire(raw, 0.0)
+    assert receipt.raw == raw
+    assert 0 <= receipt.level <= 2**32 - 1
+    assert 0 <= receipt.delivery_count <= 2**32 - 1
+    event = parse(receipt, OPTIONS)
+    assert event.raw == raw
+    assert "\x00" not in event.message_id
+
+
+@examples(200)
+@given(hostile_payloads())
+def test_c8_hand_walk_agrees_with_protobuf_on_what_protobuf_accepts(raw: bytes) -> None:
+    """The lenient decoder is only a fallback: where protobuf decodes, both see the same id,
+    level, stat and token (last occurrence wins), so the fallback invents nothing."""
+    try:
+        message = feed_pb2.Receipt.FromString(raw)
+    except Exception:  # noqa: BLE001 - any refusal is what the fallback exists for
+        return
+    walked = dict(fields(raw))
+    if 1 in walked:
+        assert walked[1] == message.id.encode()
+    if 3 in walked:
+        assert walked[3] == message.stat.encode()
+    if 2 in walked:
+        assert isinstance(walked[2], int)
+        assert walked[2] & 0xFFFFFFFF == message.level
+
+
+@examples(100)
+@given(hostile_payloads())
+def test_c8_a_bad_receipt_in_a_pull_response_does_not_take_the_others_down(bad: bytes) -> None:
+    """Pull: the response is split into its receipts' bytes before any receipt is decoded."""
+    good = feed_pb2.Receipt(id="ok", level=2, stat="DELIVRD", ack_token="t").SerializeToString()
+    response = b"".join(b"\x0a" + _varint(len(part)) + part for part in (good, bad, good))
+    parts = pull_receipts(response)
+    assert parts == [good, bad, good]
+    assert [receipt_from_wire(p, 0.0).message_id for p in parts][0::2] == ["ok", "ok"]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
