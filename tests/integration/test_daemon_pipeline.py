@@ -10,10 +10,12 @@ from structlog.testing import capture_logs
 from daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
+    drained,
     receipt_bodies,
     run_until_drained,
     running_gateway,
     settings_for,
+    wait_until,
 )
 from dlrfeed.daemon.app import Daemon
 from fakegw.faults import Faults
@@ -59,9 +61,7 @@ async def test_auto_moves_to_pull_when_streams_keep_failing(database_url: str) -
     Pull for the cool-down; reopens stay under the cap."""
     async with running_gateway(faults=Faults(cut_stream_every=50)) as gateway:
         await gateway.inject(LOGIN, receipt_bodies(3000))
-        daemon = Daemon(
-            settings_for(gateway.target, database_url, "--mode", "auto", "--auto-pull-rate", "1e9")
-        )
+        daemon = Daemon(settings_for(gateway.target, database_url, "--mode", "auto"))
         with capture_logs() as logs:
             assert await run_until_drained(daemon, gateway) == 0
         await assert_ledger_matches_store(gateway, database_url)
@@ -89,3 +89,32 @@ async def test_reopens_are_capped_per_reader(database_url: str) -> None:
     opened = [e for e in logs if e["event"] == "reader_up"]
     assert 1 <= len(opened) <= 3
     assert any(e["event"] == "reopen_capped" for e in logs)
+
+
+async def test_auto_drains_a_backlog_through_pull_then_returns_to_subscribe(
+    database_url: str,
+) -> None:
+    """Issue 4 §12: auto starts on Subscribe, moves to Pull while batches keep closing full (a
+    backlog: Pull costs far less CPU per receipt), and returns to Subscribe once caught up."""
+    async with running_gateway() as gateway:
+        await gateway.inject(LOGIN, receipt_bodies(6000))
+        settings = settings_for(
+            gateway.target, database_url, "--mode", "auto", "--streams", "1",
+            "--batch-size", "200", "--ack-batch", "200", "--pull-wait-seconds", "1",
+        )  # fmt: skip
+        daemon = Daemon(settings)
+        with capture_logs() as logs:
+            task = asyncio.create_task(daemon.run(), name="daemon-under-test")
+            await wait_until(lambda: drained(gateway), 30, "the backlog to drain")
+
+            async def back_on_subscribe() -> bool:
+                return any(e.get("reason") == "caught_up" for e in logs)
+
+            await wait_until(back_on_subscribe, 15, "auto to return to Subscribe")
+            daemon.stop()
+            assert await asyncio.wait_for(task, 15) == 0
+        await assert_ledger_matches_store(gateway, database_url)
+    switches = [(e["to"], e["reason"]) for e in logs if e["event"] == "auto_switch"]
+    assert ("pull", "backlog") in switches
+    assert switches[-1] == ("subscribe", "caught_up")
+    assert daemon.metrics.received.labels(mode="pull")._value.get() > 0

@@ -88,6 +88,11 @@ class Daemon:
         self._store_opener = store_opener
         self._notifier = notifier or SystemdNotifier()
         self.metrics = DaemonMetrics()
+        # Resolved once: `labels()` costs microseconds, and Subscribe counts every receipt.
+        self._received_by_mode = {
+            mode: self.metrics.received.labels(mode=mode.value)
+            for mode in (Mode.SUBSCRIBE, Mode.PULL)
+        }
         self._stop = asyncio.Event()
         self._tasks: dict[asyncio.Task[Any], str] = {}
         self._readers: list[FeedReader] = []
@@ -341,7 +346,7 @@ class Daemon:
             self.metrics.readers_up.labels(mode=mode.value).set(count)
 
     def _observe_received(self, mode: Mode, count: int) -> None:
-        self.metrics.received.labels(mode=mode.value).inc(count)
+        self._received_by_mode[mode].inc(count)
 
     def _observe_commit(
         self, batch: Sequence[Receipt], result: IngestResult, seconds: float

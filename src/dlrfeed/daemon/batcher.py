@@ -29,6 +29,9 @@ from .store_gate import StoreGate
 
 log = structlog.get_logger("dlrfeed.batcher")
 
+BACKLOG_FULL_BATCHES = 4
+"""Consecutive full batches that mean "a backlog" to auto mode (the reader then uses Pull)."""
+
 
 class BatchStore(Protocol):
     """What the batcher needs of the store (dlrfeed.store.Store satisfies it)."""
@@ -75,6 +78,7 @@ class Batcher:
         self._committing: asyncio.Task[None] | None = None
         self._committing_size = 0
         self.batches_committed = 0
+        self._full_streak = 0  # consecutive batches closed by size, not by linger
 
     @property
     def in_hand(self) -> int:
@@ -117,6 +121,10 @@ class Batcher:
     async def wait_writable(self) -> None:
         await self._gate.wait_up()
 
+    def backlogged(self) -> bool:
+        """Four batches in a row closed full: the feed outruns the commits (a backlog)."""
+        return self._full_streak >= BACKLOG_FULL_BATCHES
+
     # -- the daemon's side ----------------------------------------------------------------
     def release(self) -> None:
         """The store has been down past `--release-after`: drop everything in hand, unacked;
@@ -142,6 +150,7 @@ class Batcher:
                 continue
             batch = self._pending[: self._batch_size]
             del self._pending[: self._batch_size]
+            self._full_streak = self._full_streak + 1 if len(batch) == self._batch_size else 0
             if self._pending:
                 self._first_at = time.monotonic()
             else:

@@ -168,12 +168,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto mode: seconds on Pull before Subscribe is tried again after it failed",
     )
     work.add_argument(
-        "--auto-pull-rate",
-        type=_non_negative_float,
-        default=3000.0,
-        help="auto mode: receipts/s per Subscribe stream (for 3 s) that switch it to Pull",
-    )
-    work.add_argument(
         "--release-after",
         type=_non_negative_float,
         default=60.0,
@@ -343,7 +337,6 @@ class DaemonSettings:
                 pull_wait_seconds=args.pull_wait_seconds,
                 max_reopens_per_10s=args.max_reopens,
                 auto_cooldown=args.auto_cooldown,
-                auto_pull_rate=args.auto_pull_rate,
             ),
         )
 
