@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import asyncpg
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakegw.admin_client import SyncAdminClient
@@ -384,6 +385,7 @@ class Demo:
         self.gateway = ""
         self.metrics = ""
         self.traffic_log_offset = -1
+        self.left_in_gateway: int | None = None
         self.run_started = datetime.now(UTC)
         self.env = {**os.environ, "DLRFEED_PASSWORD": PASSWORD, "FAKEGW_PASSWORD": PASSWORD}
         self.env.pop("NOTIFY_SOCKET", None)  # the daemon is not a systemd unit here
@@ -511,12 +513,24 @@ class Demo:
         codes: dict[str, int | None] = {}
         for name, timeout in (("traffic", 10.0), ("dlrfeed", 40.0), ("fakegw", 10.0)):
             child = self.children.pop(name, None)
-            if child is not None:
-                codes[name] = child.stop(timeout)
+            if child is None:
+                continue
+            if name == "fakegw" and child.alive():
+                self.left_in_gateway = self._gateway_queue()
+            codes[name] = child.stop(timeout)
         for child in self.children.values():  # anything else, should a step be added
             child.stop()
         self.children.clear()
         return codes
+
+    def _gateway_queue(self) -> int | None:
+        """Receipts still queued or leased at the gateway: F1 keeps them for the next run."""
+        try:
+            with SyncAdminClient(self.gateway, LOGIN, PASSWORD, timeout=2) as admin:
+                stats = admin.stats()
+        except grpc.RpcError:
+            return None
+        return int(stats["queued"]) + int(stats["in_flight"])
 
     def stop_postgres(self) -> None:
         if self.cluster is not None:
@@ -543,7 +557,10 @@ class Demo:
 
 
 def render_summary(
-    stats: dict[str, Any], traffic: dict[str, Any], codes: dict[str, int | None]
+    stats: dict[str, Any],
+    traffic: dict[str, Any],
+    codes: dict[str, int | None],
+    left_in_gateway: int | None,
 ) -> list[str]:
     """The end-of-run summary: statuses, repeats, conflicts, exceptions (all runs in DATA_DIR)."""
     network = stats["reported_by_network"]
@@ -555,6 +572,7 @@ def render_summary(
         f"{traffic.get('unknown_ids_injected', 0):,} unknown ids injected; "
         "stopped: "
         + ", ".join(f"{n} exit {c if c is not None else 'killed'}" for n, c in codes.items()),
+        f"  left in the gateway's durable queue for the next run: {_count(left_in_gateway)}",
         f"  messages recorded {stats['submitted']['recorded']:,}, "
         f"without any receipt yet {stats['submitted']['without_any_status']:,}",
         "  final status reported by the network:",
@@ -656,7 +674,12 @@ def run(args: argparse.Namespace) -> int:
         failure = f"dlrfeed exited {codes['dlrfeed']} (see {demo.layout.logs}/dlrfeed.log)"
     traffic = demo.traffic_totals() if demo.traffic_log_offset >= 0 else {}
     assert stats is not None
-    print("\n".join(render_summary(stats, traffic, codes) + explore_hint(demo, message_id)))
+    print(
+        "\n".join(
+            render_summary(stats, traffic, codes, demo.left_in_gateway)
+            + explore_hint(demo, message_id)
+        )
+    )
     if failure is not None:
         print(f"\ndemo failed: {failure}", file=sys.stderr)
         return 1
