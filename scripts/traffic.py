@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,26 +180,9 @@ class Simulator:
     def _between(self, bounds: tuple[float, float]) -> float:
         return self.rng.uniform(*bounds)
 
-    def record(self, submissions: list[dict[str, Any]]) -> None:
-        """`dlrfeed record-submissions -` with the lines on stdin, as the sender would run it."""
-        if not submissions:
-            return
-        payload = "".join(json.dumps(s) + "\n" for s in submissions)
-        proc = subprocess.run(
-            [self.args.dlrfeed, "record-submissions", "-", "--login", self.args.login,
-             "--database-url", self.args.database_url],
-            input=payload, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            # The sender's store being briefly unavailable must not stop the traffic.
-            self.totals.record_failures += len(submissions)
-            print(json.dumps({"event": "record_failed", "stderr": proc.stderr.strip()}), flush=True)
-            return
-        self.totals.submissions_recorded += len(submissions)
-
-    def step_submissions(self, now: float, count: int) -> None:
-        """Record this step's new messages (and the late ones now due), then send the new ones
-        to the gateway and plan their receipts."""
+    def start_step(self, now: float, count: int, pool: ThreadPoolExecutor) -> _Recording:
+        """Take this step's new messages and the late submissions now due, and start recording
+        them in the background (receipts keep flowing meanwhile)."""
         batch = self.new_messages(count) if count else Scenario()
         late_ids = {
             m["id"] for m in batch.messages if self.rng.random() < self.late_submission_rate
@@ -206,12 +190,24 @@ class Simulator:
         self.totals.late_submissions += len(late_ids)
         due_late = [d.body for d in self.pop_due(now, kinds={"submission"})]
         on_time = [s for s in batch.submissions() if s["message_id"] not in late_ids]
-        self.record(on_time + due_late)
-        if batch.messages:
-            # Sent after recording: a sender records before it can get receipts (P10).
-            self.admin.send(batch.messages)
-            self.totals.messages += len(batch.messages)
-            self.plan(batch, time.monotonic(), late_ids)
+        submissions = on_time + due_late
+        future = pool.submit(record_submissions, self.args, submissions)
+        return _Recording(future, len(submissions), batch, late_ids)
+
+    def finish_step(self, recording: _Recording) -> None:
+        """Count the recording, then send its messages and plan their receipts: a sender
+        records a message before it can get receipts for it (P10)."""
+        error = recording.future.result()
+        if error is None:
+            self.totals.submissions_recorded += recording.count
+        else:
+            # The sender's store being briefly unavailable must not stop the traffic.
+            self.totals.record_failures += recording.count
+            print(json.dumps({"event": "record_failed", "error": error}), flush=True)
+        if recording.batch.messages:
+            self.admin.send(recording.batch.messages)
+            self.totals.messages += len(recording.batch.messages)
+            self.plan(recording.batch, time.monotonic(), recording.late_ids)
 
     def pop_due(self, now: float, kinds: set[str]) -> list[_Due]:
         """Remove and return the scheduled actions of `kinds` due by `now` (others stay)."""
@@ -244,7 +240,35 @@ class Simulator:
         gateway keeps them durably for the next run) and the late submissions are recorded,
         so a stop leaves no message without its result to turn into a deadline UNKNOWN."""
         self.flush_receipts(float("inf"))
-        self.record([d.body for d in self.pop_due(float("inf"), kinds={"submission"})])
+        late = [d.body for d in self.pop_due(float("inf"), kinds={"submission"})]
+        if record_submissions(self.args, late) is None:
+            self.totals.submissions_recorded += len(late)
+        else:
+            self.totals.record_failures += len(late)
+
+
+@dataclass
+class _Recording:
+    """A `dlrfeed record-submissions` run in progress and the messages waiting for it."""
+
+    future: Future[str | None]
+    count: int
+    batch: Scenario
+    late_ids: set[str]
+
+
+def record_submissions(args: argparse.Namespace, submissions: list[dict[str, Any]]) -> str | None:
+    """`dlrfeed record-submissions -` with the lines on stdin, as a sender would run it;
+    None on success, else its error output."""
+    if not submissions:
+        return None
+    payload = "".join(json.dumps(s) + "\n" for s in submissions)
+    proc = subprocess.run(
+        [args.dlrfeed, "record-submissions", "-", "--login", args.login,
+         "--database-url", args.database_url],
+        input=payload, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,25 +281,35 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    with SyncAdminClient(args.target, args.login, args.password) as admin:
+    with (
+        SyncAdminClient(args.target, args.login, args.password) as admin,
+        ThreadPoolExecutor(1, thread_name_prefix="record") as pool,
+    ):
         simulator = Simulator(args, admin)
         started = time.monotonic()
         next_submit = started
         next_print = started + 1.0
+        recording: _Recording | None = None
         while not stopping:
             now = time.monotonic()
             if args.duration and now - started >= args.duration:
                 break
-            if now >= next_submit:
+            if recording is None and now >= next_submit:
                 # Messages owed at --rate since the start, in one step (bounded).
                 owed = int(args.rate * (now - started)) + 1 - simulator.generated
-                simulator.step_submissions(now, max(0, min(owed, _MAX_MESSAGES_PER_STEP)))
+                count = max(0, min(owed, _MAX_MESSAGES_PER_STEP))
+                recording = simulator.start_step(now, count, pool)
                 next_submit = now + _SUBMIT_EVERY_SECONDS
+            if recording is not None and recording.future.done():
+                simulator.finish_step(recording)
+                recording = None
             simulator.flush_receipts(time.monotonic())
             if now >= next_print:
                 print(simulator.totals.as_json(len(simulator.due)), flush=True)
                 next_print = now + 1.0
             time.sleep(_TICK_SECONDS)
+        if recording is not None:
+            simulator.finish_step(recording)  # waits for the recording in hand
         simulator.drain()
         print(simulator.totals.as_json(len(simulator.due)), flush=True)
     return 0
