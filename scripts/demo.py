@@ -72,7 +72,6 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
-
     log_offset: int = 0  # where this run's output starts in the (appended) log
 
     @classmethod
@@ -289,11 +288,8 @@ class LiveView:
         while len(self.history) > 2 and sample.at - self.history[1].at >= _P99_WINDOW_SECONDS:
             self.history.popleft()
         rate = self._rate(sample)
-        first = self.history[0]
-        p99_window = _window(sample.ack_buckets, first.ack_buckets) if first is not sample else []
-        p99 = histogram_quantile(0.99, p99_window) if p99_window else None
-        if p99 is None:
-            p99 = histogram_quantile(0.99, sample.ack_buckets)
+        # Over the window only: "-" while nothing was acked in it (idle or just started).
+        p99 = histogram_quantile(0.99, _window(sample.ack_buckets, self.history[0].ack_buckets))
         elapsed = sample.at - self.started
         if self.tty:
             self._redraw(self.frame(sample, traffic, rate, p99, elapsed))
@@ -306,8 +302,8 @@ class LiveView:
         """Receipts received per second over the last few seconds."""
         if len(self.history) < 2:
             return None
-        recent = [s for s in self.history if sample.at - s.at <= 3.0] or [self.history[-2]]
-        base = recent[0] if recent[0] is not sample else self.history[-2]
+        earlier = list(self.history)[:-1]
+        base = next((s for s in earlier if sample.at - s.at <= 3.0), earlier[-1])
         span = sample.at - base.at
         return (sample.received - base.received) / span if span > 0 else None
 

@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from demo import histogram_quantile
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 
@@ -74,3 +78,13 @@ def test_demo_runs_stops_cleanly_and_summarises(tmp_path: Path) -> None:
         "dlrfeed.log",
         "traffic.log",
     }
+
+
+def test_live_view_p99_is_prometheus_histogram_quantile() -> None:
+    """The view's receive→ack p99 interpolates within the bucket like histogram_quantile;
+    no observations in the window give no figure rather than a stale one."""
+    buckets = [(0.01, 0.0), (0.1, 90.0), (1.0, 100.0), (float("inf"), 100.0)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.01 + 0.09 * 50 / 90)
+    assert histogram_quantile(0.99, buckets) == pytest.approx(0.1 + 0.9 * 9 / 10)
+    assert histogram_quantile(0.99, [(1.0, 0.0), (float("inf"), 5.0)]) == 1.0  # in +Inf
+    assert histogram_quantile(0.99, [(1.0, 0.0), (float("inf"), 0.0)]) is None
