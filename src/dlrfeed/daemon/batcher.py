@@ -29,7 +29,7 @@ from .store_gate import StoreGate
 
 log = structlog.get_logger("dlrfeed.batcher")
 
-BACKLOG_FULL_BATCHES = 4
+BACKLOG_FULL_BATCHES = 2
 """Consecutive full batches that mean "a backlog" to auto mode (the reader then uses Pull)."""
 
 
@@ -122,7 +122,7 @@ class Batcher:
         await self._gate.wait_up()
 
     def backlogged(self) -> bool:
-        """Four batches in a row closed full: the feed outruns the commits (a backlog)."""
+        """Two batches in a row closed full: the feed outruns the commits (a backlog)."""
         return self._full_streak >= BACKLOG_FULL_BATCHES
 
     # -- the daemon's side ----------------------------------------------------------------
