@@ -97,6 +97,9 @@ async def test_metrics_healthz_and_sd_notify_without_secrets(
     for name in METRIC_NAMES:
         assert name in metrics, name
     assert "dlrfeed_receipts_stored_total 500.0" in metrics
+    assert "dlrfeed_acks_tokens_total 500.0" in metrics
+    assert "dlrfeed_store_up 1.0" in metrics
+    assert "dlrfeed_receive_to_ack_seconds_count 500.0" in metrics
     assert any(d.startswith("READY=1") for d in datagrams)
     assert any(d.startswith("WATCHDOG=1") for d in datagrams)
     assert any(d.startswith("STOPPING=1") for d in datagrams)

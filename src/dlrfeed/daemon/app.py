@@ -222,7 +222,11 @@ class Daemon:
             )
             self._batchers.append(batcher)
             self._readers.append(reader)
-        m.track_in_flight(self._in_flight)
+        m.track(
+            in_flight=self._in_flight,
+            store_up=lambda: 1.0 if gate.is_up else 0.0,
+            counters=self._counter_values,
+        )
         acker_task = self._spawn(acker.run(), "acker")
         self._spawn(gate.run(), "store-gate")
         for batcher in self._batchers:
@@ -382,6 +386,18 @@ class Daemon:
                 self._last_lease_warning = now
                 # F6: past the lease the gateway redelivers; the store sees repeats (C1).
                 log.warning("ack_latency_near_lease", latency_s=round(worst, 3), lease_s=lease)
+
+    def _counter_values(self) -> dict[str, float]:
+        stats = self._acker.stats if self._acker else None
+        return {
+            "acks_tokens": stats.tokens_acked if stats else 0,
+            "acks_already_gone": stats.already_gone if stats else 0,
+            "ack_calls": stats.ack_calls if stats else 0,
+            "ack_retries": stats.ack_retries if stats else 0,
+            "acks_given_up": stats.tokens_given_up if stats else 0,
+            "reader_reconnects": sum(r.reconnects for r in self._readers),
+            "store_outages": self._gate.outages if self._gate else 0,
+        }
 
     def _in_flight(self) -> float:
         held = sum(b.in_hand for b in self._batchers)

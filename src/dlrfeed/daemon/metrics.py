@@ -8,11 +8,11 @@ lock and costs ~1.5 µs a call — too much on a path that carries 20,000 receip
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 NAMESPACE = "dlrfeed"
@@ -65,6 +65,31 @@ class Totals:
     exceptions: int = 0
 
 
+CALLBACK_COUNTERS: dict[str, str] = {
+    "acks_tokens": "Tokens acked (removed from the queue by our Ack)",
+    "acks_already_gone": "Tokens answered already_gone (F9: done, not an error)",
+    "ack_calls": "Ack calls that succeeded",
+    "ack_retries": "Ack calls retried after a transient failure",
+    "acks_given_up": "Tokens not acked within the lease (redelivered, then repeats)",
+    "reader_reconnects": "Feed streams or Pull loops reopened after a failure",
+    "store_outages": "Times the store became unavailable",
+}
+
+
+class CallbackCounters(Collector):
+    """Counters whose values live in the components (`CALLBACK_COUNTERS`), read at scrape."""
+
+    def __init__(self, read: Callable[[], Mapping[str, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        values = self._read()
+        for name, documentation in CALLBACK_COUNTERS.items():
+            yield CounterMetricFamily(
+                f"{NAMESPACE}_{name}", documentation, value=values.get(name, 0)
+            )
+
+
 class DaemonMetrics:
     """Every metric `dlrfeed run` exports; names are part of the operator's contract."""
 
@@ -85,15 +110,6 @@ class DaemonMetrics:
             "receipts_outcomes", "Ingested receipts by store outcome (P14-P18)", ["outcome"]
         )
         self.batches = counter("batches_committed", "Batches committed to the store")
-        self.acked = counter("acks_tokens", "Tokens acked (removed from the queue by our Ack)")
-        self.already_gone = counter("acks_already_gone", "Tokens answered already_gone (F9)")
-        self.ack_calls = counter("ack_calls", "Ack calls that succeeded")
-        self.ack_retries = counter("ack_retries", "Ack calls retried after a transient failure")
-        self.ack_given_up = counter(
-            "acks_given_up", "Tokens not acked within the lease (they will be redelivered)"
-        )
-        self.reconnects = counter("reader_reconnects", "Feed streams/pulls reopened", ["mode"])
-        self.store_outages = counter("store_outages", "Times the store became unavailable")
         self.commit_seconds = Histogram(
             "batch_commit_seconds",
             "Seconds per Store.ingest transaction",
@@ -131,8 +147,15 @@ class DaemonMetrics:
         self.store_up = Gauge(
             "store_up", "1 when the store accepts writes", namespace=NAMESPACE, registry=r
         )
-        self.store_up.set(1)
 
-    def track_in_flight(self, read: Callable[[], float]) -> None:
-        """Compute the in-flight gauge at scrape time (no per-receipt bookkeeping)."""
-        self.in_flight.set_function(read)
+    def track(
+        self,
+        in_flight: Callable[[], float],
+        store_up: Callable[[], float],
+        counters: Callable[[], Mapping[str, float]],
+    ) -> None:
+        """Read gauges and the Acker/reader/gate totals at scrape time: the components keep
+        plain integers, and nothing is counted twice."""
+        self.in_flight.set_function(in_flight)
+        self.store_up.set_function(store_up)
+        self.registry.register(CallbackCounters(counters))

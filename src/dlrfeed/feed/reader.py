@@ -113,6 +113,8 @@ class FeedReader:
         self._subscribe_blocked_until = 0.0
         self._prefer_pull = settings.mode == Mode.PULL
         self._attempt = 0
+        self.reconnects = 0
+        """Streams/Pull loops reopened after a transient failure (a metric)."""
         self.mode: Mode | None = None
         """The RPC in use right now (None while reconnecting); read by /healthz and metrics."""
 
@@ -180,6 +182,7 @@ class FeedReader:
                 self._set_state(None)
                 dropped = self._sink.discard_pending() if mode == Mode.SUBSCRIBE else 0
                 self._note_failure(mode)
+                self.reconnects += 1
                 delay = self._backoff()
                 log.warning(
                     "reader_reconnect",
