@@ -14,14 +14,20 @@ CORRELATION_LOCK_NAMESPACE = 0x646C72  # "dlr"
 
 # -- name: lock_messages
 # P10: exact correlation by message id within the login; the row lock serialises every status
-# computation of that message. A join on unnest (not `= ANY`), so that even a plan made on a
-# young table's stale statistics probes or hashes instead of scanning the array per row.
+# computation of that message. $2 is sorted (Python order), and the rows are locked in that
+# order, one primary-key probe per id: the locking LATERAL subquery cannot be flattened, so
+# even a plan made on a young table's stale statistics never hashes every message of the login
+# (which cost more than the rest of the batch's reads together; bench_store).
 LOCK_MESSAGES = """
 SELECT m.message_id
-FROM unnest($2::text[]) AS k(message_id)
-JOIN dlr.messages AS m ON m.login = $1 AND m.message_id = k.message_id
-ORDER BY m.message_id
-FOR NO KEY UPDATE OF m
+FROM unnest($2::text[]) WITH ORDINALITY AS k(message_id, position)
+CROSS JOIN LATERAL (
+    SELECT m.message_id
+    FROM dlr.messages AS m
+    WHERE m.login = $1 AND m.message_id = k.message_id
+    FOR NO KEY UPDATE
+) AS m
+ORDER BY k.position
 """
 
 # -- name: lock_correlation_ids
