@@ -442,6 +442,11 @@ async def _hostile_unflagged(rig: Rig) -> str:
             "SELECT payload, flags, outcome FROM dlr.receptions WHERE payload_json->>'connector'"
             " = 'hostile' OR cardinality(flags) > 0"
         )
+        whole_megabytes = await conn.fetchval(
+            "SELECT count(DISTINCT message_id) FROM dlr.receptions"
+            " WHERE message_id LIKE 'big%' AND octet_length(payload) > $1",
+            MiB,
+        )
         evidence = await conn.fetch("SELECT evidence FROM dlr.exceptions WHERE kind = 'unstorable'")
     finally:
         await conn.close()
@@ -455,6 +460,10 @@ async def _hostile_unflagged(rig: Rig) -> str:
     unflagged = len(hostile - flagged)
     if unflagged:
         rig.extra_failures.append(f"{unflagged} hostile receipts stored without a flag")
+    rig.notes.append(
+        f"1 MB texts delivered (the daemon accepts gRPC messages up to --max-message-mb, "
+        f"64 MB by default) and stored whole in `payload`: {whole_megabytes} messages"
+    )
     return f"hostile receipts: {len(hostile)} enqueued, {len(hostile) - unflagged} flagged"
 
 

@@ -36,7 +36,7 @@ import asyncpg
 import grpc
 
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.parse import MAX_ID_CHARS, fingerprint, storable
+from dlrfeed.domain.parse import fingerprint
 from dlrfeed.domain.rules import Delivery, EventFacts, MessageStatus, replay
 from dlrfeed.domain.status import FINAL_STATUSES, Status
 from fakegw.admin_client import AdminClient, JsonObject
@@ -218,13 +218,13 @@ def compare(
     `unstorable`, `lost`, `double_applied`, `acked_but_missing`, ...) and a sample of offenders.
     """
     options = options or IntegrationOptions()
-    id_limit = min(options.max_field_chars, MAX_ID_CHARS)
     enqueued = [r for r in ledger if r["kind"] == "enqueue"]
     acked = {str(r["token"]) for r in ledger if r["kind"] == "ack"}
 
     stored_tokens: set[str] = set()
     fingerprints: dict[int, list[str]] = defaultdict(list)
     first_seen: dict[int, int] = {}
+    creators: dict[int, tuple[str, int]] = {}  # event id -> raw (id, level) that created it
     same_delivery: Counter[tuple[str, int]] = Counter()
     redeliveries = 0
     outcomes: Counter[str] = Counter()
@@ -235,7 +235,9 @@ def compare(
         redeliveries += int(row["delivery_count"]) > 1
         outcomes[row["outcome"]] += 1
         fingerprints[row["event_id"]].append(_delivery_fingerprint(message))
-        first_seen.setdefault(row["event_id"], row["id"])
+        if row["event_id"] not in first_seen:
+            first_seen[row["event_id"]] = row["id"]
+            creators[row["event_id"]] = (message.id, message.level)
     unstorable_tokens = {
         token
         for row in rows["unstorable"]
@@ -244,19 +246,23 @@ def compare(
         if token is not None
     }
 
-    # Lost: every enqueued key must be a logical event, or C8 evidence of that very receipt.
-    event_keys = {(row["message_id"], int(row["level"])) for row in rows["events"]}
+    # Lost: every enqueued (id, level), compared raw, must have created a logical event of its
+    # own, or be C8 evidence of that very receipt. Raw, not the storable form: two ids that
+    # truncation (docs/rules.md, ids cut to 512 characters) maps to one key are one event, and
+    # the second id has none of its own.
+    event_keys = {
+        creators.get(row["id"], (row["message_id"], int(row["level"]))) for row in rows["events"]
+    }
     lost: list[str] = []
     for record in enqueued:
-        receipt = record["receipt"]
-        key = (
-            storable(str(receipt.get("id", "")), "id", id_limit, []),
-            int(receipt.get("level", 0)),
-        )
+        key = _ledger_key(record)
         if key not in event_keys and str(record["token"]) not in unstorable_tokens:
             lost.append(f"{key[0][:40]!r}/{key[1]}")
 
     acked_missing = sorted(acked - stored_tokens - unstorable_tokens)
+    # With an empty queue every enqueued receipt was acked, unless retention or the cap
+    # removed it (F15, F16): reported, not an invariant of the daemon.
+    never_acked = {str(r["token"]) for r in enqueued} - acked
 
     # Double-applied: counters against stored deliveries, projections against the rules.
     events: dict[str, list[_Event]] = defaultdict(list)
@@ -313,6 +319,7 @@ def compare(
         "unstorable": len(rows["unstorable"]),
         "events": len(rows["events"]),
         "statuses": len(rows["statuses"]),
+        "enqueued_never_acked": len(never_acked),
         "same_delivery_stored_twice": sum(n - 1 for n in same_delivery.values() if n > 1),
         "lost": len(lost),
         "double_applied": len(double),

@@ -17,6 +17,7 @@ from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
 from fakegw.admin_client import basic_auth_metadata
+from fakegw.server import FakeGateway
 from gateway.receipts.v1 import feed_pb2, feed_pb2_grpc
 from invariants import compare, store_rows
 from pgcluster import PgCluster
@@ -53,34 +54,39 @@ async def test_chaos_scenario_loses_nothing_and_applies_nothing_twice(
     assert FAULT_EVIDENCE[name](report), f"the fault left no trace: {report}"
 
 
+async def store_through_pull(
+    gateway: FakeGateway, database_url: str, bodies: list[dict[str, Any]]
+) -> None:
+    """Enqueue `bodies`, record their ids as sent, Pull them, ingest them and ack them (F8)."""
+    await gateway.inject(LOGIN, bodies)
+    store = await Store.open(database_url)
+    try:
+        await store.record_submissions(
+            [
+                Submission(login=LOGIN, message_id=mid, destination="+34600000000")
+                for mid in sorted({b["id"] for b in bodies})
+            ]
+        )
+        async with grpc.aio.insecure_channel(gateway.target) as channel:
+            feed = feed_pb2_grpc.ReceiptFeedStub(channel)
+            auth = basic_auth_metadata(LOGIN, PASSWORD)
+            pulled = await feed.Pull(feed_pb2.PullRequest(max=1000), metadata=auth)
+            receipts = [receipt_from_proto(r, r.SerializeToString(), 0.0) for r in pulled.receipts]
+            await store.ingest(LOGIN, receipts)
+            await feed.Ack(
+                feed_pb2.AckRequest(tokens=[r.ack_token for r in receipts]), metadata=auth
+            )
+    finally:
+        await store.close()
+
+
 async def test_checker_detects_lost_double_applied_and_acked_but_missing(
     database_url: str,
 ) -> None:
     """The checker can fail: tampering with a correct store shows up as each invariant."""
     async with running_gateway() as gateway:
         bodies = receipt_bodies(40, prefix="c")
-        await gateway.inject(LOGIN, bodies)
-        store = await Store.open(database_url)
-        try:
-            await store.record_submissions(
-                [
-                    Submission(login=LOGIN, message_id=b["id"], destination="+34600000000")
-                    for b in bodies
-                ]
-            )
-            async with grpc.aio.insecure_channel(gateway.target) as channel:
-                feed = feed_pb2_grpc.ReceiptFeedStub(channel)
-                auth = basic_auth_metadata(LOGIN, PASSWORD)
-                pulled = await feed.Pull(feed_pb2.PullRequest(max=1000), metadata=auth)
-                receipts = [
-                    receipt_from_proto(r, r.SerializeToString(), 0.0) for r in pulled.receipts
-                ]
-                await store.ingest(LOGIN, receipts)
-                await feed.Ack(
-                    feed_pb2.AckRequest(tokens=[r.ack_token for r in receipts]), metadata=auth
-                )
-        finally:
-            await store.close()
+        await store_through_pull(gateway, database_url, bodies)
         ledger = gateway.ledger(LOGIN)["records"]
         clean = compare(ledger, await store_rows(database_url, LOGIN))
         assert (clean["lost"], clean["double_applied"], clean["acked_but_missing"]) == (0, 0, 0)
@@ -99,3 +105,23 @@ async def test_checker_detects_lost_double_applied_and_acked_but_missing(
     assert broken["acked_but_missing"] == 2  # c0000002's two receipts
     # c0000001's repeat counter; c0000002's event counters (2); c0000003's projection.
     assert broken["double_applied"] == 4, broken["samples"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="store bug: ids cut to 512 characters (parse.storable, MAX_ID_CHARS) share one "
+    "logical event key, so a second long id sharing the prefix becomes a repeat of the first",
+)
+async def test_two_long_ids_with_one_prefix_are_two_logical_events(database_url: str) -> None:
+    """P14/F8: the logical key is (login, id, level); two different ids must never be one event
+    — here 600-character ids that differ only after the 512th character (found by issue 6)."""
+    prefix = "7" * 600
+    bodies = [
+        {"id": prefix + "a", "level": 2, "stat": "DELIVRD", "err": "000"},
+        {"id": prefix + "b", "level": 2, "stat": "DELIVRD", "err": "000"},
+    ]
+    async with running_gateway() as gateway:
+        await store_through_pull(gateway, database_url, bodies)
+        report = compare(gateway.ledger(LOGIN)["records"], await store_rows(database_url, LOGIN))
+    assert report["events"] == 2
+    assert report["lost"] == 0, report["samples"]
