@@ -101,48 +101,29 @@ FOR NO KEY UPDATE OF e
 """
 
 # -- name: write_batch
-# One statement for everything else: receptions (append-only, with their outcome), exceptions
+# Everything of the batch but the receptions themselves: reception ids drawn for the $3
+# deliveries (in batch order, returned so the receptions are copied in with them), exceptions
 # (joined to their reception by batch position), the new statuses, the events' counters.
-# $3 is a JSON array of rows, one per delivery in batch order: [message_id, level, stat, err,
-# sub, dlvrd, submit_raw, submit_at, done_raw, done_at, text, source_addr, destination_addr,
-# smsc_message_id, connector, delivery_count, received_at, flags, outcome, event_id]; $4 the
-# raw payloads in the same order. Values are already storable (parse), so jsonb accepts them.
 WRITE_BATCH = """
-WITH rec_in AS MATERIALIZED (
-    SELECT nextval('dlr.receptions_id_seq') AS id, u.r, u.position, p.payload
-    FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS u(r, position)
-    JOIN unnest($4::bytea[]) WITH ORDINALITY AS p(payload, position) USING (position)
-),
-rec AS (
-    INSERT INTO dlr.receptions (
-        id, login, message_id, level, stat, err, submit_date_raw, submit_at, done_date_raw,
-        done_at, delivery_count, received_at, payload, payload_json, flags, outcome, event_id,
-        parser_version)
-    SELECT i.id, $1, i.r->>0, (i.r->>1)::bigint, i.r->>2, i.r->>3, i.r->>6,
-           (i.r->>7)::timestamptz, i.r->>8, (i.r->>9)::timestamptz, (i.r->>15)::bigint,
-           to_timestamp((i.r->>16)::float8), i.payload,
-           jsonb_strip_nulls(jsonb_build_object(
-               'id', i.r->0, 'level', i.r->1, 'stat', i.r->2, 'err', i.r->3, 'sub', i.r->4,
-               'dlvrd', i.r->5, 'submit_date', i.r->6, 'done_date', i.r->8, 'text', i.r->10,
-               'source_addr', i.r->11, 'destination_addr', i.r->12,
-               'smsc_message_id', i.r->13, 'connector', i.r->14, 'delivery_count', i.r->15)),
-           string_to_array(i.r->>17, ' '), i.r->>18, (i.r->>19)::bigint, $2
-    FROM rec_in AS i
+WITH rec_ids AS MATERIALIZED (
+    SELECT coalesce(array_agg(g.id ORDER BY g.position), '{}') AS ids
+    FROM (SELECT nextval('dlr.receptions_id_seq') AS id, n AS position
+          FROM generate_series(1, $3::int) AS n) AS g
 ),
 exc AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
-    SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id, i.id
-    FROM unnest($5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[])
+    SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id, r.ids[x.position]
+    FROM unnest($4::text[], $5::text[], $6::text[], $7::bigint[], $8::int[])
          AS x(kind, message_id, details, event_id, position)
-    LEFT JOIN rec_in AS i ON i.position = x.position
+    CROSS JOIN rec_ids AS r
 ),
 st AS (
     INSERT INTO dlr.message_status (
         login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
         progress_events, deadline_superseded, rules_version, updated_at)
     SELECT $1, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
-           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $10, now()
-    FROM jsonb_array_elements($11::jsonb) AS s(r)
+           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $2, now()
+    FROM jsonb_array_elements($9::jsonb) AS s(r)
     ON CONFLICT (login, message_id) DO UPDATE SET
         status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
         supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
@@ -155,12 +136,40 @@ ev AS (
         times_received = e.times_received + c.repeats,
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
         last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at))
-    FROM unnest($12::bigint[], $13::int[], $14::int[], $15::float8[])
+    FROM unnest($10::bigint[], $11::int[], $12::int[], $13::float8[])
          AS c(id, repeats, conflicts, received_at)
     WHERE e.id = c.id
 )
-SELECT count(*) FROM rec_in
+SELECT ids FROM rec_ids
 """
+
+# -- name: copy_receptions
+# P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row insert
+# path: far less work and WAL than INSERT ... SELECT per row) with the ids WRITE_BATCH drew.
+# `payload` is the evidence, whole; `payload_json` the same receipt for humans (absent fields
+# absent), built by the client.
+RECEPTIONS_TABLE = "receptions"
+RECEPTIONS_SCHEMA = "dlr"
+RECEPTIONS_COLUMNS = (
+    "id",
+    "login",
+    "message_id",
+    "level",
+    "stat",
+    "err",
+    "submit_date_raw",
+    "submit_at",
+    "done_date_raw",
+    "done_at",
+    "delivery_count",
+    "received_at",
+    "payload",
+    "payload_json",
+    "flags",
+    "outcome",
+    "event_id",
+    "parser_version",
+)
 
 # -- name: insert_unstorable
 # C8: a receipt the database refused, kept as raw bytes in the exceptions queue.

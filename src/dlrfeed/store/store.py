@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
@@ -116,9 +117,74 @@ def _is_malformed(flags: tuple[str, ...]) -> bool:
     return any(not flag.endswith(_BENIGN_FLAG_SUFFIXES) for flag in flags)
 
 
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def _json(rows: Iterable[list[Any]]) -> str:
     """A JSON array of rows, the one parameter of a set-based statement (see queries)."""
-    return json.dumps(list(rows), ensure_ascii=False, separators=(",", ":"))
+    return _dumps(list(rows))
+
+
+def _reception_records(
+    login: str,
+    events: list[LogicalEvent],
+    outcomes: list[Outcome],
+    event_ids: list[int],
+    reception_ids: list[int],
+) -> list[tuple[Any, ...]]:
+    """The receptions of a batch as COPY rows, in `queries.RECEPTIONS_COLUMNS` order (P6)."""
+    received: dict[float, datetime] = {}  # a batch's receipts mostly share their receive time
+    records = []
+    for e, outcome, event_id, reception_id in zip(
+        events, outcomes, event_ids, reception_ids, strict=True
+    ):
+        received_at = received.get(e.received_at)
+        if received_at is None:
+            received_at = received[e.received_at] = datetime.fromtimestamp(e.received_at, UTC)
+        records.append(
+            (
+                reception_id,
+                login,
+                e.message_id,
+                e.level,
+                e.stat,
+                e.err,
+                e.submit_date_raw,
+                e.submit_at,
+                e.done_date_raw,
+                e.done_at,
+                e.delivery_count,
+                received_at,
+                e.raw,
+                _payload_json(e),
+                e.flags,
+                outcome.value,
+                event_id,
+                PARSER_VERSION,
+            )
+        )
+    return records
+
+
+def _payload_json(e: LogicalEvent) -> str:
+    """`receptions.payload_json`: the receipt's fields for humans, absent fields absent (P9)."""
+    fields = {
+        "id": e.message_id,
+        "level": e.level,
+        "stat": e.stat,
+        "err": e.err,
+        "sub": e.sub,
+        "dlvrd": e.dlvrd,
+        "submit_date": e.submit_date_raw,
+        "done_date": e.done_date_raw,
+        "text": e.text,
+        "source_addr": e.source_addr,
+        "destination_addr": e.destination_addr,
+        "smsc_message_id": e.smsc_message_id,
+        "connector": e.connector,
+        "delivery_count": e.delivery_count,
+    }
+    return _dumps({name: value for name, value in fields.items() if value is not None})
 
 
 def _status_json(statuses: Mapping[str, MessageStatus]) -> str:
@@ -345,47 +411,27 @@ class Store:
         changed = {k: v for k, v in plan.statuses.items() if held.get(k) is not v}
         outcomes = plan.outcomes
         event_ids = plan.event_ids
-        await conn.fetchval(
+        reception_ids: list[int] = await conn.fetchval(
             queries.WRITE_BATCH,
             login,
-            PARSER_VERSION,
-            _json(
-                [
-                    e.message_id,
-                    e.level,
-                    e.stat,
-                    e.err,
-                    e.sub,
-                    e.dlvrd,
-                    e.submit_date_raw,
-                    None if e.submit_at is None else e.submit_at.isoformat(),
-                    e.done_date_raw,
-                    None if e.done_at is None else e.done_at.isoformat(),
-                    e.text,
-                    e.source_addr,
-                    e.destination_addr,
-                    e.smsc_message_id,
-                    e.connector,
-                    e.delivery_count,
-                    e.received_at,
-                    " ".join(e.flags),
-                    outcomes[i].value,
-                    event_ids[i],
-                ]
-                for i, e in enumerate(events)
-            ),
-            [e.raw for e in events],
+            RULES_VERSION,
+            len(events),
             [x[0] for x in plan.exceptions],
             [x[1] for x in plan.exceptions],
             [x[2] for x in plan.exceptions],
             [x[3] for x in plan.exceptions],
             [x[4] for x in plan.exceptions],
-            RULES_VERSION,
             _status_json(changed),
             list(plan.event_last),
             [plan.event_repeats[i] for i in plan.event_last],
             [plan.event_conflicts[i] for i in plan.event_last],
             list(plan.event_last.values()),
+        )
+        await conn.copy_records_to_table(
+            queries.RECEPTIONS_TABLE,
+            schema_name=queries.RECEPTIONS_SCHEMA,
+            columns=queries.RECEPTIONS_COLUMNS,
+            records=_reception_records(login, events, outcomes, event_ids, reception_ids),
         )
         return plan.outcomes
 
