@@ -54,7 +54,7 @@ chaos: install
 	$(PY) scripts/chaos.py --full --out docs/reliability.md
 
 fuzz: install
-	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests -m fuzz -p no:randomly
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests -m fuzz --timeout=0 --durations=0 -q
 
 clean:
 	rm -rf $(VENV) .run

@@ -56,6 +56,11 @@ def _identity(payload: bytes) -> bytes:
     return payload
 
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The gateway's default gRPC message limit; dlrfeed's receive limit is at least this on
+purpose: whatever the gateway can send, the daemon accepts (docs/security.md)."""
+
+
 class FakeGateway:
     """A fake SMS gateway receipt feed with durable per-login queues and seedable faults."""
 
@@ -74,6 +79,7 @@ class FakeGateway:
         max_pull_wait_seconds: float = MAX_PULL_WAIT_SECONDS,
         ledger_max_records: int = 0,
         server_credentials: grpc.ServerCredentials | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         if not logins:
             raise ValueError("at least one login is needed")
@@ -88,6 +94,9 @@ class FakeGateway:
         self.faults = faults if faults is not None else Faults()
         # TLS (and mTLS when the credentials require client certificates); None = plaintext.
         self.server_credentials = server_credentials
+        # gRPC send/receive limit of every message (docs/security.md): a receipt larger than
+        # this cannot be sent; the call fails RESOURCE_EXHAUSTED.
+        self.max_message_bytes = max_message_bytes
         # Leases, retention and deadlines are checked this often; short leases get short ticks.
         self.housekeeping_seconds = housekeeping_seconds or min(0.5, max(0.02, lease_seconds / 20))
         self.persistence: NullPersistence | SqlitePersistence = (
@@ -129,8 +138,8 @@ class FakeGateway:
         server = grpc.aio.server(
             options=[
                 ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", self.max_message_bytes),
             ]
         )
         server.add_generic_rpc_handlers((self._feed_handler(), self._admin_handler()))
