@@ -231,9 +231,12 @@ async def _system_run(gateway: FakeGateway, database_url: str, tmp_path: Path, t
         await gateway.inject(LOGIN, bodies[start : start + 10_000])
     log = tmp_path / "supervisor.log"
     started = time.monotonic()
+    # The killed worker's Pulled receipts come back only when their lease ends (F6): a short
+    # lease keeps the test short; the daemon is told, so its ack retries respect it.
     process = await start_daemon(
-        gateway.target, database_url, log, "--processes", "2", "--streams", "2"
-    )
+        gateway.target, database_url, log, "--processes", "2", "--streams", "2",
+        "--lease-seconds", "5", "--release-after", "2",
+    )  # fmt: skip
     try:
         # Kill one worker mid-run: the supervisor restarts it and nothing is lost (§1, C7).
         async def half_stored() -> bool:
@@ -272,19 +275,17 @@ async def _system_run(gateway: FakeGateway, database_url: str, tmp_path: Path, t
     print(f"system run: {total} receipts (+dups) in {elapsed:.1f}s")
 
 
-async def test_system_two_processes_two_streams(
-    gateway: FakeGateway, database_url: str, tmp_path: Path
-) -> None:
+async def test_system_two_processes_two_streams(database_url: str, tmp_path: Path) -> None:
     """Issue 4 §11 (20,000 receipts; the 100,000 version is marked slow): 2 processes x 2
     streams, 10 % repeats, 5 % result-before-progress, conflicting finals, unknown ids, a
     stream cut every 5,000 and a worker killed mid-run: the ledger and the store agree."""
-    await _system_run(gateway, database_url, tmp_path, 20_000)
+    async with running_gateway(lease_seconds=5.0) as gateway:
+        await _system_run(gateway, database_url, tmp_path, 20_000)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-async def test_system_two_processes_two_streams_100k(
-    gateway: FakeGateway, database_url: str, tmp_path: Path
-) -> None:
+async def test_system_two_processes_two_streams_100k(database_url: str, tmp_path: Path) -> None:
     """Issue 4 §11 at full size: 100,000 receipts."""
-    await _system_run(gateway, database_url, tmp_path, 100_000)
+    async with running_gateway(lease_seconds=5.0) as gateway:
+        await _system_run(gateway, database_url, tmp_path, 100_000)
