@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,8 +183,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     obs = parser.add_argument_group("observability")
     obs.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics and /healthz here")
-    obs.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
-    obs.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    obs.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="debug adds one event per batch and per Ack",
+    )
+    obs.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="auto: a human renderer on a terminal, JSON lines otherwise",
+    )
     obs.add_argument(
         "--summary-interval",
         type=_non_negative_float,
@@ -213,6 +224,16 @@ def _read_secret(path: Path, what: str) -> str:
     if not secret:
         raise ConfigError(f"{what} {path} is empty")
     return secret
+
+
+def exposed_mode(path: Path) -> int | None:
+    """The permission bits of a secret file when its group or others may read or write it
+    (docs/security.md: it should be 0600 or 0400, owned by the service user), else None."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+    return mode if mode & 0o077 else None
 
 
 def resolve_password(password_file: str | None, environ: Mapping[str, str]) -> tuple[str, str]:
@@ -259,6 +280,8 @@ class DaemonSettings:
     db_pool_size: int
     max_message_bytes: int
     reader: ReaderSettings
+    password_file_mode: int | None = None
+    """Set when the --password-file is open to group/others: the daemon warns at start."""
 
     @classmethod
     def from_args(
@@ -338,6 +361,9 @@ class DaemonSettings:
                 max_reopens_per_10s=args.max_reopens,
                 auto_cooldown=args.auto_cooldown,
             ),
+            password_file_mode=exposed_mode(Path(args.password_file))
+            if args.password_file
+            else None,
         )
 
 
