@@ -134,6 +134,13 @@ class Daemon:
             window=s.window,
             tls=s.tls is not None,
         )
+        if s.password_file_mode is not None:
+            # docs/security.md: the gateway password must be readable by the service user only.
+            log.warning(
+                "password_file_exposed",
+                mode=f"{s.password_file_mode:04o}",
+                fix="chmod 600 (or 400) the --password-file; group and others can reach it",
+            )
         channel: grpc.aio.Channel | None = None
         try:
             self._store = await self._until_stopped(self._open_store)
