@@ -8,9 +8,9 @@ for speed: dictionary look-ups and string slicing, no regular expressions, no st
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from functools import lru_cache
+from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
 from dlrfeed.domain.options import IntegrationOptions
@@ -28,12 +28,13 @@ _ABSENT = "\x1e"  # stands for an absent field inside the fingerprint (never in 
 MAX_ID_CHARS = 512
 
 
-@dataclass(frozen=True, slots=True)
-class LogicalEvent:
+class LogicalEvent(NamedTuple):
     """One delivery, parsed: every text field storable, the normalised forms beside the raw.
 
     `message_id` and `level` are the logical key within a login (P14, F8); `fingerprint` tells a
     repeat from a conflict; `correlation_id` is the id looked up among sent messages (P10).
+    Immutable; a named tuple because one is built per receipt on the ingest hot path and a
+    frozen dataclass of 22 fields costs several times as much to construct.
     """
 
     message_id: str
@@ -60,6 +61,7 @@ class LogicalEvent:
     flags: tuple[str, ...]
 
 
+@lru_cache(maxsize=8192)  # a batch's receipts mostly share stat, err and done date
 def fingerprint(stat: str, err: str | None, done_date: str | None) -> str:
     """P14: the documented fingerprint of a logical event's content.
 
@@ -173,7 +175,11 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     flags: list[str] = []
     limit = options.max_field_chars
     tz = zone(options.receipt_timezone)
-    message_id = storable(receipt.message_id, "id", min(limit, MAX_ID_CHARS), flags)
+    # Each field is made storable only when it needs it (a NUL or too long): the common case
+    # costs one substring test and one length check, and flags keep the field order.
+    message_id: str = receipt.message_id
+    if _NUL in message_id or len(message_id) > MAX_ID_CHARS or len(message_id) > limit:
+        message_id = storable(message_id, "id", min(limit, MAX_ID_CHARS), flags)
     stat = receipt.stat
     status = STAT_TO_STATUS.get(stat)
     if status is None:
@@ -184,45 +190,57 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     if level != 1 and level != 2:
         flags.append("level_unexpected")
     err = receipt.err
-    if err is not None:
+    if err is not None and (_NUL in err or len(err) > limit):
         err = storable(err, "err", limit, flags)
     submit_raw, submit_at = _date(receipt.submit_date, "submit_date", tz, limit, flags)
     done_raw, done_at = _date(receipt.done_date, "done_date", tz, limit, flags)
-    optional = [
-        None if value is None else storable(value, name, limit, flags)
-        for name, value in (
-            ("sub", receipt.sub),
-            ("dlvrd", receipt.dlvrd),
-            ("text", receipt.text),
-            ("source_addr", receipt.source_addr),
-            ("destination_addr", receipt.destination_addr),
-            ("smsc_message_id", receipt.smsc_message_id),
-            ("connector", receipt.connector),
-        )
-    ]
+    sub = receipt.sub
+    if sub is not None and (_NUL in sub or len(sub) > limit):
+        sub = storable(sub, "sub", limit, flags)
+    dlvrd = receipt.dlvrd
+    if dlvrd is not None and (_NUL in dlvrd or len(dlvrd) > limit):
+        dlvrd = storable(dlvrd, "dlvrd", limit, flags)
+    text = receipt.text
+    if text is not None and (_NUL in text or len(text) > limit):
+        text = storable(text, "text", limit, flags)
+    source_addr = receipt.source_addr
+    if source_addr is not None and (_NUL in source_addr or len(source_addr) > limit):
+        source_addr = storable(source_addr, "source_addr", limit, flags)
+    destination_addr = receipt.destination_addr
+    if destination_addr is not None and (_NUL in destination_addr or len(destination_addr) > limit):
+        destination_addr = storable(destination_addr, "destination_addr", limit, flags)
+    smsc_message_id = receipt.smsc_message_id
+    if smsc_message_id is not None and (_NUL in smsc_message_id or len(smsc_message_id) > limit):
+        smsc_message_id = storable(smsc_message_id, "smsc_message_id", limit, flags)
+    connector = receipt.connector
+    if connector is not None and (_NUL in connector or len(connector) > limit):
+        connector = storable(connector, "connector", limit, flags)
+    correlation = (
+        correlation_id(message_id, options, flags) if options.receipt_ids_hex else message_id
+    )
     return LogicalEvent(
-        message_id=message_id,
-        correlation_id=correlation_id(message_id, options, flags),
-        level=level,
-        stat=stat,
-        status=status,
-        err=err,
-        sub=optional[0],
-        dlvrd=optional[1],
-        submit_date_raw=submit_raw,
-        submit_at=submit_at,
-        done_date_raw=done_raw,
-        done_at=done_at,
-        text=optional[2],
-        source_addr=optional[3],
-        destination_addr=optional[4],
-        smsc_message_id=optional[5],
-        connector=optional[6],
-        delivery_count=receipt.delivery_count,
-        received_at=receipt.received_at,
-        raw=receipt.raw,
-        fingerprint=fingerprint(receipt.stat, receipt.err, receipt.done_date),
-        flags=tuple(flags),
+        message_id,
+        correlation,
+        level,
+        stat,
+        status,
+        err,
+        sub,
+        dlvrd,
+        submit_raw,
+        submit_at,
+        done_raw,
+        done_at,
+        text,
+        source_addr,
+        destination_addr,
+        smsc_message_id,
+        connector,
+        receipt.delivery_count,
+        receipt.received_at,
+        receipt.raw,
+        fingerprint(receipt.stat, receipt.err, receipt.done_date),
+        tuple(flags),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
@@ -118,6 +118,8 @@ def _is_malformed(flags: tuple[str, ...]) -> bool:
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# A JSON string literal of a str, as json.dumps(ensure_ascii=False) writes it (C-accelerated).
+_quote: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def _json(rows: Iterable[list[Any]]) -> str:
@@ -167,24 +169,31 @@ def _reception_records(
 
 
 def _payload_json(e: LogicalEvent) -> str:
-    """`receptions.payload_json`: the receipt's fields for humans, absent fields absent (P9)."""
-    fields = {
-        "id": e.message_id,
-        "level": e.level,
-        "stat": e.stat,
-        "err": e.err,
-        "sub": e.sub,
-        "dlvrd": e.dlvrd,
-        "submit_date": e.submit_date_raw,
-        "done_date": e.done_date_raw,
-        "text": e.text,
-        "source_addr": e.source_addr,
-        "destination_addr": e.destination_addr,
-        "smsc_message_id": e.smsc_message_id,
-        "connector": e.connector,
-        "delivery_count": e.delivery_count,
-    }
-    return _dumps({name: value for name, value in fields.items() if value is not None})
+    """`receptions.payload_json`: the receipt's fields for humans, absent fields absent (P9).
+
+    Written out directly (the same text `json.dumps` gives a dict of the present fields) because
+    it runs once per receipt: string pieces cost a fraction of a dict and the encoder.
+    """
+    parts = ['{"id":', _quote(e.message_id), ',"level":', str(e.level), ',"stat":', _quote(e.stat)]
+    for name, value in (
+        (',"err":', e.err),
+        (',"sub":', e.sub),
+        (',"dlvrd":', e.dlvrd),
+        (',"submit_date":', e.submit_date_raw),
+        (',"done_date":', e.done_date_raw),
+        (',"text":', e.text),
+        (',"source_addr":', e.source_addr),
+        (',"destination_addr":', e.destination_addr),
+        (',"smsc_message_id":', e.smsc_message_id),
+        (',"connector":', e.connector),
+    ):
+        if value is not None:
+            parts.append(name)
+            parts.append(_quote(value))
+    parts.append(',"delivery_count":')
+    parts.append(str(e.delivery_count))
+    parts.append("}")
+    return "".join(parts)
 
 
 def _status_json(statuses: Mapping[str, MessageStatus]) -> str:
