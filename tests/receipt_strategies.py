@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -50,77 +51,132 @@ _NASTY = st.sampled_from(
 _CHARACTERS = st.one_of(st.characters(codec="utf-8"), _NASTY)  # proto strings are UTF-8
 
 
-def _repeated(character: str, times: int) -> str:
-    return character * times
+@dataclass(frozen=True, slots=True)
+class Text:
+    """A string drawn as a piece and a repeat count, expanded only when the test runs: hypothesis
+    keeps every drawn value of every example in memory, so 10,000 examples of expanded
+    kilobyte-to-megabyte strings would hold gigabytes."""
+
+    piece: str
+    times: int = 1
+
+    def value(self) -> str:
+        return self.piece * self.times
+
+
+def _short(strategy: st.SearchStrategy[str]) -> st.SearchStrategy[Text]:
+    return strategy.map(Text)
 
 
 # Any length: mostly short, sometimes beyond the storable limits (512 characters for ids, 4096
 # otherwise); megabyte fields (C8) are drawn separately and rarely (they cost the database time).
 any_text = st.one_of(
-    st.text(_CHARACTERS, max_size=40),
-    st.text(_CHARACTERS, max_size=40),
-    st.text(_CHARACTERS, max_size=40),
-    # Long values are drawn as a short piece repeated: as hostile to the store, far cheaper
-    # for hypothesis to generate than thousands of independent characters.
-    st.builds(str.__mul__, st.text(_CHARACTERS, min_size=1, max_size=8), st.integers(60, 700)),
-    st.builds(_repeated, _CHARACTERS, st.integers(4090, 4200)),  # around the 4096 limit
+    _short(st.text(_CHARACTERS, max_size=40)),
+    _short(st.text(_CHARACTERS, max_size=40)),
+    _short(st.text(_CHARACTERS, max_size=40)),
+    st.builds(Text, st.text(_CHARACTERS, min_size=1, max_size=8), st.integers(60, 700)),
+    st.builds(Text, _CHARACTERS, st.integers(4090, 4200)),  # around the 4096 limit
 )
-huge_text = st.builds(_repeated, _CHARACTERS, st.integers(1_000_000, 1_200_000))
+huge_text = st.builds(Text, _CHARACTERS, st.integers(1_000_000, 1_200_000))
 
 levels = st.one_of(st.sampled_from([0, 1, 2, 3, UINT32_MAX]), st.integers(0, UINT32_MAX))
 delivery_counts = st.one_of(st.sampled_from([0, 1, 2, UINT32_MAX]), st.integers(0, UINT32_MAX))
-stats = st.one_of(st.sampled_from(sorted(STAT_TO_STATUS)), any_text)
+stats = st.one_of(_short(st.sampled_from(sorted(STAT_TO_STATUS))), any_text)
 dates = st.one_of(
-    st.builds("{:010d}".format, st.integers(0, 9_999_999_999)),
-    st.builds("{:012d}".format, st.integers(0, 999_999_999_999)),
-    st.sampled_from(["ND", "", "2613321299", "2611291200"]),
+    _short(st.builds("{:010d}".format, st.integers(0, 9_999_999_999))),
+    _short(st.builds("{:012d}".format, st.integers(0, 999_999_999_999))),
+    _short(st.sampled_from(["ND", "", "2613321299", "2611291200"])),
     any_text,
 )
-message_ids = st.one_of(st.sampled_from(["m1", "m2", "m3"]), any_text)
+message_ids = st.one_of(_short(st.sampled_from(["m1", "m2", "m3"])), any_text)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRecipe:
+    """A proto Receipt to build: field name → Text or int (absent optional fields left out)."""
+
+    fields: tuple[tuple[str, Text | int], ...]
+
+    def message(self) -> feed_pb2.Receipt:
+        message = feed_pb2.Receipt()
+        for name, value in self.fields:
+            setattr(message, name, value.value() if isinstance(value, Text) else value)
+        return message
+
+    def payload(self) -> bytes:
+        return self.message().SerializeToString()
 
 
 @st.composite
-def wire_receipts(draw: st.DrawFn, *, allow_huge: bool = False) -> feed_pb2.Receipt:
+def wire_receipts(draw: st.DrawFn, *, allow_huge: bool = False) -> ReceiptRecipe:
     """A proto Receipt with arbitrary content in every field; optional fields absent or set."""
-    message = feed_pb2.Receipt(
-        id=draw(message_ids),
-        level=draw(levels),
-        stat=draw(stats),
-        ack_token=draw(any_text),
-        delivery_count=draw(delivery_counts),
-    )
+    fields: list[tuple[str, Text | int]] = [
+        ("id", draw(message_ids)),
+        ("level", draw(levels)),
+        ("stat", draw(stats)),
+        ("ack_token", draw(any_text)),
+        ("delivery_count", draw(delivery_counts)),
+    ]
     for name in OPTIONAL_FIELDS:
         value = draw(st.none() | (dates if name.endswith("_date") else any_text))
         if value is not None:
-            setattr(message, name, value)
+            fields.append((name, value))
     if allow_huge and draw(st.integers(0, 199)) == 0:
-        setattr(message, draw(st.sampled_from(["text", "err", "connector"])), draw(huge_text))
-    return message
+        fields.append((draw(st.sampled_from(["text", "err", "connector"])), draw(huge_text)))
+    return ReceiptRecipe(tuple(fields))
 
 
-@st.composite
-def hostile_payloads(draw: st.DrawFn) -> bytes:
-    """Bytes as a gateway might send them: a real serialization, or one damaged (bytes flipped,
-    cut short, spliced with junk, a field made invalid UTF-8), or plain random bytes."""
-    raw = draw(wire_receipts()).SerializeToString()
-    how = draw(st.sampled_from(["intact", "flip", "truncate", "splice", "bad_utf8", "random"]))
-    if how == "flip" and raw:
-        at = draw(st.integers(0, len(raw) - 1))
-        raw = raw[:at] + bytes([raw[at] ^ draw(st.integers(1, 255))]) + raw[at + 1 :]
-    elif how == "truncate":
-        raw = raw[: draw(st.integers(0, len(raw)))]
-    elif how == "splice":
-        at = draw(st.integers(0, len(raw)))
-        raw = raw[:at] + draw(st.binary(max_size=16)) + raw[at:]
-    elif how == "bad_utf8":
-        # A length-delimited field (id = 1, stat = 3, text = 9, ack_token = 100) whose bytes
-        # are not UTF-8: what a gateway that does not validate its strings would send.
-        tag = draw(st.sampled_from([b"\x0a", b"\x1a", b"\x4a", b"\xa2\x06"]))
-        junk = draw(st.binary(min_size=1, max_size=30)) + b"\xff"
-        raw += tag + bytes([len(junk)]) + junk
-    elif how == "random":
-        raw = draw(st.binary(max_size=200))
-    return raw
+@dataclass(frozen=True, slots=True)
+class DamagedPayload:
+    """A real serialization damaged one way (positions as fractions of its length)."""
+
+    base: ReceiptRecipe
+    how: str
+    at: float
+    xor: int
+    junk: bytes
+
+    def payload(self) -> bytes:
+        raw = self.base.payload()
+        at = int(self.at * len(raw))
+        if self.how == "flip" and raw:
+            at = min(at, len(raw) - 1)
+            return raw[:at] + bytes([raw[at] ^ self.xor]) + raw[at + 1 :]
+        if self.how == "truncate":
+            return raw[:at]
+        if self.how == "splice":
+            return raw[:at] + self.junk + raw[at:]
+        if self.how == "bad_utf8":
+            # A length-delimited field (id = 1, stat = 3, text = 9, ack_token = 100) whose
+            # bytes are not UTF-8: what a gateway that does not validate its strings sends.
+            tag = (b"\x0a", b"\x1a", b"\x4a", b"\xa2\x06")[self.xor % 4]
+            junk = self.junk + b"\xff"
+            return raw + tag + bytes([len(junk)]) + junk
+        return self.junk  # "random"
+
+
+def hostile_payloads() -> st.SearchStrategy[ReceiptRecipe | DamagedPayload]:
+    """Bytes as a gateway might send them (`.payload()`): a real serialization, or one damaged
+    (a byte flipped, cut short, spliced with junk, a field made invalid UTF-8), or random bytes."""
+    return st.one_of(
+        wire_receipts(),
+        st.builds(
+            DamagedPayload,
+            base=wire_receipts(),
+            how=st.sampled_from(["flip", "truncate", "splice", "bad_utf8"]),
+            at=st.floats(0, 1),
+            xor=st.integers(1, 255),
+            junk=st.binary(max_size=30),
+        ),
+        st.builds(
+            DamagedPayload,
+            base=st.just(ReceiptRecipe(())),
+            how=st.just("random"),
+            at=st.just(0.0),
+            xor=st.just(1),
+            junk=st.binary(max_size=200),
+        ),
+    )
 
 
 def receipts_from_payloads(payloads: list[bytes]) -> list[Receipt]:

@@ -16,7 +16,14 @@ from dlrfeed.domain.parse import MAX_ID_CHARS, parse
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
 from dlrfeed.feed.wire import fields, pull_receipts, receipt_from_wire
 from gateway.receipts.v1 import feed_pb2
-from receipt_strategies import OPTIONAL_FIELDS, examples, hostile_payloads, wire_receipts
+from receipt_strategies import (
+    OPTIONAL_FIELDS,
+    DamagedPayload,
+    ReceiptRecipe,
+    examples,
+    hostile_payloads,
+    wire_receipts,
+)
 
 OPTIONS = IntegrationOptions()
 LIMIT = OPTIONS.max_field_chars
@@ -26,11 +33,12 @@ pytestmark = pytest.mark.fuzz
 @examples(300)
 @given(wire_receipts())
 def test_c4_every_field_survives_decode_and_parse_flags_every_change(
-    message: feed_pb2.Receipt,
+    recipe: ReceiptRecipe,
 ) -> None:
     """A well-formed receipt decodes to exactly its fields; parse keeps the raw bytes, makes
     every text storable (no NUL, bounded) and flags each NUL escape, truncation, odd level and
     unknown stat (C4, P17)."""
+    message = recipe.message()
     raw = message.SerializeToString()
     receipt = receipt_from_wire(raw, 0.0)
     assert receipt.raw == raw
@@ -63,10 +71,13 @@ def test_c4_every_field_survives_decode_and_parse_flags_every_change(
 
 @examples(300)
 @given(hostile_payloads())
-def test_c8_any_bytes_become_a_receipt_with_the_bytes_whole(raw: bytes) -> None:
+def test_c8_any_bytes_become_a_receipt_with_the_bytes_whole(
+    recipe: ReceiptRecipe | DamagedPayload,
+) -> None:
     """Damaged, truncated, spliced or random bytes never raise in the adapter or in parse; the
     receipt carries the bytes unchanged (the evidence) and a fixed receipt decodes the same as
     the strict decoder would."""
+    raw = recipe.payload()
     receipt = receipt_from_wire(raw, 0.0)
     assert receipt.raw == raw
     assert 0 <= receipt.level <= 2**32 - 1
@@ -78,9 +89,12 @@ def test_c8_any_bytes_become_a_receipt_with_the_bytes_whole(raw: bytes) -> None:
 
 @examples(200)
 @given(hostile_payloads())
-def test_c8_hand_walk_agrees_with_protobuf_on_what_protobuf_accepts(raw: bytes) -> None:
+def test_c8_hand_walk_agrees_with_protobuf_on_what_protobuf_accepts(
+    recipe: ReceiptRecipe | DamagedPayload,
+) -> None:
     """The lenient decoder is only a fallback: where protobuf decodes, both see the same id,
     level, stat and token (last occurrence wins), so the fallback invents nothing."""
+    raw = recipe.payload()
     try:
         message = feed_pb2.Receipt.FromString(raw)
     except Exception:  # noqa: BLE001 - any refusal is what the fallback exists for
@@ -97,8 +111,11 @@ def test_c8_hand_walk_agrees_with_protobuf_on_what_protobuf_accepts(raw: bytes) 
 
 @examples(100)
 @given(hostile_payloads())
-def test_c8_a_bad_receipt_in_a_pull_response_does_not_take_the_others_down(bad: bytes) -> None:
+def test_c8_a_bad_receipt_in_a_pull_response_does_not_take_the_others_down(
+    recipe: ReceiptRecipe | DamagedPayload,
+) -> None:
     """Pull: the response is split into its receipts' bytes before any receipt is decoded."""
+    bad = recipe.payload()
     good = feed_pb2.Receipt(id="ok", level=2, stat="DELIVRD", ack_token="t").SerializeToString()
     response = b"".join(b"\x0a" + _varint(len(part)) + part for part in (good, bad, good))
     parts = pull_receipts(response)
