@@ -39,13 +39,8 @@ class Command(Protocol):
     async def run(self, args: argparse.Namespace) -> int: ...
 
 
-def _load(module_name: str) -> Command | None:
-    try:
-        module: ModuleType = importlib.import_module(f"dlrfeed.commands.{module_name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"dlrfeed.commands.{module_name}":
-            return None
-        raise
+def _load(module_name: str) -> Command:
+    module: ModuleType = importlib.import_module(f"dlrfeed.commands.{module_name}")
     return cast(Command, module)
 
 
@@ -60,8 +55,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     by_name: dict[str, argparse.ArgumentParser] = {}
     for name, module_name in COMMANDS.items():
         command = _load(module_name)
-        if command is None:
-            continue
         doc = (command.__doc__ or "").strip().splitlines()
         sub = subparsers.add_parser(
             name, help=doc[0] if doc else None, description=doc[0] if doc else None
