@@ -9,9 +9,12 @@ password here. P13: the reception log is evidence that its own writer cannot rew
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -331,3 +334,60 @@ async def test_privilege_matrix_no_role_but_the_owner_may_delete_or_truncate(
         )
     finally:
         await conn.close()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlrfeed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DLRFEED_")},
+    )
+
+
+async def test_operator_commands_as_processes_with_the_reader_and_operator_logins(
+    roles_db: RoleDatabase,
+) -> None:
+    """The real `dlrfeed show/exceptions/stats` run as dlrfeed_reader; `exceptions --resolve`
+    needs dlrfeed_operator and, as the reader, is refused."""
+    await (await _seed(roles_db)).close()
+    for command in (["show", "m1"], ["exceptions"], ["stats"]):
+        done = await asyncio.to_thread(_cli, *command, "--database-url", roles_db.reader, "--json")
+        assert done.returncode == 0, (command, done.stderr[-500:])
+        assert json.loads(done.stdout)
+    listing = json.loads(
+        (
+            await asyncio.to_thread(_cli, "exceptions", "--database-url", roles_db.reader, "--json")
+        ).stdout
+    )
+    open_id = str(listing["exceptions"][0]["id"])
+    refused = await asyncio.to_thread(
+        _cli,
+        "exceptions",
+        "--resolve",
+        open_id,
+        "--note",
+        "checked",
+        "--database-url",
+        roles_db.reader,
+    )
+    assert refused.returncode != 0
+    # One line naming the role to use, not a traceback.
+    assert refused.stderr.strip().splitlines() == [
+        "dlrfeed: this database login may not resolve exceptions (permission denied): use a "
+        "login of the dlrfeed_operator role (docs/security.md)"
+    ]
+    resolved = await asyncio.to_thread(
+        _cli,
+        "exceptions",
+        "--resolve",
+        open_id,
+        "--note",
+        "checked",
+        "--database-url",
+        roles_db.operator,
+    )
+    assert resolved.returncode == 0, resolved.stderr[-500:]
+    assert "resolved" in resolved.stdout

@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from dlrfeed.errors import StoreUnavailableError
+from dlrfeed.errors import FatalError, StoreUnavailableError
 
 JsonDict = dict[str, Any]
 
@@ -222,7 +222,14 @@ async def list_exceptions(
 
 async def resolve_exception(conn: asyncpg.Connection, exception_id: int, note: str) -> bool:
     """Close an open exception with the operator's note; False when none open has that id."""
-    return await conn.fetchval(_RESOLVE_EXCEPTION, exception_id, note) is not None
+    try:
+        return await conn.fetchval(_RESOLVE_EXCEPTION, exception_id, note) is not None
+    except asyncpg.exceptions.InsufficientPrivilegeError:
+        # docs/security.md: resolving is the dlrfeed_operator grant; readers may only read.
+        raise FatalError(
+            "this database login may not resolve exceptions (permission denied): use a login "
+            "of the dlrfeed_operator role (docs/security.md)"
+        ) from None
 
 
 async def _aggregate(conn: asyncpg.Connection, query: str, login: str | None) -> asyncpg.Record:
