@@ -97,10 +97,11 @@ async def test_auto_drains_a_backlog_through_pull_then_returns_to_subscribe(
     """Issue 4 §12: auto starts on Subscribe, moves to Pull while batches keep closing full (a
     backlog: Pull costs far less CPU per receipt), and returns to Subscribe once caught up."""
     async with running_gateway() as gateway:
-        await gateway.inject(LOGIN, receipt_bodies(6000))
+        await gateway.inject(LOGIN, receipt_bodies(20_000))
         settings = settings_for(
             gateway.target, database_url, "--mode", "auto", "--streams", "1",
             "--batch-size", "200", "--ack-batch", "200", "--pull-wait-seconds", "1",
+            "--auto-pull-rate", "500", "--auto-cooldown", "2",
         )  # fmt: skip
         daemon = Daemon(settings)
         with capture_logs() as logs:

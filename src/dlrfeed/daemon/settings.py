@@ -169,6 +169,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto mode: seconds on Pull before Subscribe is tried again after it failed",
     )
     work.add_argument(
+        "--auto-pull-rate",
+        type=_non_negative_float,
+        default=2000.0,
+        help="auto mode: receipts/s per Subscribe stream (2 s in a row) that move it to Pull",
+    )
+    work.add_argument(
         "--release-after",
         type=_non_negative_float,
         default=60.0,
@@ -360,6 +366,7 @@ class DaemonSettings:
                 pull_wait_seconds=args.pull_wait_seconds,
                 max_reopens_per_10s=args.max_reopens,
                 auto_cooldown=args.auto_cooldown,
+                auto_pull_rate=args.auto_pull_rate,
             ),
             password_file_mode=exposed_mode(Path(args.password_file))
             if args.password_file

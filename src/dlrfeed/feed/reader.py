@@ -33,6 +33,11 @@ from dlrfeed.feed.client import (
 log = structlog.get_logger("dlrfeed.reader")
 
 
+AUTO_MIN_PULL_SECONDS = 10.0
+"""After a backlog switch, auto stays on Pull at least this long (capped by --auto-cooldown),
+so a steady flow near the threshold does not flap between the RPCs."""
+
+
 class Mode(enum.StrEnum):
     """`--mode`: which RPC readers use."""
 
@@ -72,6 +77,9 @@ class ReaderSettings:
     backoff_initial: float = 0.2
     backoff_max: float = 10.0
     auto_cooldown: float = 60.0
+    auto_pull_rate: float = 2000.0
+    """In auto mode, a Subscribe stream carrying this many receipts/s for 2 s in a row is
+    draining a backlog (or a heavy live flow): Pull costs far less CPU per receipt."""
     auto_failures: int = 3
     """In auto mode, this many stream failures within `auto_cooldown` switch to Pull."""
 
@@ -112,6 +120,7 @@ class FeedReader:
         self._stream_failures: deque[float] = deque()
         self._subscribe_blocked_until = 0.0
         self._prefer_pull = settings.mode == Mode.PULL
+        self._pull_at_least_until = 0.0
         self._attempt = 0
         self.reconnects = 0
         """Streams/Pull loops reopened after a transient failure (a metric)."""
@@ -209,6 +218,8 @@ class FeedReader:
         self._set_state(Mode.SUBSCRIBE)
         auto = self._settings.mode == Mode.AUTO
         next_check = time.monotonic() + 1.0
+        received = 0
+        busy_seconds = 0
         try:
             while True:
                 try:
@@ -227,14 +238,22 @@ class FeedReader:
                 if self._on_received is not None:
                     self._on_received(Mode.SUBSCRIBE, 1)
                 await self._sink.accept([receipt])
+                received += 1
                 if auto and time.monotonic() >= next_check:
                     next_check = time.monotonic() + 1.0
-                    if self._sink.backlogged():
-                        # Batches keep closing full: a backlog. Pull drains it for a fraction
-                        # of the CPU per receipt (docs/daemon.md). Commit and ack what we hold
-                        # first, so closing the stream releases nothing already stored (F7).
+                    busy = received >= self._settings.auto_pull_rate
+                    busy_seconds = busy_seconds + 1 if busy else 0
+                    received = 0
+                    if busy_seconds >= 2 or self._sink.backlogged():
+                        # A backlog (fast stream, or batches closing full): Pull drains it for
+                        # a fraction of the CPU per receipt (docs/daemon.md). Commit and ack
+                        # what we hold first, so closing the stream releases nothing already
+                        # stored (F7).
                         await self._sink.drain()
                         self._prefer_pull = True
+                        self._pull_at_least_until = time.monotonic() + min(
+                            AUTO_MIN_PULL_SECONDS, self._settings.auto_cooldown
+                        )
                         log.info("auto_switch", reader=self.name, to="pull", reason="backlog")
                         return
         finally:
@@ -269,7 +288,12 @@ class FeedReader:
             # Caught up when Pulls come back well short of `max`: Subscribe then gives the
             # lowest latency for the live trickle, unless Subscribe is on cool-down.
             short_pulls = short_pulls + 1 if len(receipts) < settings.pull_max // 2 else 0
-            if short_pulls >= 3 and time.monotonic() >= self._subscribe_blocked_until:
+            now = time.monotonic()
+            if (
+                short_pulls >= 3
+                and now >= self._subscribe_blocked_until
+                and now >= self._pull_at_least_until
+            ):
                 self._prefer_pull = False
                 log.info("auto_switch", reader=self.name, to="subscribe", reason="caught_up")
                 return
