@@ -48,6 +48,7 @@ run: install
 	$(PY) scripts/demo.py --duration $(DURATION)
 
 bench: install
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) scripts/bench.py --out docs/benchmarks.md
 
 chaos: install

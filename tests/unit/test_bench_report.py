@@ -1,0 +1,143 @@
+"""The benchmark report (issue 7): figures, ratios and verdicts rendered from synthetic results.
+
+No benchmark runs here and nothing depends on wall-clock time: `render_report` is pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench import (
+    histogram_quantile,
+    quantile,
+    ratios,
+    render_report,
+    summarise_profile,
+    summary,
+)
+
+
+def _figures(feed: list[float], store: list[float], e2e: list[float]) -> dict[str, Any]:
+    return {"feed": summary(feed), "store": summary(store), "e2e": summary(e2e)}
+
+
+def _results() -> dict[str, Any]:
+    return {
+        "machine": {
+            "nproc": 2,
+            "cpu": "Test CPU",
+            "kernel": "6.0",
+            "load_at_start": (1.0, 1.0, 1.0),
+            "load_at_end": (2.0, 2.0, 2.0),
+            "python": "3.11.7",
+            "grpcio": "1.66.0",
+            "packages": {"grpcio": "1.66.0", "asyncpg": "0.30.0"},
+            "postgres": "postgres (PostgreSQL) 15.0",
+        },
+        "postgres_settings": {"fsync": "on"},
+        "sizes": {
+            "e2e_receipts": 30_000,
+            "repetitions": 3,
+            "naive_receipts": 1_500,
+            "backlog_time_limit_s": 35.0,
+            "latency_seconds": 20.0,
+            "latency_warmup_seconds": 3.0,
+            "profile_seconds": 10.0,
+        },
+        "wall_seconds": 600,
+        # subscribe: c = 6,000 vs min(a, b) = 8,000 -> 0.75 (met); vs naive 250 -> 24 (met)
+        # pull: c = 5,000 vs min(a, b) = 10,000 -> 0.50 (not met); vs naive -> 20 (met)
+        "configurations": {
+            "subscribe 1x2": _figures(
+                [9_000, 10_000, 11_000], [7_000, 8_000, 9_000], [5_000, 6_000, 6_500]
+            ),
+            "pull 1x2": _figures(
+                [60_000, 70_000, 80_000], [9_000, 10_000, 12_000], [4_000, 5_000, 5_500]
+            ),
+        },
+        "naive": summary([240.0, 250.0, 300.0]),
+        "backlogs": [
+            {
+                "backlog": 10_000,
+                "acked": 10_000,
+                "drained": True,
+                "seconds": 2.0,
+                "peak_rss_mb": 60.0,
+            },
+            {
+                "backlog": 1_000_000,
+                "acked": 300_000,
+                "drained": False,
+                "seconds": 35.0,
+                "peak_rss_mb": 130.0,
+            },
+        ],
+        "latency": {
+            "rate": 3_000,
+            "injected": 60_000,
+            "measured": 51_000,
+            "unacked": 0,
+            "ledger_p50_ms": 120.0,
+            "ledger_p99_ms": 240.0,
+            "ledger_max_ms": 400.0,
+            "histogram_p50_ms": 110.0,
+            "histogram_p99_ms": 230.0,
+            "histogram_bounds": [0.1, 0.25],
+            "modes": {"subscribe": 60_000.0},
+        },
+        "profiles": [{"mode": "pull", "error": "py-spy not installed"}],
+    }
+
+
+def test_ratios_are_end_to_end_over_the_slower_ceiling_and_over_naive() -> None:
+    """Issue 7 §3: c / min(a, b) and c / d, from the medians."""
+    result = ratios(_figures([9e3, 1e4, 11e3], [7e3, 8e3, 9e3], [5e3, 6e3, 7e3]), 250.0)
+    assert result["to_ceiling"] == pytest.approx(6_000 / 8_000)
+    assert result["to_naive"] == pytest.approx(6_000 / 250)
+
+
+def test_summary_is_median_with_min_and_max() -> None:
+    """Issue 7 §2: each throughput figure is the median of the repetitions, min-max beside."""
+    assert summary([3.0, 1.0, 10.0, 2.0, 5.0]) == {"median": 3.0, "min": 1.0, "max": 10.0}
+
+
+def test_report_shows_figures_ratios_and_verdicts() -> None:
+    """The table carries median (min-max), the two ratios and met / not met per target."""
+    report = render_report(_results())
+    assert "| `subscribe 1x2` | 10,000 (9,000-11,000) | 8,000 (7,000-9,000) |" in report
+    assert "6,000 (5,000-6,500) | 0.75 met | 24.0 met |" in report
+    assert "5,000 (4,000-5,500) | 0.50 **not met** | 20.0 met |" in report
+    assert "| (d) naive consumer | | | 250 (240-300) | | 1 |" in report
+    # 130 MB breaks both the 120 MB bound and flatness.
+    assert "| 1,000,000 | 300,000 (time-bounded) | 35.0 | 130.0 **not met** |" in report
+    assert "60.0-130.0 MB): **not met**" in report
+    assert "| fakegw ledger (enqueue → ack) | 51,000 | 120.0 | 240.0 met | 400.0 |" in report
+    assert "No profile: py-spy not installed" in report
+    assert "10.0 min" in report
+
+
+def test_quantiles_nearest_rank_and_from_histogram_buckets() -> None:
+    """Latency p50/p99: exact from sorted values, interpolated from cumulative buckets."""
+    values = [float(v) for v in range(1, 101)]
+    assert quantile(values, 0.5) == 50.0
+    assert quantile(values, 0.99) == 99.0
+    buckets = [(0.1, 50.0), (0.25, 100.0), (float("inf"), 100.0)]
+    assert histogram_quantile(buckets, 0.5) == pytest.approx(0.1)
+    assert histogram_quantile(buckets, 0.75) == pytest.approx(0.175)
+
+
+def test_profile_summary_charges_samples_to_components() -> None:
+    """Where the time goes: self frames and components from py-spy's collapsed stacks."""
+    raw = (
+        "main (dlrfeed/cli.py);ingest (dlrfeed/store/store.py);execute (asyncpg/connection.py) 6\n"
+        "main (dlrfeed/cli.py);read (dlrfeed/feed/client.py);_read (grpc/aio/_call.py) 3\n"
+        "main (dlrfeed/cli.py);loads (json/decoder.py) 1\n"
+    )
+    profile = summarise_profile(raw)
+    assert profile["samples"] == 10
+    assert dict(profile["categories"])["asyncpg"] == pytest.approx(60.0)
+    assert dict(profile["categories"])["gRPC (grpc.aio, cygrpc)"] == pytest.approx(30.0)
+    assert profile["self"][0] == ("execute (asyncpg/connection.py)", pytest.approx(60.0))
+    assert ("ingest (dlrfeed/store/store.py)", pytest.approx(60.0)) in profile["inclusive"]
