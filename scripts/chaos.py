@@ -216,6 +216,22 @@ class Rig:
             await self.inject(receipts[start : start + size])
             await asyncio.sleep(over_s / chunks)
 
+    async def stored(self) -> int:
+        """Receptions stored so far."""
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM dlr.receptions"))
+        finally:
+            await conn.close()
+
+    async def wait_stored(self, count: int, within_s: float = 60.0) -> None:
+        """Until at least `count` receptions are stored."""
+        deadline = time.monotonic() + within_s
+        while await self.stored() < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than {count} receptions stored in {within_s} s")
+            await asyncio.sleep(0.02)
+
     async def faults(self, **knobs: Any) -> None:
         async with self.admin() as admin:
             await admin.faults(**knobs)
@@ -276,16 +292,19 @@ async def gateway_kill9(rig: Rig) -> str:
     work = traffic(rig, receipts)
     await rig.record(work)
     await rig.start_daemons(1, "--streams", "2")
-
-    async def killer() -> None:
-        for _ in range(kills):
-            await asyncio.sleep(rig.rng.uniform(1.0, 3.0))
-            await rig.gateway.kill9()
-            await asyncio.sleep(rig.rng.uniform(0.1, 1.0))
-            await rig.gateway.start()
-
-    await during(rig.feed(work.receipts, kills * 2.5), killer)
-    return f"{kills} x kill -9 of fakegw (file store), restarted on the same port"
+    chunk = -(-len(work.receipts) // kills)
+    for start in range(0, len(work.receipts), chunk):
+        # Kill while the daemon is mid-drain: some of this chunk stored, more in flight.
+        before = await rig.stored()
+        await rig.inject(work.receipts[start : start + chunk])
+        await rig.wait_stored(before + rig.rng.randrange(chunk // 5, chunk // 2))
+        await rig.gateway.kill9()
+        await asyncio.sleep(rig.rng.uniform(0.1, 1.0))
+        await rig.gateway.start()
+    return (
+        f"{kills} x kill -9 of fakegw mid-drain (file store, 50 ms latency on Pull/Ack/stream "
+        "start), restarted on the same port"
+    )
 
 
 async def postgres_outages(rig: Rig) -> str:
@@ -323,16 +342,21 @@ async def unavailable_bursts(rig: Rig) -> str:
     receipts = 20_000 if rig.full else 3_000
     work = traffic(rig, receipts)
     await rig.record(work)
-    await rig.start_daemons(1, "--mode", "pull", "--streams", "2", "--max-reopens", "50")
-
-    async def burster() -> None:
-        for _ in range(bursts):
-            await asyncio.sleep(rig.rng.uniform(0.3, 1.0))
-            await rig.faults(unavailable_rate=0.6, ack_lost_rate=0.3)
-            await asyncio.sleep(rig.rng.uniform(0.5, 1.5))
-            await rig.faults(unavailable_rate=0.0, ack_lost_rate=0.0)
-
-    await during(rig.feed(work.receipts, bursts * 1.5), burster)
+    # Small batches and ack batches: many Pull and Ack calls meet each burst.
+    await rig.start_daemons(
+        1, "--mode", "pull", "--streams", "2", "--max-reopens", "50",
+        "--batch-size", "100", "--ack-batch", "50",
+    )  # fmt: skip
+    chunk = -(-len(work.receipts) // bursts)
+    for start in range(0, len(work.receipts), chunk):
+        # Each burst starts once the daemon is mid-drain (commits and acks flowing) and lasts
+        # 1-2 s, so that Pulls and Acks certainly meet it.
+        before = await rig.stored()
+        await rig.inject(work.receipts[start : start + chunk])
+        await rig.wait_stored(before + chunk // 10)
+        await rig.faults(unavailable_rate=0.6, ack_lost_rate=0.3)
+        await asyncio.sleep(rig.rng.uniform(1.0, 2.0))
+        await rig.faults(unavailable_rate=0.0, ack_lost_rate=0.0)
     return (
         f"{bursts} bursts: 60 % of Pull/Ack answer UNAVAILABLE, 30 % of Acks applied "
         "but answered UNAVAILABLE (lost reply)"
@@ -483,6 +507,8 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
         "backoff, receipts delivered but not acked come back after the restart and are repeats, "
         "and every ack the gateway answered was for a stored receipt (F1, F9, C7).",
         gateway_kill9,
+        # Slow answers keep receipts delivered-but-unacked, so a kill always has some in hand.
+        ("--latency-ms", "50"),
     ),
     ScenarioSpec(
         "postgres_outages",
@@ -583,6 +609,10 @@ async def run_scenario(
         daemon_processes=len(exits),
         daemon_kills=sum(d.kills for d in rig.daemons),
         gateway_kills=gateway.kills,
+        # Every daemon's JSON log: how often a reader lost its stream/Pull and reconnected.
+        reader_reconnects=sum(
+            d.log.read_text(errors="replace").count('"reader_reconnect"') for d in rig.daemons
+        ),
     )
     report["failed"] = [*report["failed"], *rig.extra_failures]
     if report["clean_exits"] != len(exits):
@@ -689,7 +719,9 @@ def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: f
             "| " + " | ".join(_cell(report.get(key)) for key, _ in COLUMNS) + " |",
             "",
             f"Daemon processes: {report['daemon_processes']}, kill -9 of a daemon: "
-            f"{report['daemon_kills']}, of fakegw: {report['gateway_kills']}, clean SIGTERM "
+            f"{report['daemon_kills']}, of fakegw: {report['gateway_kills']}, reader "
+            f"reconnects: {report['reader_reconnects']}, Acks answered already_gone: "
+            f"{report['gateway_already_gone']}, clean SIGTERM "
             f"exits at the end: {report['clean_exits']}/{report['daemon_processes']}; same "
             f"delivery stored twice (a redelivery whose count the gateway had not yet "
             f"persisted, or a retried commit): {report['same_delivery_stored_twice']}."
