@@ -39,16 +39,47 @@ SELECT count(pg_advisory_xact_lock({CORRELATION_LOCK_NAMESPACE}, hashtext($1 || 
 FROM (SELECT k FROM unnest($2::text[]) AS k ORDER BY k) AS sorted
 """
 
-# -- name: read_statuses
-# The held status of each correlated message, its supporting event's facts, and - for messages
-# with no status yet - the repeat/conflict counts of their earlier (unapplied) events.
-READ_STATUSES = """
-SELECT k.message_id,
+# -- name: insert_events_read_statuses
+# One round trip after the message locks, two parts:
+# - P14: insert-or-detect of logical events, one row per distinct key of the batch in $4 order
+#   (sorted by key by the client). $4 is a JSON array of rows [message_id, correlation_id,
+#   level, stat, status, err, done_raw, done_at, fingerprint, flags, received_at]: one parameter
+#   instead of eleven arrays, because the driver's per-element array encoding costs more than
+#   the server's JSON parse (bench_store). Returns (id, message_id, level) per new event.
+# - The held status of each correlated message in $5, its supporting event's facts, and - for
+#   messages with no status yet - the repeat/conflict counts of their earlier (unapplied) events.
+#   These rows have a NULL id. Read in the statement's snapshot, taken after the locks were
+#   granted, so every status committed under those locks is seen; events inserted by this same
+#   statement are not (the counts are of earlier events, as intended).
+INSERT_EVENTS_READ_STATUSES = """
+WITH new AS (
+    INSERT INTO dlr.events (
+        login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
+        fingerprint, flags, parser_version, rules_version, first_received_at,
+        last_received_at)
+    SELECT $1, u.r->>0, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5, u.r->>6,
+           (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '), $2, $3,
+           to_timestamp((u.r->>10)::float8), to_timestamp((u.r->>10)::float8)
+    FROM jsonb_array_elements($4::jsonb) WITH ORDINALITY AS u(r, position)
+    ORDER BY u.position
+    ON CONFLICT (login, message_id, level) DO NOTHING
+    RETURNING id, message_id, level
+)
+SELECT n.id, n.message_id, n.level,
+       NULL::text AS status, NULL::boolean AS is_final, NULL::text AS reason,
+       NULL::bigint AS supporting_event_id, NULL::int AS repeats, NULL::int AS conflicts,
+       NULL::int AS progress_events, NULL::boolean AS deadline_superseded,
+       NULL::text AS basis_status, NULL::text AS basis_stat, NULL::text AS basis_err,
+       NULL::timestamptz AS basis_done_at, NULL::text AS basis_fingerprint,
+       NULL::int AS orphan_repeats, NULL::int AS orphan_conflicts
+FROM new AS n
+UNION ALL
+SELECT NULL, k.message_id, NULL,
        s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
        s.progress_events, s.deadline_superseded,
        s.basis_status, s.basis_stat, s.basis_err, s.basis_done_at, s.basis_fingerprint,
-       o.repeats AS orphan_repeats, o.conflicts AS orphan_conflicts
-FROM unnest($2::text[]) AS k(message_id)
+       o.repeats, o.conflicts
+FROM unnest($5::text[]) AS k(message_id)
 -- LATERAL ... OFFSET 0: one primary-key probe per id, whatever the table statistics say (a
 -- young table's stale statistics otherwise invite a scan of every status of the login).
 LEFT JOIN LATERAL (
@@ -67,24 +98,6 @@ LEFT JOIN LATERAL (
     FROM dlr.events AS x
     WHERE s.status IS NULL AND x.login = $1 AND x.correlation_id = k.message_id
 ) AS o ON true
-"""
-
-# -- name: insert_events
-# P14: insert-or-detect of logical events; one row per distinct key of the batch, sorted.
-# $4 is a JSON array of rows [message_id, correlation_id, level, stat, status, err, done_raw,
-# done_at, fingerprint, flags, received_at]: one parameter instead of eleven arrays, because
-# the driver's per-element array encoding costs more than the whole ingest's SQL (bench_store).
-INSERT_EVENTS = """
-INSERT INTO dlr.events (
-    login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
-    fingerprint, flags, parser_version, rules_version, first_received_at, last_received_at)
-SELECT $1, u.r->>0, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5, u.r->>6,
-       (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '), $2, $3,
-       to_timestamp((u.r->>10)::float8), to_timestamp((u.r->>10)::float8)
-FROM jsonb_array_elements($4::jsonb) AS u(r)
-ORDER BY u.r->>0, (u.r->>2)::bigint
-ON CONFLICT (login, message_id, level) DO NOTHING
-RETURNING id, message_id, level
 """
 
 # -- name: lock_existing_events

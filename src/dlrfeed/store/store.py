@@ -257,7 +257,7 @@ def _first_events(
     """P14: the first delivery of each key in the batch, sorted by key, and their insert rows.
 
     Returns (position of each key's first delivery, those events, the JSON parameter of
-    queries.INSERT_EVENTS).
+    queries.INSERT_EVENTS_READ_STATUSES).
     """
     first_of_key: dict[tuple[str, int], int] = {}
     for position, event in enumerate(events):
@@ -431,22 +431,29 @@ class Store:
         correlated, (first_of_key, firsts, events_json) = await _overlapped(
             self._correlate(conn, login, correlation_ids), lambda: _first_events(events)
         )
-        held: dict[str, MessageStatus] = {}
-        pending: dict[str, list[int]] = {}
-        if correlated:
-            for row in await conn.fetch(queries.READ_STATUSES, login, sorted(correlated)):
-                if row["status"] is not None:
-                    held[row["message_id"]] = _status_from_row(row)
-                else:
-                    pending[row["message_id"]] = [row["orphan_repeats"], row["orphan_conflicts"]]
-
-        # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
-        # while the client builds the reception rows.
+        # P14: insert-or-detect of the logical events (first delivery of each key in the batch)
+        # and the held statuses, in one statement, while the client builds the reception rows.
         returned, rows = await _overlapped(
-            conn.fetch(queries.INSERT_EVENTS, login, PARSER_VERSION, RULES_VERSION, events_json),
+            conn.fetch(
+                queries.INSERT_EVENTS_READ_STATUSES,
+                login,
+                PARSER_VERSION,
+                RULES_VERSION,
+                events_json,
+                sorted(correlated),
+            ),
             lambda: _reception_rows(login, events),
         )
-        inserted = {(r[1], r[2]): r[0] for r in returned}
+        inserted: dict[tuple[str, int], int] = {}
+        held: dict[str, MessageStatus] = {}
+        pending: dict[str, list[int]] = {}
+        for row in returned:
+            if row["id"] is not None:
+                inserted[(row["message_id"], row["level"])] = row["id"]
+            elif row["status"] is not None:
+                held[row["message_id"]] = _status_from_row(row)
+            else:
+                pending[row["message_id"]] = [row["orphan_repeats"], row["orphan_conflicts"]]
         stored: dict[tuple[str, int], tuple[int, str]] = {}
         if len(inserted) < len(firsts):
             existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
