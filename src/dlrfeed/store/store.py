@@ -173,7 +173,7 @@ def _reception_rows(login: str, events: list[LogicalEvent]) -> list[list[Any]]:
 
 def _fill_outcomes(rows: list[list[Any]], outcomes: list[Outcome], event_ids: list[int]) -> None:
     for row, outcome, event_id in zip(rows, outcomes, event_ids, strict=True):
-        row[_ROW_OUTCOME] = outcome.value
+        row[_ROW_OUTCOME] = outcome  # a StrEnum is its value to the driver (no .value lookup)
         row[_ROW_EVENT_ID] = event_id
 
 
@@ -224,7 +224,7 @@ def _status_json(statuses: Mapping[str, MessageStatus]) -> str:
     return _json(
         [
             key,
-            s.status.value,
+            s.status,  # StrEnum: JSON-encoded as its value
             s.is_final,
             s.reason,
             s.basis.ref,
@@ -278,7 +278,7 @@ def _first_events(
                 e.correlation_id,
                 e.level,
                 e.stat,
-                e.status.value,
+                e.status,  # StrEnum: JSON-encoded as its value
                 e.err,
                 e.done_date_raw,
                 done_iso,
