@@ -116,6 +116,11 @@ def test_report_shows_figures_ratios_and_verdicts() -> None:
     assert "| fakegw ledger (enqueue → ack) | 51,000 | 120.0 | 240.0 met | 400.0 |" in report
     assert "No profile: py-spy not installed" in report
     assert "10.0 min" in report
+    # The one ratio below target gets its wall explained; met targets get none.
+    walls = report.split("### What stops the targets not met", 1)[1]
+    assert "`pull 1x2` reaches 0.50 of min(a, b)" in walls
+    assert "subscribe 1x2" not in walls
+    assert "p99 receive" not in walls
 
 
 def test_quantiles_nearest_rank_and_from_histogram_buckets() -> None:
