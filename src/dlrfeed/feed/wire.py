@@ -58,24 +58,40 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     raise _TruncatedWireError
 
 
-def _walk(data: bytes, found: list[tuple[int, int | bytes]]) -> None:
-    pos = 0
+def _walk(
+    data: bytes, pos: int, found: list[tuple[int, int | bytes]] | None, group: int | None
+) -> int:
+    """Read fields from `pos` to the end (or to the end of `group`); `found` None skips them.
+    Unknown groups are skipped whole, as protobuf does, so both agree on what follows."""
     while pos < len(data):
         tag, pos = _varint(data, pos)
         number, wire_type = tag >> 3, tag & 7
+        if number == 0:
+            raise _TruncatedWireError
         if wire_type == 0:
             value, pos = _varint(data, pos)
-            found.append((number, value))
+            if found is not None:
+                found.append((number, value))
         elif wire_type == 2:
             size, pos = _varint(data, pos)
             if pos + size > len(data):
                 raise _TruncatedWireError
-            found.append((number, data[pos : pos + size]))
+            if found is not None:
+                found.append((number, data[pos : pos + size]))
             pos += size
         elif wire_type in (1, 5):
             pos += 8 if wire_type == 1 else 4
-        else:  # groups (3, 4) do not occur in this proto; 6, 7 do not exist
+            if pos > len(data):
+                raise _TruncatedWireError
+        elif wire_type == 3:
+            pos = _walk(data, pos, None, number)
+        elif wire_type == 4 and number == group:
+            return pos
+        else:  # an end-group without its start, or wire types 6 and 7 (they do not exist)
             raise _TruncatedWireError
+    if group is not None:
+        raise _TruncatedWireError
+    return pos
 
 
 def fields(data: bytes) -> list[tuple[int, int | bytes]]:
@@ -83,7 +99,7 @@ def fields(data: bytes) -> list[tuple[int, int | bytes]]:
     unreadable byte: varints as int, length-delimited as bytes, fixed32/64 skipped."""
     found: list[tuple[int, int | bytes]] = []
     with contextlib.suppress(_TruncatedWireError):  # keep what was read before the damage
-        _walk(data, found)
+        _walk(data, 0, found, None)
     return found
 
 
@@ -98,7 +114,7 @@ def receipt_from_wire(raw: bytes, received_at: float) -> Receipt:
     except DecodeError as exc:
         # C8: kept and stored (raw whole), never a crash; the event says which bytes were odd.
         log.warning("receipt_undecodable", error=str(exc)[:200], payload_bytes=len(raw))
-        return _lenient(raw, received_at)
+        return receipt_by_hand(raw, received_at)
     return receipt_from_proto(message, raw, received_at)
 
 
@@ -127,7 +143,10 @@ def receipt_from_proto(message: feed_pb2.Receipt, raw: bytes, received_at: float
     )
 
 
-def _lenient(raw: bytes, received_at: float) -> Receipt:
+def receipt_by_hand(raw: bytes, received_at: float) -> Receipt:
+    """The fallback decode: every field readable before any damage, text losslessly decoded
+    (`surrogateescape`), unknown fields and wrong wire types ignored as protobuf ignores them,
+    the last occurrence of a field winning. Never raises."""
     text: dict[str, str] = {}
     level = delivery_count = 0
     ack_token = ""
