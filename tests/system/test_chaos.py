@@ -4,6 +4,9 @@ it catches a lost receipt, a double-applied effect and an acked-but-missing rece
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ from fakegw.server import FakeGateway
 from gateway.receipts.v1 import feed_pb2, feed_pb2_grpc
 from invariants import compare, store_rows
 from pgcluster import PgCluster
+
+REPO = Path(__file__).resolve().parents[2]
 
 # What each scenario must visibly have done, so that a pass is not a fault that never happened.
 FAULT_EVIDENCE: dict[str, Any] = {
@@ -103,6 +108,16 @@ async def test_checker_detects_lost_double_applied_and_acked_but_missing(
         finally:
             await conn.close()
         broken = compare(ledger, await store_rows(database_url, LOGIN))
+        # The CLI says the same and exits non-zero.
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "scripts" / "invariants.py"),
+            "--gateway", gateway.target, "--login", LOGIN, "--password", PASSWORD,
+            "--database-url", database_url, "--json",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await cli.communicate()
+    assert cli.returncode == 1
+    assert json.loads(out)["failed"] == ["lost", "double_applied", "acked_but_missing"]
     assert broken["lost"] == 2  # c0000003: its progress and its result
     assert broken["acked_but_missing"] == 2  # c0000002's two receipts
     # c0000001's repeat counter; c0000002's event counters (2); c0000003's projection.
