@@ -34,8 +34,8 @@ FAULT_EVIDENCE: dict[str, Any] = {
     # The 8 s outage outlasts --release-after 5: streams closed, receipts released (F7).
     "postgres_outages": lambda r: r["gateway_redelivered"] > 0,
     "stream_cuts": lambda r: r["gateway_redelivered"] > 0,
-    # A lost Ack reply is retried and answered already_gone (F9).
-    "unavailable_bursts": lambda r: r["gateway_already_gone"] > 0,
+    # A lost Ack reply is retried and answered already_gone (F9); a failed Pull reconnects.
+    "unavailable_bursts": lambda r: r["gateway_already_gone"] + r["reader_reconnects"] > 0,
     "slow_commit_lease": lambda r: r["redeliveries"] > 0 and r["repeats"] > 0,
     "three_process_race": lambda r: r["daemon_processes"] == 3 and r["conflicts"] > 0,
     "hostile_flood": lambda r: r["receipts"] > 600,
