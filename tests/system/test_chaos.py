@@ -124,14 +124,10 @@ async def test_checker_detects_lost_double_applied_and_acked_but_missing(
     assert broken["double_applied"] == 4, broken["samples"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store bug: ids cut to 512 characters (parse.storable, MAX_ID_CHARS) share one "
-    "logical event key, so a second long id sharing the prefix becomes a repeat of the first",
-)
 async def test_two_long_ids_with_one_prefix_are_two_logical_events(database_url: str) -> None:
     """P14/F8: the logical key is (login, id, level); two different ids must never be one event
-    — here 600-character ids that differ only after the 512th character (found by issue 6)."""
+    — here 600-character ids that differ only after the 512th character (found by issue 6;
+    parse.storable_id keeps a digest of the raw id)."""
     prefix = "7" * 600
     bodies = [
         {"id": prefix + "a", "level": 2, "stat": "DELIVRD", "err": "000"},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -91,8 +92,9 @@ def test_nul_and_oversized_fields_are_made_storable_raw_kept_c8() -> None:
     event = parse(receipt(text="a\x00b", err="x" * 10_000, message_id="i" * 1000), OPTIONS)
     assert event.text == "a\\u0000b"
     assert event.err == "x" * OPTIONS.max_field_chars
-    assert event.message_id == "i" * MAX_ID_CHARS
-    assert {"nul_escaped:text", "truncated:err", "truncated:id"} <= set(event.flags)
+    assert len(event.message_id) == MAX_ID_CHARS
+    assert event.message_id.startswith("i" * (MAX_ID_CHARS - 33) + "#")
+    assert {"nul_escaped:text", "truncated:err", "truncated:id", "id_digest"} <= set(event.flags)
     assert event.raw == b"\x00raw"
 
 
@@ -160,3 +162,18 @@ def test_parse_never_raises_and_every_column_is_storable_c4_c8(
         assert value is None or ("\x00" not in value and len(value) <= OPTIONS.max_field_chars)
     assert len(event.message_id) <= MAX_ID_CHARS
     assert (event.status is Status.UNRECOGNIZED) == ("stat_unrecognized" in event.flags)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("7" * 600 + "a", "7" * 600 + "b"),  # differ only past the 512-character cut
+        ("m\x00", "m\\u0000"),  # a NUL against the literal text it is escaped to
+    ],
+)
+def test_altered_ids_never_share_a_logical_key_p14(first: str, second: str) -> None:
+    one = parse(receipt(message_id=first), OPTIONS)
+    two = parse(receipt(message_id=second), OPTIONS)
+    assert one.message_id != two.message_id
+    assert "id_digest" in one.flags
+    assert len(one.message_id) <= MAX_ID_CHARS

@@ -17,7 +17,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
 
-PARSER_VERSION = "parse-1"
+PARSER_VERSION = "parse-2"
 """P8: recorded on every reception and event; bump when the parse of some input changes."""
 
 _NUL = "\x00"
@@ -26,6 +26,10 @@ _ABSENT = "\x1e"  # stands for an absent field inside the fingerprint (never in 
 # A btree index entry must stay under ~2,700 bytes: ids (indexed) get a tighter cap than other
 # fields; 512 characters is at most 2,048 bytes of UTF-8.
 MAX_ID_CHARS = 512
+# An id that had to be altered to be storable keeps a digest of its raw value, so that two ids
+# that differ only past the cut, or in a NUL against a literal "\u0000", never share one
+# logical event key (P14, F8): 1 + 32 hex characters of BLAKE2b-128.
+_ID_DIGEST_CHARS = 33
 
 
 class LogicalEvent(NamedTuple):
@@ -166,6 +170,18 @@ def correlation_id(message_id: str, options: IntegrationOptions, flags: list[str
     return message_id
 
 
+def storable_id(raw: str, limit: int, flags: list[str]) -> str:
+    """A storable id that stays one-to-one with the raw id (P14: the key must not merge ids).
+
+    Like `storable`, but the altered value ends in `#` and a digest of the raw id, and is flagged
+    `id_digest`. An id that needs no change never reaches here and is kept exactly (P10).
+    """
+    digest = hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    value = storable(raw, "id", max(limit - _ID_DIGEST_CHARS, 1), flags)
+    flags.append("id_digest")
+    return f"{value}#{digest}"
+
+
 def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     """Parse one delivery: raw fields made storable, status and dates normalised, flags set.
 
@@ -179,7 +195,7 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     # costs one substring test and one length check, and flags keep the field order.
     message_id: str = receipt.message_id
     if _NUL in message_id or len(message_id) > MAX_ID_CHARS or len(message_id) > limit:
-        message_id = storable(message_id, "id", min(limit, MAX_ID_CHARS), flags)
+        message_id = storable_id(message_id, min(limit, MAX_ID_CHARS), flags)
     stat = receipt.stat
     status = STAT_TO_STATUS.get(stat)
     if status is None:
