@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
 from functools import lru_cache
+from types import MappingProxyType
 from typing import assert_never
 
 from dlrfeed.domain.options import IntegrationOptions
@@ -88,8 +89,7 @@ OPTION_TRANSITIONS: Mapping[str, Mapping[tuple[Kind, Kind], Action]] = {
 _PROGRESS_RANK: Mapping[Status, int] = {Status.ACCEPTED: 1, Status.ENROUTE: 2}
 
 
-def kind_of(status: Status) -> Kind:
-    """The table's kind of a normalised status."""
+def _kind_from_vocabulary(status: Status) -> Kind:
     if status in PROGRESS_STATUSES:
         return Kind.PROGRESS
     if status is Status.UNKNOWN:
@@ -99,14 +99,26 @@ def kind_of(status: Status) -> Kind:
     return Kind.UNRECOGNIZED
 
 
+# Looked up once per event on the ingest hot path: one dict probe instead of set tests.
+_KIND_OF: Mapping[Status, Kind] = {status: _kind_from_vocabulary(status) for status in Status}
+
+
+def kind_of(status: Status) -> Kind:
+    """The table's kind of a normalised status."""
+    return _KIND_OF[status]
+
+
 @lru_cache(maxsize=16)
 def transition_table(options: IntegrationOptions) -> Mapping[tuple[Kind, Kind], Action]:
-    """The table in force under `options`: the defaults with each enabled option's cells."""
+    """The table in force under `options`: the defaults with each enabled option's cells.
+
+    Cached per options value (immutable): `apply` asks for it once per event.
+    """
     table = dict(TRANSITIONS)
     for name, cells in OPTION_TRANSITIONS.items():
         if getattr(options, name):
             table.update(cells)
-    return table
+    return MappingProxyType(table)
 
 
 @dataclass(frozen=True, slots=True)
