@@ -176,7 +176,7 @@ class Acker:
         oldest = min(received_at)
         lease_deadline = oldest + self._lease
 
-        def lease_may_be_alive(state: RetryCallState) -> bool:
+        def lease_has_run_out(state: RetryCallState) -> bool:
             # Stop retrying once the oldest receipt's lease has surely run out (F6): the
             # gateway then redelivers, and the store recognises the repeat (C7).
             return self._clock() >= lease_deadline
@@ -192,7 +192,7 @@ class Acker:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(FeedUnavailableError),
                 wait=wait_exponential_jitter(multiplier=0.05, max=5.0, jitter=0.2),
-                stop=lease_may_be_alive,
+                stop=lease_has_run_out,
                 before_sleep=count_retry,
                 reraise=True,
             ):
