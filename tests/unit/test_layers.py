@@ -1,0 +1,59 @@
+"""The house's one direction of dependency, checked from the source (STYLE: "the house").
+
+- `dlrfeed.domain` is pure: it imports neither grpc nor asyncpg nor any adapter;
+- `dlrfeed.store` knows nothing of gRPC, `dlrfeed.feed` nothing of PostgreSQL;
+- dlrfeed and fakegw share nothing but the generated proto.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def imported_modules(package: str) -> dict[str, set[str]]:
+    """module file → the top-level-qualified names it imports."""
+    found: dict[str, set[str]] = {}
+    for path in (SRC / package.replace(".", "/")).rglob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+        found[str(path.relative_to(SRC))] = names
+    return found
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        (
+            "dlrfeed/domain",
+            (
+                "grpc",
+                "asyncpg",
+                "gateway",
+                "dlrfeed.store",
+                "dlrfeed.feed",
+                "dlrfeed.daemon",
+                "structlog",
+                "fakegw",
+            ),
+        ),
+        ("dlrfeed/store", ("grpc", "gateway", "dlrfeed.feed", "dlrfeed.daemon", "fakegw")),
+        ("dlrfeed/feed", ("asyncpg", "dlrfeed.store", "dlrfeed.daemon", "fakegw")),
+        ("dlrfeed", ("fakegw",)),
+        ("fakegw", ("dlrfeed",)),
+    ],
+)
+def test_no_import_crosses_a_layer(package: str, forbidden: tuple[str, ...]) -> None:
+    crossings = {
+        module: sorted(n for n in names if n.split(".")[0] in forbidden or n.startswith(forbidden))
+        for module, names in imported_modules(package).items()
+    }
+    assert {m: n for m, n in crossings.items() if n} == {}
