@@ -38,6 +38,7 @@ _LEVEL, _ACK_TOKEN, _DELIVERY_COUNT = 2, 100, 101
 _PULL_RECEIPTS = 1  # PullResponse.receipts
 _UINT32 = 0xFFFFFFFF
 _UINT64 = 0xFFFFFFFFFFFFFFFF
+_MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
 
 log = structlog.get_logger("dlrfeed.feed")
 
@@ -59,10 +60,18 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def _walk(
-    data: bytes, pos: int, found: list[tuple[int, int | bytes]] | None, group: int | None
+    data: bytes,
+    pos: int,
+    found: list[tuple[int, int | bytes]] | None,
+    group: int | None,
+    depth: int = 0,
 ) -> int:
     """Read fields from `pos` to the end (or to the end of `group`); `found` None skips them.
-    Unknown groups are skipped whole, as protobuf does, so both agree on what follows."""
+    Unknown groups are skipped whole, as protobuf does, so both agree on what follows; nesting
+    deeper than protobuf's own limit is damage (bytes of start-group tags must not recurse
+    without bound - found by the fuzzer)."""
+    if depth > _MAX_GROUP_DEPTH:
+        raise _TruncatedWireError
     while pos < len(data):
         tag, pos = _varint(data, pos)
         number, wire_type = tag >> 3, tag & 7
@@ -84,7 +93,7 @@ def _walk(
             if pos > len(data):
                 raise _TruncatedWireError
         elif wire_type == 3:
-            pos = _walk(data, pos, None, number)
+            pos = _walk(data, pos, None, number, depth + 1)
         elif wire_type == 4 and number == group:
             return pos
         else:  # an end-group without its start, or wire types 6 and 7 (they do not exist)
