@@ -146,3 +146,19 @@ def test_profile_summary_charges_samples_to_components() -> None:
     assert dict(profile["categories"])["gRPC (grpc.aio, cygrpc)"] == pytest.approx(30.0)
     assert profile["self"][0] == ("execute (asyncpg/connection.py)", pytest.approx(60.0))
     assert ("ingest (dlrfeed/store/store.py)", pytest.approx(60.0)) in profile["inclusive"]
+
+
+def test_missed_latency_target_names_commit_time_and_cpu() -> None:
+    """Issue 7 §3: a p99 above 250 ms is reported not met, with the commit and CPU figures."""
+    results = _results()
+    results["latency"] |= {
+        "ledger_p99_ms": 300.0,
+        "commit_p50_ms": 20.0,
+        "commit_p99_ms": 90.0,
+        "daemon_cpu_percent": 60,
+    }
+    report = render_report(results)
+    assert "| 51,000 | 120.0 | 300.0 **not met** | 400.0 |" in report
+    walls = report.split("### What stops the targets not met", 1)[1]
+    assert "Batch linger + commit p99 + ack linger = 190 ms" in walls
+    assert "60 % of a core" in walls
