@@ -35,8 +35,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.feed.channel import open_channel
 from dlrfeed.feed.client import FeedClient, SubscribeStream, is_own_cancellation
@@ -102,13 +100,8 @@ def acked(target: str) -> int:
 
 async def fresh_database(cluster: PgCluster, template: str, number: int) -> str:
     name = f"bench_{number}"
-    conn = await asyncpg.connect(cluster.dsn)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
-    finally:
-        await conn.close()
-    return cluster.dsn_for(name)
+    await cluster.drop_database(name)
+    return await cluster.create_database(name, template=template)
 
 
 async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
@@ -301,12 +294,7 @@ def measure_e2e(receipts: int = 50_000, *, fsync: bool = True) -> dict[str, Any]
 
 
 async def _create_template(cluster: PgCluster) -> None:
-    conn = await asyncpg.connect(cluster.dsn)
-    try:
-        await conn.execute("CREATE DATABASE bench_template")
-    finally:
-        await conn.close()
-    await migrate(cluster.dsn_for("bench_template"))
+    await migrate(await cluster.create_database("bench_template"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,12 +174,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for repetition in range(args.repeat):
                 database = f"bench_{repetition}"
-                admin = await asyncpg.connect(cluster.dsn)
-                try:
-                    await admin.execute(f"CREATE DATABASE {database}")
-                finally:
-                    await admin.close()
-                await migrate(cluster.dsn_for(database))
+                await migrate(await cluster.create_database(database))
                 run = await measure_store(
                     cluster.dsn_for(database),
                     receipts=args.receipts,

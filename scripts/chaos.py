@@ -631,24 +631,14 @@ async def own_cluster(root: Path) -> AsyncIterator[PgCluster]:
     await asyncio.to_thread(cluster.init)
     await asyncio.to_thread(cluster.start)
     try:
-        conn = await asyncpg.connect(cluster.dsn)
-        try:
-            await conn.execute(f"CREATE DATABASE {TEMPLATE}")
-        finally:
-            await conn.close()
-        await migrate(cluster.dsn_for(TEMPLATE))
+        await migrate(await cluster.create_database(TEMPLATE))
         yield cluster
     finally:
         await asyncio.to_thread(cluster.destroy)
 
 
 async def fresh_database(cluster: PgCluster, name: str) -> str:
-    conn = await asyncpg.connect(cluster.dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    finally:
-        await conn.close()
-    return cluster.dsn_for(name)
+    return await cluster.create_database(name, template=TEMPLATE)
 
 
 def _cell(value: Any) -> str:

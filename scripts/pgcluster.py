@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
+
 _RUN_AS_USER = "postgres"
 
 
@@ -173,6 +175,24 @@ class PgCluster:
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
         self.start()
+
+    async def create_database(self, name: str, template: str | None = None) -> str:
+        """CREATE DATABASE `name` (a copy of `template` when given); returns its DSN."""
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            copy = f" TEMPLATE {template}" if template else ""
+            await conn.execute(f"CREATE DATABASE {name}{copy}")
+        finally:
+            await conn.close()
+        return self.dsn_for(name)
+
+    async def drop_database(self, name: str) -> None:
+        """DROP DATABASE `name`, disconnecting whoever is still connected to it."""
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await conn.close()
 
     def destroy(self) -> None:
         self.stop("immediate")

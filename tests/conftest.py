@@ -11,7 +11,6 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -56,12 +55,7 @@ def template_database(pg_cluster: PgCluster) -> str:
     from dlrfeed.store.migrate import migrate
 
     async def build() -> None:
-        conn = await asyncpg.connect(pg_cluster.dsn)
-        try:
-            await conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
-        finally:
-            await conn.close()
-        await migrate(pg_cluster.dsn_for(TEMPLATE_DB))
+        await migrate(await pg_cluster.create_database(TEMPLATE_DB))
 
     asyncio.run(build())
     return TEMPLATE_DB
@@ -71,17 +65,8 @@ def template_database(pg_cluster: PgCluster) -> str:
 async def database_url(pg_cluster: PgCluster, template_database: str) -> AsyncIterator[str]:
     """A fresh, migrated database for one test."""
     name = f"t_{os.getpid()}_{next(_db_numbers)}"
-    conn = await asyncpg.connect(pg_cluster.dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_database}")
-    finally:
-        await conn.close()
-    yield pg_cluster.dsn_for(name)
-    conn = await asyncpg.connect(pg_cluster.dsn)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await conn.close()
+    yield await pg_cluster.create_database(name, template=template_database)
+    await pg_cluster.drop_database(name)
 
 
 @pytest.fixture

@@ -66,17 +66,8 @@ async def describe(dsn: str) -> str:
 async def empty_database(pg_cluster: PgCluster) -> AsyncIterator[str]:
     """A database with nothing in it (not copied from the migrated template)."""
     name = f"empty_{os.getpid()}_{next(_numbers)}"
-    conn = await asyncpg.connect(pg_cluster.dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
-    yield pg_cluster.dsn_for(name)
-    conn = await asyncpg.connect(pg_cluster.dsn)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await conn.close()
+    yield await pg_cluster.create_database(name)
+    await pg_cluster.drop_database(name)
 
 
 async def test_migrating_an_empty_database_gives_exactly_the_expected_schema(

@@ -64,12 +64,7 @@ def _dsn(cluster: PgCluster, user: str, database: str) -> str:
 async def roles_db(pg_cluster: PgCluster) -> AsyncIterator[RoleDatabase]:
     """An empty database: roles.sql run by the superuser, then migrated by the owner's login."""
     name = f"roles_{os.getpid()}_{next(_numbers)}"
-    admin = await asyncpg.connect(pg_cluster.dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    superuser = pg_cluster.dsn_for(name)
+    superuser = await pg_cluster.create_database(name)
     conn = await asyncpg.connect(superuser)
     try:
         await conn.execute(ROLES_SQL.read_text("utf-8"))
@@ -91,11 +86,7 @@ async def roles_db(pg_cluster: PgCluster) -> AsyncIterator[RoleDatabase]:
         reader=_dsn(pg_cluster, "t_reader", name),
         operator=_dsn(pg_cluster, "t_operator", name),
     )
-    admin = await asyncpg.connect(pg_cluster.dsn)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
+    await pg_cluster.drop_database(name)
 
 
 def _receipt(message_id: str, level: int, stat: str, count: int = 1) -> feed_pb2.Receipt:
