@@ -24,6 +24,7 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.feed.acker import Acker
 from dlrfeed.feed.reader import StreamReleased
+from dlrfeed.lingering import linger
 
 from .store_gate import StoreGate
 
@@ -145,7 +146,7 @@ class Batcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            await self._linger()
+            await linger(self._wakeup, self._first_at + self._linger_s, self._batch_ready)
             if not self._pending:
                 continue
             batch = self._pending[: self._batch_size]
@@ -159,17 +160,8 @@ class Batcher:
             await self._commit_shielded(batch)
             self._update_idle()
 
-    async def _linger(self) -> None:
-        while len(self._pending) < self._batch_size and not self._flush_now:
-            remaining = self._first_at + self._linger_s - time.monotonic()
-            if remaining <= 0:
-                return
-            self._wakeup.clear()
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                return
+    def _batch_ready(self) -> bool:
+        return len(self._pending) >= self._batch_size or self._flush_now
 
     def _update_idle(self) -> None:
         if not self._pending and self._committing is None:

@@ -26,6 +26,7 @@ from tenacity import (
 
 from dlrfeed.errors import FeedUnavailableError
 from dlrfeed.feed.client import MAX_ACK_TOKENS, AckOutcome
+from dlrfeed.lingering import linger
 
 log = structlog.get_logger("dlrfeed.acker")
 
@@ -134,7 +135,7 @@ class Acker:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            await self._linger()
+            await linger(self._wakeup, self._first_pending_at + self._ack_linger, self._call_ready)
             chunk = self._tokens[: self._ack_batch]
             times = self._received_at[: self._ack_batch]
             del self._tokens[: self._ack_batch]
@@ -149,18 +150,9 @@ class Acker:
             self._done += len(chunk)
             self._release_waiters()
 
-    async def _linger(self) -> None:
-        """Wait until a full call is ready, the linger has passed, or a flush is asked for."""
-        while len(self._tokens) < self._ack_batch and not (self._flush_now or self._closing):
-            remaining = self._first_pending_at + self._ack_linger - time.monotonic()
-            if remaining <= 0:
-                return
-            self._wakeup.clear()
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                return
+    def _call_ready(self) -> bool:
+        """A full call is waiting, or a flush or close asks for whatever is there."""
+        return len(self._tokens) >= self._ack_batch or self._flush_now or self._closing
 
     def _release_waiters(self) -> None:
         still: list[_Waiter] = []
