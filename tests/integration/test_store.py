@@ -7,7 +7,6 @@ import itertools
 import random
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 import asyncpg
 import pytest
@@ -234,7 +233,7 @@ async def test_c8_poison_receipt_isolated_kept_raw_and_the_rest_commit(
     await record(store, *[f"p{i}" for i in range(9)])
     batch = [receipt(f"p{i}") for i in range(8)]
     # A lone surrogate cannot be encoded as UTF-8: the driver refuses the whole batch.
-    poison = replace(receipt("badid"), message_id=MessageId("bad\ud800id"))
+    poison = receipt("badid")._replace(message_id=MessageId("bad\ud800id"))
     nul = receipt("p8", 1, "ENROUTE", text="a\x00b" + "x" * 2_000_000)
     batch[3:3] = [poison, nul]
     result = await store.ingest(LOGIN, batch)

