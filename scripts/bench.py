@@ -53,6 +53,7 @@ import naive_consumer
 from bench_e2e import LOGIN, PASSWORD
 from bench_store import measure_store
 from fakegw.admin_client import AdminClient, SyncAdminClient
+from fakegw.spawn import serving
 from pgcluster import PgCluster, free_port, server_bindir
 
 # Issue 7 §3, reported beside each figure (met / not met), never asserted.
@@ -641,20 +642,11 @@ def run(sizes: Sizes, chart: Path | None, log: Callable[[str], None]) -> dict[st
 
 @contextlib.contextmanager
 def _fakegw(ledger_records: int) -> Iterator[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fakegw", "serve", "--listen", "127.0.0.1:0",
-         "--login", f"{LOGIN}:{PASSWORD}", "--store", ":memory:", "--cap", "100000000",
-         "--ledger-max-records", str(ledger_records)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        yield str(json.loads(process.stdout.readline())["target"])
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        if process.stdout is not None:
-            process.stdout.close()
+    with serving(
+        "--login", f"{LOGIN}:{PASSWORD}", "--store", ":memory:", "--cap", "100000000",
+        "--ledger-max-records", str(ledger_records),
+    ) as target:  # fmt: skip
+        yield target
 
 
 async def _create_template(cluster: PgCluster) -> None:

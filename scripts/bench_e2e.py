@@ -41,6 +41,7 @@ from dlrfeed.feed.client import FeedClient, SubscribeStream, is_own_cancellation
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.store import Store
 from fakegw.admin_client import SyncAdminClient
+from fakegw.spawn import serving
 from pgcluster import PgCluster, free_port
 
 LOGIN = "bench"
@@ -70,20 +71,11 @@ def sample_receipt(number: int) -> dict[str, Any]:
 @contextmanager
 def fakegw_process() -> Iterator[str]:
     """fakegw in its own process; yields its target."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fakegw", "serve", "--listen", "127.0.0.1:0",
-         "--login", f"{LOGIN}:{PASSWORD}", "--store", ":memory:", "--cap", "100000000",
-         "--ledger-max-records", "1000"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        yield str(json.loads(process.stdout.readline())["target"])
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        if process.stdout is not None:
-            process.stdout.close()
+    with serving(
+        "--login", f"{LOGIN}:{PASSWORD}", "--store", ":memory:", "--cap", "100000000",
+        "--ledger-max-records", "1000",
+    ) as target:  # fmt: skip
+        yield target
 
 
 def preload(target: str, count: int, offset: int) -> None:
