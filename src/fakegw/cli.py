@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", type=_host_port, default=("127.0.0.1", 50051))
     serve.add_argument("--login", type=_login_pair, action="append", required=True)
     serve.add_argument("--store", default=":memory:", help="SQLite file (WAL) or :memory:")
+    serve.add_argument(
+        "--shared-store",
+        action="store_true",
+        help="SQLite is the authority: several fakegw processes on one --store act as one gateway",
+    )
     serve.add_argument("--lease-seconds", type=float, default=120.0)
     serve.add_argument("--max-window", type=int, default=1000)
     serve.add_argument("--cap", type=int, default=1_000_000)
@@ -155,6 +160,7 @@ async def _serve(args: argparse.Namespace) -> int:
     gateway = FakeGateway(
         dict(args.login),
         store=args.store,
+        shared_store=args.shared_store,
         lease_seconds=args.lease_seconds,
         max_window=args.max_window,
         cap=args.cap,

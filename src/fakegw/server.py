@@ -30,6 +30,7 @@ from fakegw.faults import Faults
 from fakegw.persistence import NullPersistence, SqlitePersistence, dumps
 from fakegw.queue import Entry, Holder, LoginQueue
 from fakegw.sending import SentMessage, parse_sent_message, smpp_date
+from fakegw.shared import SharedStore
 from fakegw.tokens import TokenSigner
 from fakegw.wire import (
     ReceiptFields,
@@ -69,6 +70,8 @@ class FakeGateway:
         logins: Mapping[str, str],
         *,
         store: str = ":memory:",
+        shared_store: bool = False,
+        shared_poll_seconds: float = 0.05,
         lease_seconds: float = 120.0,
         max_window: int = 1000,
         cap: int = 1_000_000,
@@ -85,6 +88,15 @@ class FakeGateway:
             raise ValueError("at least one login is needed")
         self._passwords = dict(logins)
         self.store = store
+        if shared_store and store == ":memory:":
+            raise ValueError("shared_store needs a store file")
+        # --shared-store: SQLite, not this process, owns queues, leases and acks (fakegw.shared).
+        self.shared_store = shared_store
+        self.shared_poll_seconds = shared_poll_seconds
+        self._shared: SharedStore | None = None
+        self._shared_deadline_fields: dict[str, list[ReceiptFields]] = {}
+        self._stream_numbers = 0
+        self._watcher: asyncio.Task[None] | None = None
         self.lease_seconds = lease_seconds
         self.max_window = max_window
         self.cap = cap
@@ -134,6 +146,9 @@ class FakeGateway:
             raise RuntimeError("a FakeGateway starts once; create a new one to restart")
         self._started = True
         self._load()
+        if self.shared_store:
+            self._shared = SharedStore(self.store, self._signer)
+            self._shared.open()
         await self.persistence.start()
         server = grpc.aio.server(
             options=[
@@ -154,6 +169,10 @@ class FakeGateway:
         self._server = server
         self.host, self.port = host, bound
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="fakegw-housekeeping")
+        if self._shared is not None:
+            self._watcher = asyncio.create_task(
+                self._watch_shared(self._shared), name="fakegw-shared-watch"
+            )
         return bound
 
     async def stop(self, grace: float | None = 0.2) -> None:
@@ -169,6 +188,14 @@ class FakeGateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeper
             self._housekeeper = None
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        if self._shared is not None:
+            # Runs after the stream releases queued on the store thread (F7), then closes.
+            self._shared.close()
         await self.persistence.close()
 
     async def wait_for_termination(self) -> None:
@@ -190,6 +217,9 @@ class FakeGateway:
         self._signer = TokenSigner(state.hmac_key)
         max_seq = 0
         by_login: dict[str, list[Entry]] = {}
+        if self.shared_store:
+            # The store, not this process, holds the queues and the ledger (fakegw.shared).
+            state.receipts, state.ledger = [], []
         for seq, login, fields_json, enqueued_at, delivery_count in state.receipts:
             max_seq = max(max_seq, seq)
             if login not in self.queues:
@@ -307,6 +337,8 @@ class FakeGateway:
         """
         queue = self.queues[login]
         all_fields = [normalize_fields(body) for body in bodies]
+        if self._shared is not None:
+            return await self._enqueue_shared(queue, self._with_duplicates(all_fields))
         dropped_before = queue.counters.dropped_at_cap
         now = time.time()
         enqueued = sum(self._enqueue_with_faults(queue, fields, now) for fields in all_fields)
@@ -346,6 +378,7 @@ class FakeGateway:
         now = time.time()
         result = {"enqueued": 0, "filtered": 0, "unknown_message": 0, "dropped_at_cap": 0}
         dropped_before = queue.counters.dropped_at_cap
+        shared_batch: list[ReceiptFields] = []
         for fields in all_fields:
             message = self._sent.get((login, str(fields.get("id", ""))))
             if message is None:
@@ -357,11 +390,20 @@ class FakeGateway:
                 if self.persistence.durable:
                     self.persistence.pending.sent_resolve.append((login, message.message_id))
             if message.feed_wants(level):
+                if self._shared is not None:
+                    shared_batch.append(fields)
+                    continue
                 result["enqueued"] += self._enqueue_with_faults(queue, fields, now)
             else:
                 result["filtered"] += 1
                 queue.counters.filtered_by_f2 += 1
         result["dropped_at_cap"] = queue.counters.dropped_at_cap - dropped_before
+        if self._shared is not None and shared_batch:
+            counts = await self._enqueue_shared(queue, self._with_duplicates(shared_batch))
+            result["enqueued"], result["dropped_at_cap"] = (
+                counts["enqueued"],
+                counts["dropped_at_cap"],
+            )
         queue.notify()
         await self.persistence.commit()
         return result
@@ -370,7 +412,11 @@ class FakeGateway:
     def stats(self, login: str) -> dict[str, int]:
         """CONTRACT section 2 counters (`queued`, `in_flight`, `acked`, `redelivered`,
         `dropped_at_cap`) and more, for one login."""
-        return self.queues[login].stats()
+        stats = self.queues[login].stats()
+        if self._shared is not None:
+            queued, in_flight = self._shared.sizes(login)
+            stats.update(queued=queued, in_flight=in_flight, total=queued + in_flight)
+        return stats
 
     def ledger(
         self, login: str | None = None, after: int = 0, limit: int = 10_000
@@ -383,6 +429,23 @@ class FakeGateway:
         """
         records: list[dict[str, Any]] = []
         last = after
+        if self._shared is not None:
+            for ledger_id, kind, rec_login, seq, token, at, fields_json in self._shared.ledger_page(
+                login, after, limit
+            ):
+                last = ledger_id
+                records.append(
+                    {
+                        "id": ledger_id,
+                        "kind": kind,
+                        "login": rec_login,
+                        "seq": seq,
+                        "token": token,
+                        "at": at,
+                        "receipt": json.loads(fields_json),
+                    }
+                )
+            return {"records": records, "next": last, "first_id": self._shared.first_ledger_id()}
         start = max(after - self._ledger_dropped, 0)
         for ledger_id, kind, rec_login, seq, token, at, fields in self._ledger[start:]:
             last = ledger_id
@@ -407,6 +470,9 @@ class FakeGateway:
         """Run lease expiry (F6), retention (F16) and the receipt deadline (F3) now."""
         now = time.time()
         cutoff = now - self.retention_seconds
+        if self._shared is not None:
+            await self._sweep_shared(self._shared, now, cutoff)
+            return
         durable = self.persistence.durable
         for queue in self.queues.values():
             queue.expire_leases(now)
@@ -430,7 +496,17 @@ class FakeGateway:
             queue = self.queues.get(login)
             if queue is None:
                 continue
-            if message.feed_wants(2):
+            if message.feed_wants(2) and self._shared is not None:
+                self._shared_deadline_fields.setdefault(login, []).append(
+                    {
+                        "id": message_id,
+                        "level": 2,
+                        "stat": "UNKNOWN",
+                        "submit_date": smpp_date(message.sent_at),
+                        "done_date": smpp_date(now),
+                    }
+                )
+            elif message.feed_wants(2):
                 # F3: one last receipt, UNKNOWN, as a webhook would get it.
                 fields: ReceiptFields = {
                     "id": message_id,
@@ -452,19 +528,21 @@ class FakeGateway:
 
     # -- the feed -------------------------------------------------------------------------
     def _feed_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        # The mode is chosen once here, so the default path carries no shared-mode branches.
+        shared = self.shared_store
         handlers = {
             "Subscribe": grpc.unary_stream_rpc_method_handler(
-                self._subscribe,
+                self._subscribe_shared if shared else self._subscribe,
                 request_deserializer=feed_pb2.SubscribeRequest.FromString,
                 response_serializer=_identity,
             ),
             "Pull": grpc.unary_unary_rpc_method_handler(
-                self._pull,
+                self._pull_shared if shared else self._pull,
                 request_deserializer=feed_pb2.PullRequest.FromString,
                 response_serializer=_identity,
             ),
             "Ack": grpc.unary_unary_rpc_method_handler(
-                self._ack,
+                self._ack_shared if shared else self._ack,
                 request_deserializer=feed_pb2.AckRequest.FromString,
                 response_serializer=feed_pb2.AckResponse.SerializeToString,
             ),
@@ -605,6 +683,193 @@ class FakeGateway:
         if acked:
             queue.notify()  # F11: acks on any channel reopen paused windows.
         return outcome
+
+    # -- the feed with --shared-store (SQLite is the authority, fakegw.shared) -------------
+    def _with_duplicates(self, all_fields: list[ReceiptFields]) -> list[ReceiptFields]:
+        """Apply the duplicate fault as `_enqueue_with_faults` does, one draw per receipt."""
+        expanded: list[ReceiptFields] = []
+        for fields in all_fields:
+            expanded.append(fields)
+            if self.faults.chance(self.faults.duplicate_rate):
+                expanded.append(dict(fields))
+        return expanded
+
+    async def _enqueue_shared(
+        self, queue: LoginQueue, all_fields: list[ReceiptFields]
+    ) -> dict[str, int]:
+        assert self._shared is not None
+        enqueued, dropped = await self._shared.run(
+            self._shared.enqueue, queue.login, all_fields, self.cap, time.time()
+        )
+        queue.counters.enqueued += enqueued
+        queue.counters.dropped_at_cap += dropped
+        queue.notify()
+        return {"enqueued": enqueued, "dropped_at_cap": dropped}
+
+    async def _sweep_shared(self, shared: SharedStore, now: float, cutoff: float) -> None:
+        expired = await shared.run(shared.expire, now)
+        removed = await shared.run(shared.expire_retention, cutoff)
+        for login, count in expired.items():
+            if login in self.queues:
+                self.queues[login].counters.lease_expired += count
+                self.queues[login].notify()
+        for login, count in removed.items():
+            if login in self.queues:
+                self.queues[login].counters.removed_by_retention += count
+        self._expire_deadlines(now)
+        deadline_fields, self._shared_deadline_fields = self._shared_deadline_fields, {}
+        for login, fields_list in deadline_fields.items():
+            queue = self.queues[login]
+            counts = await self._enqueue_shared(queue, fields_list)
+            queue.counters.deadline_unknown += counts["enqueued"]
+        self.persistence.mark_dirty()
+
+    async def _watch_shared(self, shared: SharedStore) -> None:
+        """Wake this node's waiting readers when another connection committed (F11, F10)."""
+        while True:
+            await asyncio.sleep(self.shared_poll_seconds)
+            if shared.changed_elsewhere():
+                for queue in self.queues.values():
+                    queue.notify()
+
+    def _release_shared(self, queue: LoginQueue, owner: str) -> None:
+        """F7: queue the release of `owner`'s leases on the store thread, without awaiting.
+
+        Not awaited, so a cancelled stream cannot skip it; the store thread runs it in order.
+        """
+        assert self._shared is not None
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._shared.executor, self._shared.release, owner)
+
+        def released(done: asyncio.Future[dict[str, int]]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                count = done.result().get(queue.login, 0)
+                queue.counters.released_on_stream_end += count
+                if count:
+                    queue.notify()
+
+        future.add_done_callback(released)
+
+    async def _subscribe_shared(
+        self, request: feed_pb2.SubscribeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        queue = await self.authenticate(context)
+        shared = self._shared
+        assert shared is not None
+        faults = self.faults
+        if faults.no_subscribe:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Subscribe is switched off")
+        window = request.window
+        if window == 0 or window > self.max_window:
+            window = self.max_window
+        self._stream_numbers += 1
+        owner = f"{shared.node}:s{self._stream_numbers}"
+        queue.streams += 1
+        sent = 0
+        try:
+            if faults.latency_ms:
+                await asyncio.sleep(faults.latency_ms / 1000)
+            while not self._stopping:
+                changed = queue.changed_event()
+                # F11: the window counts this stream's leases in the store, so an ack at any
+                # node (or a lease running out) reopens it.
+                batch = await shared.run(
+                    shared.lease,
+                    queue.login,
+                    owner,
+                    _STREAM_STEP,
+                    window,
+                    time.time() + self.lease_seconds,
+                )
+                if batch:
+                    self._count_shared_deliveries(queue, batch)
+                    for _, count, wire, token, _ in batch:
+                        yield delivery_bytes(wire, token_field(token), count)
+                        sent += 1
+                        if faults.cut_stream_every and sent % faults.cut_stream_every == 0:
+                            await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: stream cut")
+                    continue
+                await changed.wait()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway shutting down")
+        finally:
+            queue.streams -= 1
+            # F7: a stream that ends releases its unacked receipts at once, for every node.
+            self._release_shared(queue, owner)
+
+    @staticmethod
+    def _count_shared_deliveries(
+        queue: LoginQueue, batch: Sequence[tuple[int, int, bytes, str, int]]
+    ) -> None:
+        counters = queue.counters
+        counters.delivered += len(batch)
+        counters.redelivered += sum(1 for row in batch if row[1] > 1)
+
+    async def _pull_shared(
+        self, request: feed_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
+        queue = await self.authenticate(context)
+        shared = self._shared
+        assert shared is not None
+        faults = self.faults
+        if faults.latency_ms:
+            await asyncio.sleep(faults.latency_ms / 1000)
+        if faults.chance(faults.unavailable_rate):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
+        limit = min(request.max or MAX_PULL, MAX_PULL)
+        wait = min(float(request.wait_seconds), self.max_pull_wait_seconds)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + wait
+        owner = f"{shared.node}:pull"
+        while True:
+            changed = queue.changed_event()
+            # F12: the lease is one atomic UPDATE in the store; delivery counts are committed
+            # before the receipts leave (F6 after kill -9).
+            batch = await shared.run(
+                shared.lease, queue.login, owner, limit, None, time.time() + self.lease_seconds
+            )
+            if batch:
+                self._count_shared_deliveries(queue, batch)
+                return pull_response_bytes(
+                    delivery_bytes(wire, token_field(token), count)
+                    for _, count, wire, token, _ in batch
+                )
+            remaining = give_up_at - loop.time()
+            if remaining <= 0 or self._stopping:
+                return b""
+            # F10: long poll; another node's inject wakes us through _watch_shared.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    async def _ack_shared(
+        self, request: feed_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> feed_pb2.AckResponse:
+        queue = await self.authenticate(context)
+        shared = self._shared
+        assert shared is not None
+        faults = self.faults
+        if faults.latency_ms:
+            await asyncio.sleep(faults.latency_ms / 1000)
+        if faults.chance(faults.unavailable_rate):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
+        tokens = list(request.tokens)
+        if not 1 <= len(tokens) <= MAX_ACK_TOKENS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"an Ack carries 1 to {MAX_ACK_TOKENS} tokens, got {len(tokens)}",
+            )
+        # F9: one DELETE ... RETURNING; a token of a receipt acked at any node, of another
+        # login, malformed or forged names no row and is already_gone.
+        outcome, invalid = await shared.run(shared.ack, queue.login, tokens, time.time())
+        gone = [token for token, ok in zip(tokens, outcome, strict=True) if not ok]
+        counters = queue.counters
+        counters.acked += len(tokens) - len(gone)
+        counters.already_gone += len(gone)
+        counters.invalid_tokens += invalid
+        if len(gone) < len(tokens):
+            queue.notify()
+        if faults.chance(faults.ack_lost_rate):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: ack reply lost")
+        return feed_pb2.AckResponse(acked=len(tokens) - len(gone), already_gone=gone)
 
     # -- admin ----------------------------------------------------------------------------
     def _admin_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
