@@ -235,3 +235,24 @@ async def test_f6_leases_of_a_killed_node_return_at_another_after_the_lease(
         for process in (node_a, node_b):
             if process.poll() is None:
                 stop_fakegw_process(process, signal.SIGKILL)
+
+
+async def test_f7_f13_node_stop_releases_its_streams_behind_newer_receipts(tmp_path: Path) -> None:
+    store = str(tmp_path / "shared.db")
+    a = FakeGateway(LOGINS, store=store, shared_store=True, lease_seconds=30)
+    b = FakeGateway(LOGINS, store=store, shared_store=True, lease_seconds=30)
+    async with b.running():
+        await a.start()
+        client_a, client_b = feed_client(a.target), feed_client(b.target)
+        await b.inject(LOGIN, [receipt_body(i) for i in range(5)])
+        stream = StreamReader(client_a, window=3)
+        await wait_until(lambda: len(stream.receipts) == 3)
+        await a.stop()
+        await stream.task
+        assert stream.error is not None  # the stream ended with the node (UNAVAILABLE)
+        assert b.stats(LOGIN)["in_flight"] == 0
+        again = await client_b.pull()
+        expected = [("m3", 1), ("m4", 1), ("m0", 2), ("m1", 2), ("m2", 2)]
+        assert [(r.id, r.delivery_count) for r in again] == expected
+        await client_a.close()
+        await client_b.close()
