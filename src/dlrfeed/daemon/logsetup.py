@@ -33,6 +33,8 @@ def configure_logging(level: str = "info", log_format: LogFormat = "auto") -> No
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write() per event, newline included: worker processes share their supervisor's
+        # stderr, and print()'s separate newline write lets their lines interleave.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
