@@ -693,14 +693,12 @@ def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: f
         "",
         "## Findings",
         "",
-        "- **Bug (store, open):** ids are cut to 512 characters for the `(login, message_id, "
-        "level)` key (`dlrfeed.domain.parse.storable`, `MAX_ID_CHARS`), so two different ids "
-        "that share their first 512 characters become ONE logical event: the second is stored "
-        "as a repeat (or a conflict) of the first and has no event of its own. The checker "
-        "counts it as lost (it compares the raw id that created each event). The hostile flood "
-        "uses 10 KB ids with distinct prefixes, so it passes; the strict-xfail test "
+        "- **Bug found and fixed (store):** ids were cut to 512 characters for the `(login, "
+        "message_id, level)` key, so two different ids sharing their first 512 characters "
+        "became ONE logical event (the checker counted the second as lost). An id altered to be "
+        "storable now keeps a digest of the raw id (`dlrfeed.domain.parse.storable_id`); "
         "`tests/system/test_chaos.py::test_two_long_ids_with_one_prefix_are_two_logical_events` "
-        "demonstrates the bug. A fix: keep a digest of the whole id in the truncated key.",
+        "guards it.",
         "- **Pull after kill -9:** receipts a killed process had pulled stay leased until the "
         "gateway's lease ends (F6; F7 frees only streams), so the drain after the last kill "
         "takes up to one lease (120 s by default). `daemon_kill9` runs with a 10 s lease.",
