@@ -346,10 +346,9 @@ class Bench:
                 time.perf_counter() - wall_before
             )
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and int(_stats(self.target)["queued"]) + int(
-                _stats(self.target)["in_flight"]
-            ):
+            while time.monotonic() < deadline and _waiting(self.target):
                 time.sleep(0.2)
+            unacked = _waiting(self.target)
             time.sleep(0.3)  # the last Ack's latency observation
             metrics_text = _get(f"http://127.0.0.1:{metrics_port}/metrics")
         self.drop_database(url)
@@ -366,7 +365,9 @@ class Bench:
             "rate": round(rate),
             "injected": injected,
             "measured": len(warm),
-            "unacked": injected - len(latencies),
+            # The gateway's own count: the ledger keeps only its newest records, so receipts
+            # whose enqueue record was trimmed are simply not in `measured`.
+            "unacked": unacked,
             "ledger_p50_ms": 1000 * quantile(warm, 0.50) if warm else None,
             "ledger_p99_ms": 1000 * quantile(warm, 0.99) if warm else None,
             "ledger_max_ms": 1000 * warm[-1] if warm else None,
@@ -598,7 +599,7 @@ def run(sizes: Sizes, chart: Path | None, log: Callable[[str], None]) -> dict[st
         try:
             with (
                 asyncio.Runner(loop_factory=loop_factory) as runner,
-                _fakegw(ledger_records=max(150_000, int(sizes.latency_seconds * 8_000))) as target,
+                _fakegw(ledger_records=max(150_000, int(sizes.latency_seconds * 12_000))) as target,
             ):
                 runner.run(_create_template(cluster))
                 results["postgres_settings"] = runner.run(_settings(cluster.dsn))
@@ -638,6 +639,12 @@ def run(sizes: Sizes, chart: Path | None, log: Callable[[str], None]) -> dict[st
     if chart is not None:
         results["chart"] = chart.name if draw_chart(results, chart) else None
     return results
+
+
+def _waiting(target: str) -> int:
+    """Receipts the gateway still holds for the login: queued plus leased."""
+    stats = _stats(target)
+    return int(stats["queued"]) + int(stats["in_flight"])
 
 
 @contextlib.contextmanager
@@ -869,7 +876,8 @@ def _latency_section(results: dict[str, Any]) -> list[str]:
         f"| daemon histogram (receive → ack) | {lat['injected']:,} | "
         f"{_ms(lat['histogram_p50_ms'])} | {_ms(lat['histogram_p99_ms'])} | |",
         "",
-        f"Receipts not acked within 30 s of the last injection: {lat['unacked']:,}.",
+        "Receipts the gateway still held (queued or leased) once drained, at most 30 s after "
+        f"the last injection: {lat['unacked']:,}.",
     ]
 
 
