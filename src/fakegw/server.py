@@ -600,15 +600,20 @@ class FakeGateway:
             # F7: a stream that ends releases its unacked receipts at once.
             queue.release(holder)
 
-    async def _pull(
-        self, request: feed_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> bytes:
+    async def _admit_unary(self, context: grpc.aio.ServicerContext[Any, Any]) -> LoginQueue:
+        """Authenticate a Pull or Ack, then apply the call faults (latency, UNAVAILABLE)."""
         queue = await self.authenticate(context)
         faults = self.faults
         if faults.latency_ms:
             await asyncio.sleep(faults.latency_ms / 1000)
         if faults.chance(faults.unavailable_rate):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
+        return queue
+
+    async def _pull(
+        self, request: feed_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
+        queue = await self._admit_unary(context)
         # F10: at most 1000 (unset means 1000), wait at most 20 s; larger values are clamped.
         limit = min(request.max or MAX_PULL, MAX_PULL)
         wait = min(float(request.wait_seconds), self.max_pull_wait_seconds)
@@ -635,19 +640,10 @@ class FakeGateway:
     async def _ack(
         self, request: feed_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> feed_pb2.AckResponse:
-        queue = await self.authenticate(context)
+        queue = await self._admit_unary(context)
         faults = self.faults
-        if faults.latency_ms:
-            await asyncio.sleep(faults.latency_ms / 1000)
-        if faults.chance(faults.unavailable_rate):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
         tokens = request.tokens
-        if not 1 <= len(tokens) <= MAX_ACK_TOKENS:
-            # Spec "decided here": none or more than 1000 tokens is INVALID_ARGUMENT.
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"an Ack carries 1 to {MAX_ACK_TOKENS} tokens, got {len(tokens)}",
-            )
+        await _check_ack_size(tokens, context)
         acked = self._apply_acks(queue, tokens)
         gone = [token for token, ok in zip(tokens, acked, strict=True) if not ok]
         if self.persistence.durable and len(gone) < len(tokens):
@@ -807,14 +803,9 @@ class FakeGateway:
     async def _pull_shared(
         self, request: feed_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> bytes:
-        queue = await self.authenticate(context)
+        queue = await self._admit_unary(context)
         shared = self._shared
         assert shared is not None
-        faults = self.faults
-        if faults.latency_ms:
-            await asyncio.sleep(faults.latency_ms / 1000)
-        if faults.chance(faults.unavailable_rate):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
         limit = min(request.max or MAX_PULL, MAX_PULL)
         wait = min(float(request.wait_seconds), self.max_pull_wait_seconds)
         loop = asyncio.get_running_loop()
@@ -843,20 +834,12 @@ class FakeGateway:
     async def _ack_shared(
         self, request: feed_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> feed_pb2.AckResponse:
-        queue = await self.authenticate(context)
+        queue = await self._admit_unary(context)
         shared = self._shared
         assert shared is not None
         faults = self.faults
-        if faults.latency_ms:
-            await asyncio.sleep(faults.latency_ms / 1000)
-        if faults.chance(faults.unavailable_rate):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
         tokens = list(request.tokens)
-        if not 1 <= len(tokens) <= MAX_ACK_TOKENS:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"an Ack carries 1 to {MAX_ACK_TOKENS} tokens, got {len(tokens)}",
-            )
+        await _check_ack_size(tokens, context)
         # F9: one DELETE ... RETURNING; a token of a receipt acked at any node, of another
         # login, malformed or forged names no row and is already_gone.
         outcome, invalid = await shared.run(shared.ack, queue.login, tokens, time.time())
@@ -876,3 +859,14 @@ class FakeGateway:
         from fakegw.admin import admin_handlers
 
         return grpc.method_handlers_generic_handler(ADMIN_SERVICE, admin_handlers(self))
+
+
+async def _check_ack_size(
+    tokens: Sequence[str], context: grpc.aio.ServicerContext[Any, Any]
+) -> None:
+    """Spec "decided here": none or more than 1000 tokens is INVALID_ARGUMENT (F9)."""
+    if not 1 <= len(tokens) <= MAX_ACK_TOKENS:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"an Ack carries 1 to {MAX_ACK_TOKENS} tokens, got {len(tokens)}",
+        )
