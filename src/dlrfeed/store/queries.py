@@ -12,6 +12,30 @@ from __future__ import annotations
 # collide with the migration lock (one bigint) of dlrfeed.store.migrate.
 CORRELATION_LOCK_NAMESPACE = 0x646C72  # "dlr"
 
+
+def _upsert_statuses(statuses: str) -> str:
+    """The statement body that writes computed statuses (P7), shared by the ingest and the
+    late-correlation writes: `$1` login, `$2` rules version, `statuses` a jsonb array of rows
+    (message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
+    progress_events, deadline_superseded)."""
+    return _STATUS_UPSERT.replace("{statuses}", statuses)
+
+
+_STATUS_UPSERT = """
+    INSERT INTO dlr.message_status (
+        login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
+        progress_events, deadline_superseded, rules_version, updated_at)
+    SELECT $1, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
+           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $2, now()
+    FROM jsonb_array_elements({statuses}::jsonb) AS s(r)
+    ON CONFLICT (login, message_id) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at
+"""
+
 # -- name: lock_messages
 # P10: exact correlation by message id within the login; the row lock serialises every status
 # computation of that message. $2 is sorted (Python order), and the rows are locked in that
@@ -117,7 +141,8 @@ FOR NO KEY UPDATE OF e
 # Everything of the batch but the receptions themselves: reception ids drawn for the $3
 # deliveries (in batch order, returned so the receptions are copied in with them), exceptions
 # (joined to their reception by batch position), the new statuses, the events' counters.
-WRITE_BATCH = """
+WRITE_BATCH = (
+    """
 WITH rec_ids AS MATERIALIZED (
     SELECT coalesce(array_agg(g.id ORDER BY g.position), '{}') AS ids
     FROM (SELECT nextval('dlr.receptions_id_seq') AS id, n AS position
@@ -131,19 +156,9 @@ exc AS (
     CROSS JOIN rec_ids AS r
 ),
 st AS (
-    INSERT INTO dlr.message_status (
-        login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
-        progress_events, deadline_superseded, rules_version, updated_at)
-    SELECT $1, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
-           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $2, now()
-    FROM jsonb_array_elements($9::jsonb) AS s(r)
-    ON CONFLICT (login, message_id) DO UPDATE SET
-        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
-        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
-        deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at
-),
+"""
+    + _upsert_statuses("$9")
+    + """),
 ev AS (
     UPDATE dlr.events AS e SET
         times_received = e.times_received + c.repeats,
@@ -155,6 +170,7 @@ ev AS (
 )
 SELECT ids FROM rec_ids
 """
+)
 
 # -- name: copy_receptions
 # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row insert
@@ -221,21 +237,12 @@ ORDER BY e.correlation_id, e.id
 # -- name: write_late_correlation
 # The statuses computed from the waiting events, their uncorrelated exceptions resolved with the
 # reason, and any conflict/unrecognized exception the rules raised on the way.
-WRITE_LATE_CORRELATION = """
+WRITE_LATE_CORRELATION = (
+    """
 WITH st AS (
-    INSERT INTO dlr.message_status (
-        login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
-        progress_events, deadline_superseded, rules_version, updated_at)
-    SELECT $1, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
-           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $2, now()
-    FROM jsonb_array_elements($3::jsonb) AS s(r)
-    ON CONFLICT (login, message_id) DO UPDATE SET
-        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
-        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
-        deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at
-),
+"""
+    + _upsert_statuses("$3")
+    + """),
 resolved AS (
     UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
     FROM unnest($4::bigint[], $5::text[]) AS r(event_id, resolution)
@@ -250,3 +257,4 @@ opened AS (
 )
 SELECT count(*) FROM resolved
 """
+)
