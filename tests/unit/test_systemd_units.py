@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlrfeed.cli import build_parser
-from dlrfeed.config import env_name
+from dlrfeed.config import env_name, settable_actions
 from dlrfeed.errors import AuthenticationError, ConfigError, SchemaOutOfDateError
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
@@ -229,13 +229,7 @@ def _example_keys(name: str) -> set[str]:
 def test_example_env_files_name_real_options(command: str, files: list[str]) -> None:
     """CONTRACT §3: each DLRFEED_* in the examples (and the units) is an option of the command."""
     _, subparsers = build_parser()
-    if command not in subparsers:
-        pytest.skip(f"`dlrfeed {command}` is not registered yet; nothing to compare against")
-    known = {
-        env_name(action.dest)
-        for action in subparsers[command]._actions  # argparse has no public option list
-        if action.option_strings
-    }
+    known = {env_name(action.dest) for action in settable_actions(subparsers[command])}
     shown: set[str] = set()
     for name in files:
         shown |= _example_keys(name)
