@@ -276,6 +276,29 @@ async def test_connection_loss_raises_store_unavailable_and_commits_nothing(
     assert retried.outcomes == [Outcome.UNCORRELATED, Outcome.APPLIED]
 
 
+async def test_connection_lost_while_bisecting_commits_no_half_c7_c8(
+    store: Store, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C7/C8: the halves of a bisected batch commit together or not at all, so the caller's
+    whole-batch retry after a lost connection stores no delivery twice."""
+    await record(store, *[f"q{i}" for i in range(4)])
+    poison = receipt("badid")._replace(message_id=MessageId("bad\ud800id"))
+    batch = [receipt("q0"), receipt("q1"), poison, receipt("q2"), receipt("q3")]
+
+    async def connection_lost(*_: object) -> None:
+        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost (test)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "_store_unstorable", connection_lost)
+        with pytest.raises(StoreUnavailableError):
+            await store.ingest(LOGIN, batch)
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 0
+    retried = await store.ingest(LOGIN, batch)
+    assert retried.outcomes.count(Outcome.APPLIED) == 4
+    assert retried.outcomes.count(Outcome.REPEAT) == 0
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 4
+
+
 async def test_receptions_are_append_only_p13(store: Store, db: asyncpg.Connection) -> None:
     """P13: the database itself refuses UPDATE and DELETE of receptions."""
     await store.ingest(LOGIN, [receipt("a1")])

@@ -367,19 +367,41 @@ class Store:
         try:
             outcomes, retries = await self._ingest_retrying(conn, login, events)
         except _DATA_ERRORS as exc:
-            if len(events) == 1:
-                # C8: the poison receipt, isolated; kept raw so it can be acked and studied.
-                await self._store_unstorable(conn, login, receipts[0], exc)
-                return [Outcome.UNSTORABLE], 0, 0
-            half = len(events) // 2
-            first = await self._ingest_bisecting(conn, login, receipts[:half], events[:half])
-            second = await self._ingest_bisecting(conn, login, receipts[half:], events[half:])
-            return (
-                first[0] + second[0],
-                first[1] + second[1],
-                first[2] + second[2] + 1,
-            )
+            # C8: find the poison receipt by halving, all inside ONE outer transaction (each
+            # half's transaction becomes a savepoint): a connection lost half-way then commits
+            # nothing, and the caller's whole-batch retry stores no delivery twice.
+            async with conn.transaction():
+                return await self._split(conn, login, receipts, events, exc)
         return outcomes, retries, 0
+
+    async def _split(
+        self,
+        conn: _Connection,
+        login: str,
+        receipts: Sequence[Receipt],
+        events: list[LogicalEvent],
+        error: BaseException,
+    ) -> tuple[list[Outcome], int, int]:
+        """`receipts` failed for a data reason: store each half on its own, recursively."""
+        if len(events) == 1:
+            # C8: the poison receipt, isolated; kept raw so it can be acked and studied.
+            await self._store_unstorable(conn, login, receipts[0], error)
+            return [Outcome.UNSTORABLE], 0, 0
+        half = len(events) // 2
+        outcomes: list[Outcome] = []
+        retries, bisections = 0, 1
+        for part, part_events in (
+            (receipts[:half], events[:half]),
+            (receipts[half:], events[half:]),
+        ):
+            try:
+                done, attempts = await self._ingest_retrying(conn, login, part_events)
+            except _DATA_ERRORS as exc:
+                done, attempts, splits = await self._split(conn, login, part, part_events, exc)
+                bisections += splits
+            outcomes += done
+            retries += attempts
+        return outcomes, retries, bisections
 
     async def _ingest_retrying(
         self, conn: _Connection, login: str, events: list[LogicalEvent]
