@@ -25,6 +25,7 @@ import pytest
 
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import Outcome
+from dlrfeed.errors import ConfigError
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission
 from dlrfeed.store import queries as store_queries
@@ -223,6 +224,20 @@ async def test_p13_writer_cannot_rewrite_evidence_or_change_the_schema(
     by the append-only trigger, which stays as the second line of defence."""
     message = await _refused(roles_db.writer, statement)
     assert "permission denied" in message or "must be owner" in message
+
+
+async def test_ingest_as_a_role_without_the_privilege_is_one_config_line(
+    roles_db: RoleDatabase,
+) -> None:
+    """A daemon pointed at the reader role stops with exit 78 and one line, not a traceback."""
+    store = await Store.open(roles_db.reader, pool_size=1)
+    try:
+        with pytest.raises(ConfigError, match="writer role") as info:
+            await store.ingest("acme", [_domain(_receipt("m1", 2, "DELIVRD"))])
+    finally:
+        await store.close()
+    assert "\n" not in str(info.value)
+    assert info.value.exit_code == 78
 
 
 async def test_reader_runs_the_operator_reports(roles_db: RoleDatabase) -> None:

@@ -25,7 +25,7 @@ from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, par
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.rules import RULES_VERSION, EventFacts, MessageStatus, apply, count
 from dlrfeed.domain.status import Outcome, Status
-from dlrfeed.errors import BadDataError, StoreUnavailableError
+from dlrfeed.errors import BadDataError, ConfigError, StoreUnavailableError
 from dlrfeed.store import queries
 from dlrfeed.store.migrate import ensure_current
 from dlrfeed.store.submission import Submission, SubmissionResult
@@ -51,7 +51,17 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
+# Server states that pass: a read-only server (a standby before failover completes, class 25)
+# or deadlocks still failing after every retry (class 40). The batch is retried whole later.
+_PASSING_SERVER_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InvalidTransactionStateError,
+    asyncpg.exceptions.TransactionRollbackError,
+)
 _DEADLOCK_RETRIES = 8
+# Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
+# another worker, so its bound is generous, but well inside the gateway's 120 s lease (F6).
+_CONNECT_TIMEOUT_S = 10.0
+_STATEMENT_TIMEOUT_S = 60.0
 _MISSING = "\x00missing"  # a dict.get default that no storable value equals (no NUL)
 _T = TypeVar("_T")
 _U = TypeVar("_U")
@@ -308,7 +318,14 @@ class Store:
         """Connect a pool of up to `pool_size` connections; StoreUnavailableError if unreachable."""
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=1, max_size=pool_size, reset=_keep_session
+                dsn,
+                min_size=1,
+                max_size=pool_size,
+                reset=_keep_session,
+                timeout=_CONNECT_TIMEOUT_S,
+                # A server that stops answering must become StoreUnavailableError (so readers
+                # pause and, past --release-after, release their streams, F7), not a hang.
+                command_timeout=_STATEMENT_TIMEOUT_S,
             )
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
@@ -321,8 +338,8 @@ class Store:
     async def ping(self) -> None:
         """One round trip to the server; StoreUnavailableError when it does not answer."""
         try:
-            async with self._pool.acquire() as conn:
-                await conn.fetchval("SELECT 1")
+            async with self._pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
+                await conn.fetchval("SELECT 1", timeout=_CONNECT_TIMEOUT_S)
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
@@ -355,6 +372,13 @@ class Store:
                 )
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable during ingest: {exc}") from exc
+        except _PASSING_SERVER_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL refused the batch for now: {exc}") from exc
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            raise ConfigError(
+                f"the database role may not ingest ({exc}): connect as the writer role, "
+                "see sql/roles.sql and docs/security.md"
+            ) from exc
         return IngestResult(outcomes, Counter(outcomes), retries, bisections)
 
     async def _ingest_bisecting(
