@@ -177,3 +177,13 @@ def test_altered_ids_never_share_a_logical_key_p14(first: str, second: str) -> N
     assert one.message_id != two.message_id
     assert "id_digest" in one.flags
     assert len(one.message_id) <= MAX_ID_CHARS
+
+
+def test_hex_option_takes_plain_hex_digits_only_p11() -> None:
+    """P11: "0x1F", " 1f" or "1_f" are not the hex id "1f"; they stay uncorrelatable, flagged."""
+    options = IntegrationOptions(receipt_ids_hex=True)
+    assert parse(receipt(message_id="1f"), options).correlation_id == "31"
+    for odd in ("0x1F", " 1f", "1_f", "-1f", ""):
+        event = parse(receipt(message_id=odd), options)
+        assert event.correlation_id == event.message_id
+        assert "id_not_hex" in event.flags

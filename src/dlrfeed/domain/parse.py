@@ -30,6 +30,7 @@ MAX_ID_CHARS = 512
 # that differ only past the cut, or in a NUL against a literal "\u0000", never share one
 # logical event key (P14, F8): 1 + 32 hex characters of BLAKE2b-128.
 _ID_DIGEST_CHARS = 33
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 class LogicalEvent(NamedTuple):
@@ -163,10 +164,11 @@ def _date(
 def correlation_id(message_id: str, options: IntegrationOptions, flags: list[str]) -> str:
     """P10: the id to look up among sent messages; the raw id unless an option says otherwise."""
     if options.receipt_ids_hex:
-        try:
+        # Only plain hex digits: int(x, 16) also takes "0x", "_", a sign and spaces, which
+        # would make different receipt ids one message (P11: never guess a correlation).
+        if message_id and all(c in _HEX_DIGITS for c in message_id):
             return str(int(message_id, 16))
-        except ValueError:
-            flags.append("id_not_hex")
+        flags.append("id_not_hex")
     return message_id
 
 
