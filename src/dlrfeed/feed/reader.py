@@ -323,7 +323,7 @@ class FeedReader:
             )
 
     def _backoff(self) -> float:
-        """Exponential backoff with full jitter, capped (grows per consecutive failure)."""
+        """Exponential backoff with equal jitter (half to all of the step), capped."""
         self._attempt += 1
         ceiling = min(
             self._settings.backoff_max, self._settings.backoff_initial * 2 ** (self._attempt - 1)
