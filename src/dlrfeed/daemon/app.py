@@ -371,13 +371,15 @@ class Daemon:
         repeats = counts.get(Outcome.REPEAT, 0)
         conflicts = counts.get(Outcome.CONFLICT, 0)
         exceptions = sum(counts.get(outcome, 0) for outcome in EXCEPTION_OUTCOMES)
-        m.stored.inc(len(batch))
+        # Receptions written: an unstorable receipt is kept as exception evidence instead (C8).
+        stored = len(batch) - counts.get(Outcome.UNSTORABLE, 0)
+        m.stored.inc(stored)
         m.repeats.inc(repeats)
         m.conflicts.inc(conflicts)
         m.exceptions.inc(exceptions)
         m.delivery_count.observe_many(r.delivery_count for r in batch)
         t = m.totals
-        t.stored += len(batch)
+        t.stored += stored
         t.repeats += repeats
         t.conflicts += conflicts
         t.exceptions += exceptions
