@@ -252,10 +252,12 @@ class Daemon:
 
         failure = await self._wait_for_stop_or_failure()
         self._notifier.notify(STOPPING="1", STATUS="stopping")
+        clean = False
         if failure is None:
-            clean = await self._clean_shutdown(acker, acker_task, reader_tasks)
-        else:
-            clean = False
+            try:
+                clean = await self._clean_shutdown(acker, acker_task, reader_tasks)
+            except DlrfeedError as exc:  # the Acker died while flushing: its exit status wins
+                failure = exc
         await self._teardown()
         if failure is not None:
             raise failure
@@ -299,6 +301,10 @@ class Daemon:
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if acker_task.done():
                     drains.cancel()
+                    error = None if acker_task.cancelled() else acker_task.exception()
+                    log.error("task_failed", task="acker", error=str(error))
+                    if isinstance(error, DlrfeedError):
+                        raise error  # e.g. credentials revoked: its own exit status (77)
                     return False
                 await drains
                 acker.close()
