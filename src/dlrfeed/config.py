@@ -14,7 +14,9 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
 
 ENV_PREFIX = "DLRFEED_"
@@ -146,3 +148,49 @@ def required(args: argparse.Namespace, dest: str) -> str:
         option = "--" + dest.replace("_", "-")
         raise ConfigError(f"{option} is required (flag, {env_name(dest)} or --config file)")
     return str(value)
+
+
+def add_integration_options(parser: argparse.ArgumentParser) -> None:
+    """The integration-specific rules (P18, docs/rules.md), all off by default.
+
+    `dlrfeed run` and `dlrfeed record-submissions` both take them, so that ingest and late
+    correlation apply the same rules.
+    """
+    group = parser.add_argument_group("integration rules (P18; docs/rules.md)")
+    group.add_argument(
+        "--deadline-unknown-superseded",
+        action="store_true",
+        help="a network final may replace the gateway's deadline UNKNOWN (F3)",
+    )
+    group.add_argument(
+        "--receipt-ids-hex",
+        action="store_true",
+        help="receipt ids are the hex form of the decimal ids returned at submit (P10)",
+    )
+    group.add_argument(
+        "--bare-digits-are-international",
+        action="store_true",
+        help="destinations of bare digits already include the country code (P5)",
+    )
+    group.add_argument(
+        "--receipt-timezone",
+        default="UTC",
+        metavar="ZONE",
+        help="time zone of the reported submit/done dates (IANA name)",
+    )
+
+
+def integration_options(args: argparse.Namespace) -> IntegrationOptions:
+    """The IntegrationOptions the command's flags ask for; a bad time zone is a ConfigError."""
+    try:
+        ZoneInfo(args.receipt_timezone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(
+            f"--receipt-timezone: {args.receipt_timezone!r} is not an IANA time zone"
+        ) from exc
+    return IntegrationOptions(
+        deadline_unknown_superseded=args.deadline_unknown_superseded,
+        receipt_ids_hex=args.receipt_ids_hex,
+        bare_digits_are_international=args.bare_digits_are_international,
+        receipt_timezone=args.receipt_timezone,
+    )

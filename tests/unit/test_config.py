@@ -79,3 +79,31 @@ def test_unknown_or_unreadable_config_file_is_an_error(tmp_path: Path) -> None:
     broken.write_text("streams = = 3\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         LayeredDefaults(parser, subs, {}).parse(["run", "--config", str(broken)])
+
+
+def test_integration_rules_are_off_by_default_and_one_set_for_both_commands() -> None:
+    """P18: the rules are switched on explicitly, with the same flags for run and
+    record-submissions (ingest and late correlation must agree)."""
+    from dlrfeed.cli import build_parser
+    from dlrfeed.config import integration_options
+    from dlrfeed.domain.options import IntegrationOptions
+
+    parser, subs = build_parser()
+    base = ["--database-url", "postgresql://x@y/z"]
+    default = LayeredDefaults(parser, subs, {}).parse(["record-submissions", "-", *base])
+    assert integration_options(default) == IntegrationOptions()
+    for command in ("run", "record-submissions"):
+        argv = [command, *(["-"] if command == "record-submissions" else []), *base]
+        args = LayeredDefaults(parser, subs, {"DLRFEED_RECEIPT_IDS_HEX": "1"}).parse(
+            [*argv, "--deadline-unknown-superseded", "--receipt-timezone", "Europe/Madrid"]
+        )
+        assert integration_options(args) == IntegrationOptions(
+            deadline_unknown_superseded=True,
+            receipt_ids_hex=True,
+            receipt_timezone="Europe/Madrid",
+        )
+    bad = LayeredDefaults(parser, subs, {}).parse(
+        ["record-submissions", "-", *base, "--receipt-timezone", "Mars/Olympus"]
+    )
+    with pytest.raises(ConfigError, match="--receipt-timezone"):
+        integration_options(bad)

@@ -9,8 +9,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from dlrfeed.config import add_database_url, required
-from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.config import (
+    add_database_url,
+    add_integration_options,
+    integration_options,
+    required,
+)
 from dlrfeed.errors import BadDataError, ConfigError
 from dlrfeed.store import Store, Submission, SubmissionResult
 
@@ -22,11 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="JSON lines of sent messages, or - for stdin")
     add_database_url(parser)
     parser.add_argument("--login", help="login of lines that do not name one")
-    parser.add_argument(
-        "--bare-digits-are-international",
-        action="store_true",
-        help="destinations of bare digits already include the country code (P5 option)",
-    )
+    add_integration_options(parser)
 
 
 def _timestamp(value: Any, line: int) -> datetime | None:
@@ -94,7 +94,7 @@ def _open(path: str) -> IO[str]:
 
 async def run(args: argparse.Namespace) -> int:
     """Read the file in batches of 1000 and record them; print one JSON summary line."""
-    options = IntegrationOptions(bare_digits_are_international=args.bare_digits_are_international)
+    options = integration_options(args)
     store = await Store.open(required(args, "database_url"), pool_size=1, options=options)
     totals = {"recorded": 0, "already_recorded": 0, "late_correlated_events": 0}
     stream = _open(args.file)

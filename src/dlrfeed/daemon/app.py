@@ -71,7 +71,9 @@ async def open_store(settings: DaemonSettings) -> DaemonStore:
     """Open the real PostgreSQL store with a pool sized for the readers."""
     from dlrfeed.store import Store  # the adapter is imported only by the composition root
 
-    return await Store.open(settings.database_url, pool_size=settings.db_pool_size)
+    return await Store.open(
+        settings.database_url, pool_size=settings.db_pool_size, options=settings.integration
+    )
 
 
 class Daemon:

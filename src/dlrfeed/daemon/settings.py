@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from dlrfeed.config import add_integration_options, integration_options
+from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
 from dlrfeed.feed.channel import TlsSettings
 from dlrfeed.feed.client import MAX_ACK_TOKENS, MAX_PULL, MAX_PULL_WAIT_SECONDS
@@ -187,6 +189,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a clean stop may take (commit batch in hand, flush acks, close)",
     )
+    add_integration_options(parser)
     obs = parser.add_argument_group("observability")
     obs.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics and /healthz here")
     obs.add_argument(
@@ -288,6 +291,8 @@ class DaemonSettings:
     reader: ReaderSettings
     password_file_mode: int | None = None
     """Set when the --password-file is open to group/others: the daemon warns at start."""
+    integration: IntegrationOptions = field(default_factory=IntegrationOptions)
+    """The integration-specific rules the store applies (P18; off by default)."""
 
     @classmethod
     def from_args(
@@ -357,6 +362,7 @@ class DaemonSettings:
             log_level=args.log_level,
             log_format=args.log_format,
             summary_interval=args.summary_interval,
+            integration=integration_options(args),
             db_pool_size=args.db_pool_size or args.streams + 1,
             max_message_bytes=args.max_message_mb * 1024 * 1024,
             reader=ReaderSettings(
