@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace) -> int:
     """Validate settings, then run one worker or, with --processes > 1, the supervisor."""
     settings = DaemonSettings.from_args(args)
+    # argparse's choices= admit only LogFormat values; the settings keep the parsed str.
     configure_logging(settings.log_level, settings.log_format)  # type: ignore[arg-type]
     if settings.processes > 1:
         return await Supervisor(settings, sys.argv[1:]).run()

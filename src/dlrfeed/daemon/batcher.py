@@ -78,7 +78,6 @@ class Batcher:
         self._generation = 0  # bumped by release(): batches of an older one are dropped
         self._committing: asyncio.Task[None] | None = None
         self._committing_size = 0
-        self.batches_committed = 0
         self._full_streak = 0  # consecutive batches closed by size, not by linger
 
     @property
@@ -211,7 +210,6 @@ class Batcher:
             self._gate.mark_up()
             break
         seconds = time.monotonic() - started
-        self.batches_committed += 1
         if self._on_commit is not None:
             self._on_commit(batch, result, seconds)
         log.debug("batch_committed", batcher=self.name, receipts=len(batch), ms=seconds * 1000)
