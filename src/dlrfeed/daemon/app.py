@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc.aio
 import structlog
 
+from dlrfeed.backoff import backoff_delay
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import DlrfeedError, FeedUnavailableError, StoreUnavailableError
@@ -176,16 +176,17 @@ class Daemon:
 
     async def _until_stopped(self, attempt: Callable[[], Awaitable[Any]]) -> Any:
         """Retry a start-up step through transient outages (no crash loop); None if stopped."""
-        delay = 0.2
+        tries = 0
         while not self._stop.is_set():
             try:
                 result = await attempt()
             except (StoreUnavailableError, FeedUnavailableError) as exc:
+                tries += 1
+                delay = backoff_delay(tries, 0.2, 10.0)
                 log.warning("startup_waiting", error=str(exc), retry_in_s=round(delay, 2))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
-                delay = min(delay * 2, 10.0) * random.uniform(0.8, 1.0)
                 continue
             return True if result is None else result
         return None

@@ -10,12 +10,12 @@ that can store them (F7). The first successful ping or commit opens the gate aga
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
+from dlrfeed.backoff import backoff_delay
 from dlrfeed.errors import StoreUnavailableError
 
 log = structlog.get_logger("dlrfeed.store_gate")
@@ -92,8 +92,9 @@ class StoreGate:
             attempt = 0
             while not self._up.is_set():
                 attempt += 1
-                ceiling = min(self._backoff_max, self._backoff_initial * 2 ** (attempt - 1))
-                await self.wait_up_for(random.uniform(ceiling / 2, ceiling))
+                await self.wait_up_for(
+                    backoff_delay(attempt, self._backoff_initial, self._backoff_max)
+                )
                 if self._up.is_set():
                     break
                 down_for = time.monotonic() - (self.down_since or time.monotonic())

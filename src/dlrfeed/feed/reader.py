@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Protocol
 
 import structlog
 
+from dlrfeed.backoff import backoff_delay
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import FeedUnavailableError
 from dlrfeed.feed.client import (
@@ -325,10 +325,9 @@ class FeedReader:
     def _backoff(self) -> float:
         """Exponential backoff with equal jitter (half to all of the step), capped."""
         self._attempt += 1
-        ceiling = min(
-            self._settings.backoff_max, self._settings.backoff_initial * 2 ** (self._attempt - 1)
+        return backoff_delay(
+            self._attempt, self._settings.backoff_initial, self._settings.backoff_max
         )
-        return random.uniform(ceiling / 2, ceiling)
 
     async def _respect_reopen_cap(self) -> None:
         """At most `max_reopens_per_10s` opens per 10 s, whatever the backoff says."""
