@@ -21,7 +21,7 @@ import heapq
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -610,32 +610,50 @@ class FakeGateway:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "fault: unavailable")
         return queue
 
-    async def _pull(
-        self, request: feed_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
+    async def _long_poll(
+        self,
+        request: feed_pb2.PullRequest,
+        queue: LoginQueue,
+        take: Callable[[int], Awaitable[bytes]],
     ) -> bytes:
-        queue = await self._admit_unary(context)
-        # F10: at most 1000 (unset means 1000), wait at most 20 s; larger values are clamped.
+        """F10: `take(limit)` now, or again each time the queue changes, until `wait_seconds`.
+
+        At most 1000 (unset means 1000) and at most 20 s; larger values are clamped. Returns as
+        soon as `take` hands out receipts; an empty response when the wait runs out.
+        """
         limit = min(request.max or MAX_PULL, MAX_PULL)
         wait = min(float(request.wait_seconds), self.max_pull_wait_seconds)
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + wait
         while True:
             changed = queue.changed_event()
-            batch = queue.take(limit, queue.pull_holder, time.time()) if queue.ready else []
-            if batch:
-                self._note_deliveries(batch)
-                if self.persistence.durable:
-                    # The delivery counts are on disk before the receipts leave (F6 after kill -9).
-                    await self.persistence.commit()
-                return pull_response_bytes(
-                    delivery_bytes(e.base, e.token_bytes, e.delivery_count) for e in batch
-                )
+            response = await take(limit)
+            if response:
+                return response
             remaining = give_up_at - loop.time()
             if remaining <= 0 or self._stopping:
                 return b""
-            # F10: long poll; returns as soon as a receipt arrives.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
+
+    async def _pull(
+        self, request: feed_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
+        queue = await self._admit_unary(context)
+
+        async def take(limit: int) -> bytes:
+            batch = queue.take(limit, queue.pull_holder, time.time()) if queue.ready else []
+            if not batch:
+                return b""
+            self._note_deliveries(batch)
+            if self.persistence.durable:
+                # The delivery counts are on disk before the receipts leave (F6 after kill -9).
+                await self.persistence.commit()
+            return pull_response_bytes(
+                delivery_bytes(e.base, e.token_bytes, e.delivery_count) for e in batch
+            )
+
+        return await self._long_poll(request, queue, take)
 
     async def _ack(
         self, request: feed_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -806,30 +824,24 @@ class FakeGateway:
         queue = await self._admit_unary(context)
         shared = self._shared
         assert shared is not None
-        limit = min(request.max or MAX_PULL, MAX_PULL)
-        wait = min(float(request.wait_seconds), self.max_pull_wait_seconds)
-        loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + wait
         owner = f"{shared.node}:pull"
-        while True:
-            changed = queue.changed_event()
+
+        async def take(limit: int) -> bytes:
             # F12: the lease is one atomic UPDATE in the store; delivery counts are committed
-            # before the receipts leave (F6 after kill -9).
+            # before the receipts leave (F6 after kill -9). Another node's inject wakes the
+            # long poll through _watch_shared.
             batch = await shared.run(
                 shared.lease, queue.login, owner, limit, None, time.time() + self.lease_seconds
             )
-            if batch:
-                self._count_shared_deliveries(queue, batch)
-                return pull_response_bytes(
-                    delivery_bytes(wire, token_field(token), count)
-                    for _, count, wire, token, _ in batch
-                )
-            remaining = give_up_at - loop.time()
-            if remaining <= 0 or self._stopping:
+            if not batch:
                 return b""
-            # F10: long poll; another node's inject wakes us through _watch_shared.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+            self._count_shared_deliveries(queue, batch)
+            return pull_response_bytes(
+                delivery_bytes(wire, token_field(token), count)
+                for _, count, wire, token, _ in batch
+            )
+
+        return await self._long_poll(request, queue, take)
 
     async def _ack_shared(
         self, request: feed_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
