@@ -174,7 +174,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--auto-pull-rate",
         type=_non_negative_float,
         default=2000.0,
-        help="auto mode: receipts/s per Subscribe stream (2 s in a row) that move it to Pull",
+        help="auto mode: receipts/s per Subscribe stream (over 0.5 s) that move it to Pull",
     )
     work.add_argument(
         "--release-after",

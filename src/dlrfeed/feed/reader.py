@@ -33,6 +33,10 @@ from dlrfeed.feed.client import (
 log = structlog.get_logger("dlrfeed.reader")
 
 
+AUTO_RATE_SPAN_SECONDS = 0.5
+"""Auto judges a Subscribe stream's rate over spans this long: short enough that a backlog
+moves to Pull within its first few thousand receipts."""
+
 AUTO_MIN_PULL_SECONDS = 10.0
 """After a backlog switch, auto stays on Pull at least this long (capped by --auto-cooldown),
 so a steady flow near the threshold does not flap between the RPCs."""
@@ -78,7 +82,7 @@ class ReaderSettings:
     backoff_max: float = 10.0
     auto_cooldown: float = 60.0
     auto_pull_rate: float = 2000.0
-    """In auto mode, a Subscribe stream carrying this many receipts/s for 2 s in a row is
+    """In auto mode, a Subscribe stream carrying this many receipts/s over half a second is
     draining a backlog (or a heavy live flow): Pull costs far less CPU per receipt."""
     auto_failures: int = 3
     """In auto mode, this many stream failures within `auto_cooldown` switch to Pull."""
@@ -217,9 +221,8 @@ class FeedReader:
         self._current = stream
         self._set_state(Mode.SUBSCRIBE)
         auto = self._settings.mode == Mode.AUTO
-        next_check = time.monotonic() + 1.0
+        next_check = time.monotonic() + AUTO_RATE_SPAN_SECONDS
         received = 0
-        busy_seconds = 0
         try:
             while True:
                 try:
@@ -238,24 +241,28 @@ class FeedReader:
                 if self._on_received is not None:
                     self._on_received(Mode.SUBSCRIBE, 1)
                 await self._sink.accept([receipt])
+                if not auto:
+                    continue
+                # Two signs of a backlog: batches closing full (the feed outruns the commits),
+                # seen at once; or the stream's rate over a short span (the feed is the limit:
+                # a stream opened on a backlog delivers its window back to back).
+                backlog = self._sink.backlogged()
                 received += 1
-                if auto and time.monotonic() >= next_check:
-                    next_check = time.monotonic() + 1.0
-                    busy = received >= self._settings.auto_pull_rate
-                    busy_seconds = busy_seconds + 1 if busy else 0
+                if not backlog and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + AUTO_RATE_SPAN_SECONDS
+                    backlog = received >= self._settings.auto_pull_rate * AUTO_RATE_SPAN_SECONDS
                     received = 0
-                    if busy_seconds >= 2 or self._sink.backlogged():
-                        # A backlog (fast stream, or batches closing full): Pull drains it for
-                        # a fraction of the CPU per receipt (docs/daemon.md). Commit and ack
-                        # what we hold first, so closing the stream releases nothing already
-                        # stored (F7).
-                        await self._sink.drain()
-                        self._prefer_pull = True
-                        self._pull_at_least_until = time.monotonic() + min(
-                            AUTO_MIN_PULL_SECONDS, self._settings.auto_cooldown
-                        )
-                        log.info("auto_switch", reader=self.name, to="pull", reason="backlog")
-                        return
+                if backlog:
+                    # A backlog (batches closing full, or a fast stream): Pull drains it for a
+                    # fraction of the CPU per receipt (docs/daemon.md). Commit and ack what we
+                    # hold first, so closing the stream releases nothing already stored (F7).
+                    await self._sink.drain()
+                    self._prefer_pull = True
+                    self._pull_at_least_until = time.monotonic() + min(
+                        AUTO_MIN_PULL_SECONDS, self._settings.auto_cooldown
+                    )
+                    log.info("auto_switch", reader=self.name, to="pull", reason="backlog")
+                    return
         finally:
             self._current = None
             stream.cancel()
