@@ -29,7 +29,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -142,7 +142,7 @@ def _expected_status(
             if fp == event.facts.fingerprint and not seen_self:
                 seen_self = True  # the delivery that created the event
                 continue
-            deliveries.append(Delivery(event.level, replace(event.facts, fingerprint=fp)))
+            deliveries.append(Delivery(event.level, event.facts._replace(fingerprint=fp)))
     status, _ = replay(deliveries, options)
     return status
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime
 
 from hypothesis import given
@@ -71,7 +70,7 @@ def summary(status: MessageStatus | None) -> object:
     """The status with the supporting event's content (not its id, which ties may swap)."""
     if status is None:
         return None
-    return replace(status, basis=replace(status.basis, ref=0))
+    return status._replace(basis=status.basis._replace(ref=0))
 
 
 def conflicting(events: dict[int, tuple[str, str | None, str | None]], supersede: bool) -> bool:
@@ -121,7 +120,7 @@ def test_repeats_change_only_repeat_counters_p14_c1(
     if before is None:
         assert after is None
     else:
-        assert after == replace(before, repeats=before.repeats + 1)
+        assert after == before._replace(repeats=before.repeats + 1)
 
 
 @given(
@@ -138,7 +137,7 @@ def test_progress_after_final_never_degrades_c2_f13(
     after, outcomes = replay([*deliveries_of(events), late], DEFAULT)
     if before is not None and before.is_final:
         assert outcomes[-1] is Outcome.LATE_PROGRESS
-        assert after == replace(before, progress_events=before.progress_events + 1)
+        assert after == before._replace(progress_events=before.progress_events + 1)
 
 
 def test_incompatible_second_final_is_a_conflict_and_first_stays_c3_p18() -> None:

@@ -8,12 +8,12 @@ not depend on arrival order except for conflicting finals.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from functools import lru_cache
 from types import MappingProxyType
-from typing import assert_never
+from typing import NamedTuple, assert_never
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import FINAL_STATUSES, PROGRESS_STATUSES, Outcome, Status
@@ -121,9 +121,11 @@ def transition_table(options: IntegrationOptions) -> Mapping[tuple[Kind, Kind], 
     return MappingProxyType(table)
 
 
-@dataclass(frozen=True, slots=True)
-class EventFacts:
-    """What the rules need of one logical event; `ref` is the store's event id."""
+class EventFacts(NamedTuple):
+    """What the rules need of one logical event; `ref` is the store's event id.
+
+    A named tuple, like `Receipt`: one is built per event on the ingest hot path, and a frozen
+    dataclass costs several times more to construct."""
 
     ref: int
     status: Status
@@ -143,9 +145,10 @@ class EventFacts:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class MessageStatus:
-    """P7/P20: the computed status of one correlated message and its summary counters."""
+class MessageStatus(NamedTuple):
+    """P7/P20: the computed status of one correlated message and its summary counters.
+
+    A named tuple for the same reason as `EventFacts` (one or two per event when ingesting)."""
 
     status: Status
     is_final: bool
@@ -218,9 +221,9 @@ def apply(
     if action is Action.NEWER_PROGRESS:
         if event.order_key() > current.basis.order_key():
             return _based_on(event, current, counted, superseded), Outcome.APPLIED
-        return replace(current, progress_events=counted), Outcome.LATE_PROGRESS
+        return current._replace(progress_events=counted), Outcome.LATE_PROGRESS
     if action is Action.IGNORE_PROGRESS:
-        return replace(current, progress_events=counted), Outcome.LATE_PROGRESS
+        return current._replace(progress_events=counted), Outcome.LATE_PROGRESS
     if action is Action.SAME_FINAL_OR_CONFLICT:
         if event.status is current.status:
             # Corroboration: keep the earlier of the two by reported time so that the basis
@@ -229,7 +232,7 @@ def apply(
                 return _based_on(event, current, counted, superseded), Outcome.CORROBORATED
             return current, Outcome.CORROBORATED
         # P18/C3: the first final applied stays; the later incompatible one is a conflict.
-        return replace(current, conflicts=current.conflicts + 1), Outcome.CONFLICT
+        return current._replace(conflicts=current.conflicts + 1), Outcome.CONFLICT
     if action is Action.SUPERSEDE_DEADLINE:
         return _based_on(event, current, counted, True), Outcome.APPLIED
     if action is Action.DEADLINE_SUPERSEDED:
@@ -246,8 +249,8 @@ def count(current: MessageStatus, *, repeats: int = 0, conflicts: int = 0) -> Me
     """Add repeat / same-key conflict deliveries to a status' counters (nothing else changes)."""
     if repeats == 0 and conflicts == 0:
         return current
-    return replace(
-        current, repeats=current.repeats + repeats, conflicts=current.conflicts + conflicts
+    return current._replace(
+        repeats=current.repeats + repeats, conflicts=current.conflicts + conflicts
     )
 
 
