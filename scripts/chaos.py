@@ -465,8 +465,8 @@ async def _hostile_unflagged(rig: Rig) -> str:
     conn = await asyncpg.connect(rig.database_url)
     try:
         rows = await conn.fetch(
-            "SELECT payload, flags, outcome FROM dlr.receptions WHERE payload_json->>'connector'"
-            " = 'hostile' OR cardinality(flags) > 0"
+            "SELECT payload, flags, outcome FROM dlr.receptions_readable"
+            " WHERE payload_json->>'connector' = 'hostile' OR cardinality(flags) > 0"
         )
         whole_megabytes = await conn.fetchval(
             "SELECT count(DISTINCT message_id) FROM dlr.receptions"

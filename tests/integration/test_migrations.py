@@ -45,6 +45,8 @@ DESCRIBE = {
     "storage": """
         SELECT relname || ' ' || array_to_string(reloptions, ',') FROM pg_class
         WHERE relnamespace = 'dlr'::regnamespace AND reloptions IS NOT NULL""",
+    "view": """
+        SELECT viewname || ' ' || md5(definition) FROM pg_views WHERE schemaname = 'dlr'""",
     "sequence": """
         SELECT sequence_name FROM information_schema.sequences WHERE sequence_schema = 'dlr'""",
 }

@@ -308,7 +308,7 @@ async def test_operator_resolves_an_exception_and_nothing_more(roles_db: RoleDat
 async def test_privilege_matrix_no_role_but_the_owner_may_delete_or_truncate(
     roles_db: RoleDatabase,
 ) -> None:
-    """Every table of schema dlr (also those of later migrations): readable by the reader;
+    """Every table and view of schema dlr (also of later migrations): readable by the reader;
     DELETE/TRUNCATE/REFERENCES/TRIGGER by nobody but the owner; receptions insert-only."""
     conn = await asyncpg.connect(roles_db.superuser)
     try:
@@ -316,7 +316,7 @@ async def test_privilege_matrix_no_role_but_the_owner_may_delete_or_truncate(
             r[0]
             for r in await conn.fetch(
                 "SELECT c.oid::regclass::text FROM pg_class c "
-                "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'p')"
+                "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'p', 'v')"
             )
         ]
 

@@ -245,7 +245,7 @@ async def test_c8_poison_receipt_isolated_kept_raw_and_the_rest_commit(
     assert unstorable["evidence"] == poison.raw
     assert unstorable["message_id"] == "bad\\ud800id"
     stored_text = await db.fetchval(
-        "SELECT payload_json->>'text' FROM dlr.receptions WHERE level = 1"
+        "SELECT payload_json->>'text' FROM dlr.receptions_readable WHERE level = 1"
     )
     assert stored_text.startswith("a\\u0000b")
     assert await db.fetchval("SELECT payload FROM dlr.receptions WHERE level = 1") == nul.raw

@@ -175,8 +175,7 @@ SELECT ids FROM rec_ids
 # -- name: copy_receptions
 # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row insert
 # path: far less work and WAL than INSERT ... SELECT per row) with the ids WRITE_BATCH drew.
-# `payload` is the evidence, whole; `payload_json` the same receipt for humans (absent fields
-# absent), built by the client.
+# `payload` is the evidence, whole; the view dlr.receptions_readable shows it as JSON.
 RECEPTIONS_TABLE = "receptions"
 RECEPTIONS_SCHEMA = "dlr"
 RECEPTIONS_COLUMNS = (
@@ -193,7 +192,6 @@ RECEPTIONS_COLUMNS = (
     "delivery_count",
     "received_at",
     "payload",
-    "payload_json",
     "flags",
     "outcome",
     "event_id",

@@ -51,7 +51,7 @@ _RECEPTIONS = """
 SELECT r.id, r.login, r.level, r.stat, r.err, r.submit_date_raw, r.submit_at, r.done_date_raw,
        r.done_at, r.delivery_count, r.received_at, r.outcome, r.flags, r.event_id,
        r.payload_json::text AS payload_json
-FROM dlr.receptions AS r
+FROM dlr.receptions_readable AS r
 WHERE r.event_id = ANY($1::bigint[])
 ORDER BY r.received_at, r.id
 """

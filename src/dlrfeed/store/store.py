@@ -131,8 +131,6 @@ def _is_malformed(flags: tuple[str, ...]) -> bool:
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-# A JSON string literal of a str, as json.dumps(ensure_ascii=False) writes it (C-accelerated).
-_quote: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def _json(rows: Iterable[list[Any]]) -> str:
@@ -141,7 +139,7 @@ def _json(rows: Iterable[list[Any]]) -> str:
 
 
 # Positions in a reception row (queries.RECEPTIONS_COLUMNS) filled in once the plan is known.
-_ROW_ID, _ROW_OUTCOME, _ROW_EVENT_ID = 0, 15, 16
+_ROW_ID, _ROW_OUTCOME, _ROW_EVENT_ID = 0, 14, 15
 
 
 def _reception_rows(login: str, events: list[LogicalEvent]) -> list[list[Any]]:
@@ -171,7 +169,6 @@ def _reception_rows(login: str, events: list[LogicalEvent]) -> list[list[Any]]:
                 e.delivery_count,
                 received_at,
                 e.raw,
-                _payload_json(e),
                 e.flags,
                 None,
                 None,
@@ -200,34 +197,6 @@ async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple
     finally:
         result = await pending
     return result, done
-
-
-def _payload_json(e: LogicalEvent) -> str:
-    """`receptions.payload_json`: the receipt's fields for humans, absent fields absent (P9).
-
-    Written out directly (the same text `json.dumps` gives a dict of the present fields) because
-    it runs once per receipt: string pieces cost a fraction of a dict and the encoder.
-    """
-    parts = ['{"id":', _quote(e.message_id), ',"level":', str(e.level), ',"stat":', _quote(e.stat)]
-    for name, value in (
-        (',"err":', e.err),
-        (',"sub":', e.sub),
-        (',"dlvrd":', e.dlvrd),
-        (',"submit_date":', e.submit_date_raw),
-        (',"done_date":', e.done_date_raw),
-        (',"text":', e.text),
-        (',"source_addr":', e.source_addr),
-        (',"destination_addr":', e.destination_addr),
-        (',"smsc_message_id":', e.smsc_message_id),
-        (',"connector":', e.connector),
-    ):
-        if value is not None:
-            parts.append(name)
-            parts.append(_quote(value))
-    parts.append(',"delivery_count":')
-    parts.append(str(e.delivery_count))
-    parts.append("}")
-    return "".join(parts)
 
 
 def _status_json(statuses: Mapping[str, MessageStatus]) -> str:

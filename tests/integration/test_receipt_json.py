@@ -1,0 +1,100 @@
+"""`dlr.receipt_json`: the JSON form of a reception, read out of its evidence bytes (P9).
+
+The receptions keep the serialized receipt whole (`payload`); migration 0003 replaced the stored
+JSON copy with this SQL function and the view `dlr.receptions_readable`. These tests hold the
+function to the protobuf library's own reading of the same bytes, and to never failing a query
+over bytes that are not a receipt at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given
+
+from gateway.receipts.v1 import feed_pb2
+from receipt_strategies import (
+    OPTIONAL_FIELDS,
+    DamagedPayload,
+    ReceiptRecipe,
+    examples,
+    hostile_payloads,
+    wire_receipts,
+)
+
+KEYS = {"id", "level", "stat", "delivery_count", "undecodable", *OPTIONAL_FIELDS}
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()
+
+
+async def receipt_json(db: asyncpg.Connection, payload: bytes) -> dict[str, Any]:
+    text = await db.fetchval("SELECT dlr.receipt_json($1)::text", payload)
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
+
+
+def expected_json(message: feed_pb2.Receipt) -> dict[str, Any]:
+    """What the function must show: the proto fields by name, NUL as six visible characters,
+    optional fields only when present, `ack_token` never."""
+    visible = {"id": message.id, "stat": message.stat}
+    visible |= {f.name: v for f, v in message.ListFields() if f.name in OPTIONAL_FIELDS}
+    shown: dict[str, Any] = {k: v.replace("\x00", "\\u0000") for k, v in visible.items()}
+    return shown | {"level": message.level, "delivery_count": message.delivery_count}
+
+
+@given(recipe=wire_receipts())
+@examples(200)
+async def test_matches_the_protobuf_reading_of_any_real_receipt(
+    db: asyncpg.Connection, recipe: ReceiptRecipe
+) -> None:
+    """Every field of any serialized Receipt, NUL, long text and 4-byte UTF-8 included."""
+    payload = recipe.payload()
+    assert await receipt_json(db, payload) == expected_json(feed_pb2.Receipt.FromString(payload))
+
+
+@given(payload=hostile_payloads())
+@examples(200)
+async def test_never_fails_on_bytes_that_are_not_a_receipt(
+    db: asyncpg.Connection, payload: ReceiptRecipe | DamagedPayload
+) -> None:
+    """A query over many receptions must not fail on one: damaged bytes give a JSON object,
+    `{"undecodable": hex}` when they cannot be read at all."""
+    raw = payload.payload()
+    shown = await receipt_json(db, raw)
+    assert set(shown) <= KEYS
+    if "undecodable" in shown:
+        assert shown == {"undecodable": raw.hex()}
+    try:
+        feed_pb2.Receipt.FromString(raw)
+    except DecodeError:
+        # What protobuf refuses is never shown as if it were a well-formed receipt... unless
+        # only a string's UTF-8 was bad, which the function also refuses: undecodable.
+        assert "undecodable" in shown
+
+
+async def test_known_cases(db: asyncpg.Connection) -> None:
+    """Zero values left off the wire, NUL, an unknown field skipped, truncation."""
+    assert await receipt_json(db, b"") == {"id": "", "level": 0, "stat": "", "delivery_count": 0}
+    message = feed_pb2.Receipt(id="m1", level=2, stat="DELIV\x00RD", text="ñ", delivery_count=3)
+    message.ack_token = "secret-lease"
+    raw = message.SerializeToString()
+    assert await receipt_json(db, raw) == {
+        "id": "m1",
+        "level": 2,
+        "stat": "DELIV\\u0000RD",
+        "text": "ñ",
+        "delivery_count": 3,
+    }
+    unknown_field = raw + b"\xb8\x06\x05"  # field 103, varint 5: skipped, as protobuf does
+    assert await receipt_json(db, unknown_field) == await receipt_json(db, raw)
+    assert await receipt_json(db, raw[:-1]) == {"undecodable": raw[:-1].hex()}
