@@ -40,7 +40,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +142,12 @@ def ratios(configuration: dict[str, Any], naive_median: float) -> dict[str, floa
     }
 
 
+def _median_per_key(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Key by key, the median over repetitions of per-process CPU figures."""
+    keys = sorted({k for run in runs for k in run})
+    return {k: round(statistics.median(r[k] for r in runs if k in r), 2) for k in keys}
+
+
 def quantile(sorted_values: Sequence[float], q: float) -> float:
     """The q-quantile (nearest rank) of already sorted values."""
     index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
@@ -173,12 +179,6 @@ def _vm_kb(pid: int, field: str) -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _daemon_command(target: str, database_url: str, mode: str, extra: Sequence[str]) -> list[str]:
@@ -226,9 +226,17 @@ def _wait_first_ack(target: str, base: int, process: subprocess.Popen[bytes]) ->
 class Bench:
     """Holds the one fakegw and the one PostgreSQL of a run and measures against them."""
 
-    def __init__(self, target: str, cluster: PgCluster, runner: asyncio.Runner, sizes: Sizes):
+    def __init__(
+        self,
+        target: str,
+        cluster: PgCluster,
+        runner: asyncio.Runner,
+        sizes: Sizes,
+        meter: bench_e2e.CpuMeter,
+    ):
         self.target = target
         self.cluster = cluster
+        self.meter = meter
         self.runner = runner
         self.sizes = sizes
         self._offset = 0  # receipt numbers already used: every receipt id is new
@@ -242,28 +250,42 @@ class Bench:
         self._offset += count
         return count / (time.perf_counter() - started)
 
-    def fresh_database(self) -> str:
+    def fresh_database(self, message_ids: Iterable[str] = ()) -> str:
+        """A new database from the migrated template, with these sent messages recorded."""
         self._databases += 1
-        return self.runner.run(
+        url = self.runner.run(
             bench_e2e.fresh_database(self.cluster, "bench_template", self._databases)
         )
+        self.runner.run(bench_e2e.record_messages(url, message_ids))
+        return url
+
+    def preloaded_messages(self, count: int) -> list[str]:
+        """The message ids of the next `count` receipts `preload` injects."""
+        return [bench_e2e.message_id(n) for n in range(self._offset, self._offset + count)]
 
     def drop_database(self, url: str) -> None:
         name = url.rsplit("/", 1)[1]
         self.runner.run(_execute(self.cluster.dsn, f"DROP DATABASE {name} WITH (FORCE)"))
 
-    def ceilings_and_e2e(self, configuration: Configuration) -> dict[str, float]:
-        """One repetition of (a), (b) and (c) for `configuration`."""
+    def ceilings_and_e2e(
+        self, configuration: Configuration
+    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """One repetition of (a), (b) and (c) for `configuration`: the rates, and the CPU
+        each process spent per receipt in each of the three."""
         count = self.sizes.e2e_receipts
         self.preload(count)
         feed_mode = "pull" if configuration.mode == "pull" else "subscribe"
+        before = self.meter.read()
         feed = self.runner.run(
             bench_e2e.feed_only(self.target, count, feed_mode, configuration.readers)
         )
+        feed_cpu = bench_e2e.cpu_per_receipt(before, self.meter.read(), count)
         url = self.fresh_database()
-        store = self.runner.run(bench_e2e.store_only(url, count, 500, configuration.readers))
+        store, store_cpu = self.runner.run(
+            bench_e2e.store_only(url, count, 500, configuration.readers, self.meter)
+        )
         self.drop_database(url)
-        url = self.fresh_database()
+        url = self.fresh_database(self.preloaded_messages(count))
         self.preload(count)
         e2e = bench_e2e.end_to_end(
             self.target,
@@ -272,9 +294,12 @@ class Bench:
             configuration.mode,
             configuration.processes,
             configuration.streams,
+            self.meter,
         )
         self.drop_database(url)
-        return {"feed": feed, "store": store, "e2e": float(e2e["per_s"])}
+        rates = {"feed": feed, "store": store, "e2e": float(e2e["per_s"])}
+        cpu = {"feed": feed_cpu, "store": store_cpu, "e2e": e2e["cpu_us_per_receipt"]}
+        return rates, cpu
 
     def naive(self) -> float:
         """One repetition of (d)."""
@@ -335,14 +360,15 @@ class Bench:
         """(f): a paced injector at `rate`/s while `dlrfeed run --mode mode` keeps up."""
         self._latency_runs += 1
         prefix = f"{LATENCY_PREFIX}{self._latency_runs}-"
-        url = self.fresh_database()
+        paced = math.ceil(rate * self.sizes.latency_seconds) + 1
+        url = self.fresh_database(_latency_id(prefix, n) for n in range(paced))
         metrics_port = free_port()
         metrics = ["--metrics", f"127.0.0.1:{metrics_port}", *extra]
         with daemon(self.target, url, mode, metrics) as process:
             time.sleep(2.0)  # imports, connections, streams open: not part of the figure
-            cpu_before, wall_before = _cpu_seconds(process.pid), time.perf_counter()
+            cpu_before, wall_before = bench_e2e.cpu_seconds(process.pid), time.perf_counter()
             injected = self.runner.run(self._paced_inject(rate, self.sizes.latency_seconds, prefix))
-            cpu_share = (_cpu_seconds(process.pid) - cpu_before) / (
+            cpu_share = (bench_e2e.cpu_seconds(process.pid) - cpu_before) / (
                 time.perf_counter() - wall_before
             )
             deadline = time.monotonic() + 30
@@ -391,7 +417,7 @@ class Bench:
                     bodies = []
                     for number in range(sent, due):
                         body = bench_e2e.sample_receipt(number)
-                        body["id"] = f"{prefix}{number:024x}"
+                        body["id"] = _latency_id(prefix, number)
                         body["level"], body["stat"] = 2, "DELIVRD"
                         bodies.append(body)
                     await admin.inject(bodies)
@@ -425,8 +451,8 @@ class Bench:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(py_spy).exists():
             return {"mode": mode, "error": "py-spy not installed (pip install py-spy)"}
+        url = self.fresh_database(self.preloaded_messages(self.sizes.profile_receipts))
         self.preload(self.sizes.profile_receipts)
-        url = self.fresh_database()
         base = _acked(self.target)
         with tempfile.TemporaryDirectory(prefix="bench-profile-") as root:
             raw = Path(root) / "profile.txt"
@@ -452,6 +478,10 @@ class Bench:
             if process.poll() is not None:
                 raise RuntimeError(f"dlrfeed run exited with {process.returncode}")
             time.sleep(0.5)
+
+
+def _latency_id(prefix: str, number: int) -> str:
+    return f"{prefix}{number:024x}"
 
 
 async def _execute(dsn: str, statement: str) -> None:
@@ -603,22 +633,34 @@ def run(sizes: Sizes, chart: Path | None, log: Callable[[str], None]) -> dict[st
             ):
                 runner.run(_create_template(cluster))
                 results["postgres_settings"] = runner.run(_settings(cluster.dsn))
-                bench = Bench(target, cluster, runner, sizes)
+                meter = bench_e2e.CpuMeter(
+                    fakegw_pid=bench_e2e.child_with(os.getpid(), "fakegw"),
+                    postmaster_pid=bench_e2e.postmaster_pid(cluster),
+                )
+                bench = Bench(target, cluster, runner, sizes, meter)
                 per_configuration: dict[str, dict[str, list[float]]] = {
+                    c.name: {"feed": [], "store": [], "e2e": []} for c in CONFIGURATIONS
+                }
+                cpu_runs: dict[str, dict[str, list[dict[str, float]]]] = {
                     c.name: {"feed": [], "store": [], "e2e": []} for c in CONFIGURATIONS
                 }
                 naive: list[float] = []
                 for repetition in range(sizes.repetitions):
                     for configuration in CONFIGURATIONS:
-                        figures = bench.ceilings_and_e2e(configuration)
-                        log(f"rep {repetition + 1} {configuration.name}: {figures}")
+                        figures, cpu = bench.ceilings_and_e2e(configuration)
+                        log(f"rep {repetition + 1} {configuration.name}: {figures} cpu {cpu}")
                         for key, value in figures.items():
                             per_configuration[configuration.name][key].append(value)
+                            cpu_runs[configuration.name][key].append(cpu[key])
                     naive.append(bench.naive())
                     log(f"rep {repetition + 1} naive: {naive[-1]:.0f}/s")
                 results["configurations"] = {
                     name: {key: summary(values) | {"runs": values} for key, values in v.items()}
                     for name, v in per_configuration.items()
+                }
+                results["cpu_us_per_receipt"] = {
+                    name: {phase: _median_per_key(runs) for phase, runs in phases.items()}
+                    for name, phases in cpu_runs.items()
                 }
                 results["naive"] = summary(naive) | {"runs": naive}
                 results["store_reference"] = bench.store_reference()
@@ -772,6 +814,8 @@ def render_report(results: dict[str, Any]) -> str:
         "storing nothing, with the configuration's number of streams in one process (Pull "
         "for `pull`, Subscribe otherwise). (b) store ceiling: `Store.ingest` from memory, "
         "batches of 500, as many concurrent batches as readers. (c) `dlrfeed run` end to end. "
+        "In (b) and (c) the sent messages are recorded first, as a sending application does, "
+        "so receipts correlate (the normal path, not the investigation queue). "
         "(d) naive consumer (`scripts/naive_consumer.py`): one INSERT + COMMIT and one Ack per "
         "receipt over one Subscribe stream.",
         "",
@@ -805,9 +849,52 @@ def render_report(results: dict[str, Any]) -> str:
         ]
     if results.get("chart"):
         lines += ["", f"![throughput per configuration]({results['chart']})"]
-    lines += _backlog_section(results) + _latency_section(results) + _profile_section(results)
+    lines += (
+        _cpu_section(results)
+        + _backlog_section(results)
+        + _latency_section(results)
+        + _profile_section(results)
+    )
     lines += ["", "## Targets at a glance", "", *_glance(results), *_walls_section(results)]
     return "\n".join(lines) + "\n"
+
+
+_CPU_PHASES = (("feed", "(a) feed"), ("store", "(b) store"), ("e2e", "(c) dlrfeed"))
+
+
+def cpu_total(figures: dict[str, float]) -> float:
+    """µs of CPU per receipt over every process of a measurement."""
+    return sum(v for k, v in figures.items() if k != "cores_busy")
+
+
+def _cpu_section(results: dict[str, Any]) -> list[str]:
+    cpu = results.get("cpu_us_per_receipt")
+    if not cpu:
+        return []
+    lines = [
+        "",
+        "## Where each receipt's CPU goes",
+        "",
+        "µs of CPU per receipt, by process, medians over the repetitions (all threads; "
+        "PostgreSQL with every backend). In (a) and (b) dlrfeed's code runs in the benchmark "
+        "process itself; in (c) it is the daemon, and the benchmark only polls fakegw (in the "
+        "total). *cores busy*: the CPU of all these processes over the wall time; the machine "
+        "has 2.",
+        "",
+        "| configuration | measurement | fakegw | dlrfeed | PostgreSQL | total | cores busy |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, phases in cpu.items():
+        for phase, label in _CPU_PHASES:
+            f = phases.get(phase, {})
+            if not f:
+                continue
+            dlrfeed = f.get("daemon", f.get("bench", 0.0))
+            lines.append(
+                f"| `{name}` | {label} | {f.get('fakegw', 0):.0f} | {dlrfeed:.0f} | "
+                f"{f.get('postgres', 0):.0f} | {cpu_total(f):.0f} | {f['cores_busy']:.2f} |"
+            )
+    return lines
 
 
 def _backlog_section(results: dict[str, Any]) -> list[str]:
@@ -956,6 +1043,24 @@ def _share(results: dict[str, Any], mode: str, category_start: str) -> float:
     return 0.0
 
 
+def _machine_bound(results: dict[str, Any], name: str, feed_is_slower: bool) -> str:
+    """The CPU argument for one configuration: at equal use of the 2 cores, c / min(a, b)
+    is the slower ceiling's CPU per receipt over the end-to-end CPU per receipt."""
+    phases = results.get("cpu_us_per_receipt", {}).get(name)
+    if not phases or not phases.get("e2e"):
+        return ""
+    ceiling = phases["feed" if feed_is_slower else "store"]
+    whole = phases["e2e"]
+    return (
+        f" The whole machine is the limit, not one process: the slower ceiling kept "
+        f"{ceiling['cores_busy']:.2f} cores busy at {cpu_total(ceiling):.0f} µs of CPU per "
+        f"receipt (fakegw, client, PostgreSQL together), the daemon run "
+        f"{whole['cores_busy']:.2f} cores at {cpu_total(whole):.0f} µs, so with the same "
+        "cores c / min(a, b) can reach only about "
+        f"{cpu_total(ceiling) / cpu_total(whole):.2f} (*Where each receipt's CPU goes*)."
+    )
+
+
 def _walls_section(results: dict[str, Any]) -> list[str]:
     """For each target not met, the wall in the way, with this run's own numbers."""
     naive = results["naive"]["median"]
@@ -971,7 +1076,9 @@ def _walls_section(results: dict[str, Any]) -> list[str]:
                 f"- `{name}` reaches {r['to_ceiling']:.2f} of min(a, b). Each ceiling is "
                 "measured alone, but the daemon pays the feed's CPU and the store's CPU one "
                 "after the other in one event loop: if both are CPU-bound, c ≈ 1 / (1/a + 1/b) "
-                f"= {serial:,.0f}/s, against {figures['e2e']['median']:,.0f}/s measured. In "
+                f"= {serial:,.0f}/s, against {figures['e2e']['median']:,.0f}/s measured."
+                + _machine_bound(results, name, feed <= store)
+                + " In "
                 f"the {mode} profile gRPC takes {_share(results, mode, 'gRPC'):.0f} % and the "
                 f"event loop {_share(results, mode, 'event loop'):.0f} % of the samples, "
                 f"asyncpg {_share(results, mode, 'asyncpg'):.0f} % and dlrfeed.store "

@@ -30,8 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from dlrfeed.feed.channel import open_channel
 from dlrfeed.feed.client import FeedClient, SubscribeStream, is_own_cancellation
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.store import Store
+from dlrfeed.store.submission import Submission
 from fakegw.admin_client import SyncAdminClient
 from fakegw.spawn import serving
 from pgcluster import PgCluster, free_port
@@ -49,10 +51,15 @@ PASSWORD = "bench-password"  # noqa: S105 - a throwaway login of a local benchma
 CHUNK = 5000
 
 
+def message_id(number: int) -> str:
+    """The gateway's id of the message receipt `number` reports on (two receipts a message)."""
+    return f"{number // 2:032x}"
+
+
 def sample_receipt(number: int) -> dict[str, Any]:
     """A realistic ~300-byte receipt body; half progress, half results of distinct messages."""
     return {
-        "id": f"{number // 2:032x}",
+        "id": message_id(number),
         "level": 1 + number % 2,
         "stat": "DELIVRD" if number % 2 else "ENROUTE",
         "err": "000",
@@ -94,6 +101,20 @@ async def fresh_database(cluster: PgCluster, template: str, number: int) -> str:
     name = f"bench_{number}"
     await cluster.drop_database(name)
     return await cluster.create_database(name, template=template)
+
+
+async def record_messages(database_url: str, message_ids: Iterable[str]) -> None:
+    """Record the sent messages (P5), as the sending application does before their receipts
+    arrive: receipts then correlate, the normal path, rather than all opening `uncorrelated`
+    exceptions."""
+    ids = sorted(set(message_ids))
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        for start in range(0, len(ids), 5_000):
+            chunk = ids[start : start + 5_000]
+            await store.record_submissions([Submission(LOGIN, m, "+34600123456") for m in chunk])
+    finally:
+        await store.close()
 
 
 async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
@@ -149,8 +170,12 @@ async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
     return count / elapsed
 
 
-async def store_only(database_url: str, count: int, batch: int, concurrency: int) -> float:
-    """Receipts/s of Store.ingest alone, `concurrency` batches at a time."""
+async def store_only(
+    database_url: str, count: int, batch: int, concurrency: int, meter: CpuMeter | None = None
+) -> tuple[float, dict[str, float]]:
+    """Receipts/s of Store.ingest alone, `concurrency` batches at a time (messages recorded),
+    and the CPU per receipt of each process when a meter is given."""
+    await record_messages(database_url, (message_id(n) for n in range(count)))
     now = time.time()
     receipts = [
         Receipt(
@@ -165,6 +190,7 @@ async def store_only(database_url: str, count: int, batch: int, concurrency: int
     ]  # fmt: skip
     store = await Store.open(database_url, pool_size=concurrency + 1)
     batches = [receipts[i : i + batch] for i in range(0, count, batch)]
+    cpu_before = meter.read() if meter else {}
     started = time.perf_counter()
 
     async def lane(index: int) -> None:
@@ -173,8 +199,9 @@ async def store_only(database_url: str, count: int, batch: int, concurrency: int
 
     await asyncio.gather(*(lane(i) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
+    cpu = cpu_per_receipt(cpu_before, meter.read(), count) if meter else {}
     await store.close()
-    return count / elapsed
+    return count / elapsed, cpu
 
 
 def _children(pid: int) -> list[int]:
@@ -185,6 +212,67 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (field 3 onwards)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """User + system CPU seconds of a process so far, all threads (stat fields 14-15), plus
+    those of its children it has reaped (fields 16-17) when asked."""
+    fields = _stat_fields(pid)
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def postmaster_pid(cluster: PgCluster) -> int:
+    """The PostgreSQL server's main process (first line of postmaster.pid)."""
+    return int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+
+
+def child_with(pid: int, word: str) -> int:
+    """The child process of `pid` whose command line contains `word`."""
+    for child in _children(pid):
+        if word.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
+            return child
+    raise LookupError(f"no child of {pid} runs {word}")
+
+
+@dataclass(frozen=True)
+class CpuMeter:
+    """Reads the CPU time of every process of a measurement, so that a figure can say where
+    each receipt's CPU went: fakegw, PostgreSQL (postmaster and every backend, exited ones
+    included), the daemon (with its worker processes) and this benchmark process itself."""
+
+    fakegw_pid: int
+    postmaster_pid: int
+
+    def read(self, daemon_pid: int | None = None) -> dict[str, float]:
+        backends = _children(self.postmaster_pid)
+        reading = {
+            "fakegw": cpu_seconds(self.fakegw_pid),
+            "postgres": cpu_seconds(self.postmaster_pid, reaped_children=True)
+            + sum(cpu_seconds(p) for p in backends),
+            "bench": time.process_time(),
+            "wall": time.perf_counter(),
+        }
+        if daemon_pid is not None:
+            reading["daemon"] = sum(cpu_seconds(p) for p in [daemon_pid, *_children(daemon_pid)])
+        return reading
+
+
+def cpu_per_receipt(
+    before: dict[str, float], after: dict[str, float], receipts: int
+) -> dict[str, float]:
+    """µs of CPU per receipt of each process between two readings, and the cores kept busy."""
+    used = {k: after[k] - before[k] for k in after if k in before and k != "wall"}
+    figures = {k: round(1e6 * v / receipts, 1) for k, v in used.items()}
+    figures["cores_busy"] = round(sum(used.values()) / (after["wall"] - before["wall"]), 2)
+    return figures
+
+
 def _peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -193,7 +281,13 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def end_to_end(
-    target: str, database_url: str, count: int, mode: str, processes: int, streams: int
+    target: str,
+    database_url: str,
+    count: int,
+    mode: str,
+    processes: int,
+    streams: int,
+    meter: CpuMeter | None = None,
 ) -> dict[str, Any]:
     """Start `dlrfeed run`, time it until the gateway has `count` more acks, stop it."""
     base = acked(target)
@@ -213,11 +307,13 @@ def end_to_end(
                 raise RuntimeError(f"dlrfeed run exited with {process.returncode}")
             time.sleep(0.01)
         started = time.perf_counter()
+        cpu_before = meter.read(process.pid) if meter else {}
         while acked(target) - base < count:
             if process.poll() is not None:
                 raise RuntimeError(f"dlrfeed run exited with {process.returncode}")
             time.sleep(0.05)
         elapsed = time.perf_counter() - started
+        cpu = cpu_per_receipt(cpu_before, meter.read(process.pid), count - first) if meter else {}
         workers = _children(process.pid) if processes > 1 else [process.pid]
         rss = [round(_peak_rss_mb(pid), 1) for pid in workers]
     finally:
@@ -227,6 +323,7 @@ def end_to_end(
         "per_s": round((count - first) / elapsed),
         "seconds": round(elapsed, 2),
         "peak_rss_mb": rss,
+        "cpu_us_per_receipt": cpu,
     }
 
 
@@ -235,7 +332,7 @@ async def _ceilings(
 ) -> dict[str, float]:
     preload(target, count, offset)
     feed = await feed_only(target, count, "subscribe" if mode == "subscribe" else "pull", streams)
-    store = await store_only(database_url, count, 500, streams)
+    store, _ = await store_only(database_url, count, 500, streams)
     return {"feed_only_per_s": round(feed), "store_only_per_s": round(store)}
 
 
@@ -270,6 +367,9 @@ def measure_e2e(receipts: int = 50_000, *, fsync: bool = True) -> dict[str, Any]
                         offset += receipts
                         url = runner.run(fresh_database(cluster, "bench_template", number))
                         preload(target, receipts, offset)
+                        runner.run(
+                            record_messages(url, map(message_id, range(offset, offset + receipts)))
+                        )
                         offset += receipts
                         e2e = end_to_end(target, url, receipts, mode, processes, streams)
                         floor = min(ceilings["feed_only_per_s"], ceilings["store_only_per_s"])

@@ -162,3 +162,28 @@ def test_missed_latency_target_names_commit_time_and_cpu() -> None:
     walls = report.split("### What stops the targets not met", 1)[1]
     assert "Batch linger + commit p99 + ack linger = 190 ms" in walls
     assert "60 % of a core" in walls
+
+
+def test_cpu_per_receipt_table_and_the_machine_bound_of_a_missed_ratio() -> None:
+    """Where each receipt's CPU goes, per process; a missed ratio is set against the CPU bound
+    (the slower ceiling's CPU per receipt over the end-to-end run's, at equal use of the cores)."""
+    results = _results()
+    results["cpu_us_per_receipt"] = {
+        "pull 1x2": {
+            "feed": {"fakegw": 10.0, "postgres": 0.0, "bench": 5.0, "cores_busy": 1.2},
+            "store": {"fakegw": 0.0, "postgres": 40.0, "bench": 30.0, "cores_busy": 1.9},
+            "e2e": {
+                "fakegw": 10.0,
+                "postgres": 40.0,
+                "bench": 2.0,
+                "daemon": 45.0,
+                "cores_busy": 1.8,
+            },
+        }
+    }
+    report = render_report(results)
+    assert "| `pull 1x2` | (b) store | 0 | 30 | 40 | 70 | 1.90 |" in report
+    assert "| `pull 1x2` | (c) dlrfeed | 10 | 45 | 40 | 97 | 1.80 |" in report
+    walls = report.split("### What stops the targets not met", 1)[1]
+    # The store ceiling (10,000/s) is the slower one: 70 µs against 97 µs end to end.
+    assert "can reach only about 0.72" in walls
