@@ -173,8 +173,11 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
     """Store.ingest (every outcome, C8 unstorable) and late correlation work as the writer."""
     await (await _seed(roles_db)).close()
     writer = await asyncpg.connect(roles_db.writer)
-    try:  # C8: the unstorable path's own statement, as the writer
-        await writer.execute(store_queries.INSERT_UNSTORABLE, "acme", "poison", "{}", b"\x00\xff")
+    try:  # C8: the unstorable path's own statements, as the writer (a receipt, then again)
+        poison = ("acme", "poison", "{}", b"\x00\xff", "key-of-poison")
+        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE, *poison) is not None
+        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE, *poison) is None
+        await writer.execute(store_queries.RECORD_UNSTORABLE_REDELIVERY, *poison)
     finally:
         await writer.close()
     conn = await asyncpg.connect(roles_db.superuser)
@@ -188,9 +191,10 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         await conn.close()
     assert receptions == 7
     assert kinds.count("conflict") == 2
-    assert "unstorable" in kinds
+    assert kinds.count("unstorable") == 2
     assert "uncorrelated" in kinds
-    assert resolved == 1  # the late correlation closed the uncorrelated exception
+    # The late correlation closed the uncorrelated exception; the redelivery came closed.
+    assert resolved == 2
 
 
 @pytest.mark.parametrize(

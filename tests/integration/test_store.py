@@ -445,3 +445,41 @@ async def test_store_agrees_with_the_rules_specification(
             expected.conflicts,
         )
         assert status["progress_events"] == expected.progress_events
+
+
+async def test_c8_poison_delivered_again_is_one_open_exception_with_every_delivery_kept(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """C8 + "never counted twice": a poison receipt redelivered (its ack lost, F6) with another
+    token and delivery_count keeps one open `unstorable` exception; each delivery's bytes are
+    kept, the later ones in rows opened resolved with a pointer to the open one. Once that is
+    resolved, a further delivery opens a new investigation."""
+    first = receipt("badid")._replace(message_id=MessageId("bad\ud800id"))
+    wire = feed_pb2.Receipt.FromString(first.raw)
+    wire.ack_token, wire.delivery_count = "tok-2", 2
+    again = first._replace(
+        ack_token=AckToken("tok-2"), delivery_count=2, raw=wire.SerializeToString()
+    )
+    assert first.raw != again.raw
+    for poison in (first, again, again):
+        assert (await store.ingest(LOGIN, [poison])).outcomes == [Outcome.UNSTORABLE]
+    [open_one] = await open_exceptions(db, "unstorable")
+    assert open_one["evidence"] == first.raw
+    rows = await db.fetch(
+        "SELECT evidence, resolution FROM dlr.exceptions WHERE kind = 'unstorable' "
+        "AND resolved_at IS NOT NULL ORDER BY id"
+    )
+    assert [r["evidence"] for r in rows] == [again.raw, again.raw]
+    assert {r["resolution"] for r in rows} == {
+        f"another delivery of the receipt of open exception {open_one['id']}"
+    }
+    # A different poison receipt is its own investigation.
+    other = receipt("otherid")._replace(message_id=MessageId("other\ud800id"))
+    await store.ingest(LOGIN, [other])
+    assert len(await open_exceptions(db, "unstorable")) == 2
+    await db.execute(
+        "UPDATE dlr.exceptions SET resolved_at = now(), resolution = 'fixed' WHERE id = $1",
+        open_one["id"],
+    )
+    await store.ingest(LOGIN, [first])
+    assert len(await open_exceptions(db, "unstorable")) == 2

@@ -15,6 +15,7 @@ from hypothesis import given
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import MAX_ID_CHARS, parse
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
+from dlrfeed.domain.wire_format import evidence_key
 from dlrfeed.feed.wire import pull_receipts, receipt_by_hand, receipt_from_wire
 from gateway.receipts.v1 import feed_pb2
 from receipt_strategies import (
@@ -138,3 +139,22 @@ def test_c8_nested_or_unbalanced_groups_never_raise(raw: bytes) -> None:
     receipt = receipt_from_wire(raw, 0.0)
     assert receipt.raw == raw
     assert receipt.message_id == ""
+
+
+def test_evidence_key_ignores_only_the_delivery_fields() -> None:
+    """C8: every delivery of one receipt shares its evidence key (token and delivery_count
+    differ), another receipt does not, and damaged bytes keep their damage in the key."""
+    base = feed_pb2.Receipt(id="m1", level=2, stat="DELIVRD", ack_token="t1", delivery_count=1)
+    redelivered = feed_pb2.Receipt()
+    redelivered.CopyFrom(base)
+    redelivered.ack_token, redelivered.delivery_count = "t2-longer", 7
+    other = feed_pb2.Receipt()
+    other.CopyFrom(base)
+    other.stat = "UNDELIV"
+    raw = base.SerializeToString()
+    assert evidence_key(raw) == evidence_key(redelivered.SerializeToString())
+    assert evidence_key(raw) != evidence_key(other.SerializeToString())
+    # Cut inside the token: the readable fields plus the damaged tail, different from whole.
+    assert evidence_key(raw[:-4]) != evidence_key(raw)
+    assert evidence_key(raw[:-4]) != evidence_key(raw[:-5])
+    assert evidence_key(b"\xff\xff") != evidence_key(b"\xff\xfe")

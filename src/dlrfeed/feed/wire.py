@@ -11,12 +11,11 @@ as an `unstorable` exception with its evidence), and the raw bytes always travel
 
 from __future__ import annotations
 
-import contextlib
-
 import structlog
 from google.protobuf.message import DecodeError
 
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.domain.wire_format import ACK_TOKEN_FIELD, DELIVERY_COUNT_FIELD, top_level_fields
 from gateway.receipts.v1 import feed_pb2
 
 # Receipt field numbers (CONTRACT §1) of the string fields, by domain attribute name.
@@ -34,82 +33,18 @@ _TEXT_FIELDS = {
     12: "smsc_message_id",
     13: "connector",
 }
-_LEVEL, _ACK_TOKEN, _DELIVERY_COUNT = 2, 100, 101
+_LEVEL = 2
 _PULL_RECEIPTS = 1  # PullResponse.receipts
 _UINT32 = 0xFFFFFFFF
-_UINT64 = 0xFFFFFFFFFFFFFFFF
-_MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit
 
 log = structlog.get_logger("dlrfeed.feed")
 
 
-class _TruncatedWireError(Exception):
-    """The wire ends inside a field (or holds a wire type this proto never uses)."""
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < len(data) and shift < 70:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value & _UINT64, pos
-        shift += 7
-    raise _TruncatedWireError
-
-
-def _walk(
-    data: bytes,
-    pos: int,
-    found: list[tuple[int, int | bytes]] | None,
-    group: int | None,
-    depth: int = 0,
-) -> int:
-    """Read fields from `pos` to the end (or to the end of `group`); `found` None skips them.
-    Unknown groups are skipped whole, as protobuf does, so both agree on what follows; nesting
-    deeper than protobuf's own limit is damage (bytes of start-group tags must not recurse
-    without bound - found by the fuzzer)."""
-    if depth > _MAX_GROUP_DEPTH:
-        raise _TruncatedWireError
-    while pos < len(data):
-        tag, pos = _varint(data, pos)
-        number, wire_type = tag >> 3, tag & 7
-        if number == 0:
-            raise _TruncatedWireError
-        if wire_type == 0:
-            value, pos = _varint(data, pos)
-            if found is not None:
-                found.append((number, value))
-        elif wire_type == 2:
-            size, pos = _varint(data, pos)
-            if pos + size > len(data):
-                raise _TruncatedWireError
-            if found is not None:
-                found.append((number, data[pos : pos + size]))
-            pos += size
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-            if pos > len(data):
-                raise _TruncatedWireError
-        elif wire_type == 3:
-            pos = _walk(data, pos, None, number, depth + 1)
-        elif wire_type == 4 and number == group:
-            return pos
-        else:  # an end-group without its start, or wire types 6 and 7 (they do not exist)
-            raise _TruncatedWireError
-    if group is not None:
-        raise _TruncatedWireError
-    return pos
-
-
 def fields(data: bytes) -> list[tuple[int, int | bytes]]:
     """The (field number, value) pairs of a protobuf message, in wire order, up to the first
-    unreadable byte: varints as int, length-delimited as bytes, fixed32/64 skipped."""
-    found: list[tuple[int, int | bytes]] = []
-    with contextlib.suppress(_TruncatedWireError):  # keep what was read before the damage
-        _walk(data, 0, found, None)
-    return found
+    unreadable byte: varints as int, length-delimited as bytes, fixed32/64 and groups skipped."""
+    found, _ = top_level_fields(data)
+    return [(f.number, f.value) for f in found if f.value is not None]
 
 
 def receipt_from_wire(raw: bytes, received_at: float) -> Receipt:
@@ -163,14 +98,14 @@ def receipt_by_hand(raw: bytes, received_at: float) -> Receipt:
         if isinstance(value, bytes):
             if number in _TEXT_FIELDS:
                 text[_TEXT_FIELDS[number]] = value.decode("utf-8", "surrogateescape")
-            elif number == _ACK_TOKEN:
+            elif number == ACK_TOKEN_FIELD:
                 # A token that is not UTF-8 cannot be sent back in AckRequest (a proto string):
                 # replaced, the gateway reports it gone and redelivers the receipt after the
                 # lease (F6), when it is stored again as a repeat.
                 ack_token = value.decode("utf-8", "replace")
         elif number == _LEVEL:
             level = value & _UINT32  # protobuf's own uint32 truncation
-        elif number == _DELIVERY_COUNT:
+        elif number == DELIVERY_COUNT_FIELD:
             delivery_count = value & _UINT32
     return Receipt(
         message_id=MessageId(text.get("message_id", "")),

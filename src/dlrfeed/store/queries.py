@@ -198,11 +198,30 @@ RECEPTIONS_COLUMNS = (
     "parser_version",
 )
 
-# -- name: insert_unstorable
-# C8: a receipt the database refused, kept as raw bytes in the exceptions queue.
-INSERT_UNSTORABLE = """
-INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence)
-VALUES ('unstorable', $1, $2, $3::jsonb, $4)
+# -- name: open_unstorable
+# C8: a receipt the database refused, kept as raw bytes in the exceptions queue - unless an
+# open exception already holds the same receipt (`evidence_key`, migration 0004): then nothing,
+# and the caller keeps this delivery's bytes with RECORD_UNSTORABLE_REDELIVERY.
+OPEN_UNSTORABLE = """
+INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence, evidence_key)
+VALUES ('unstorable', $1, $2, $3::jsonb, $4, $5)
+ON CONFLICT (login, evidence_key) WHERE kind = 'unstorable' AND resolved_at IS NULL
+DO NOTHING
+RETURNING id
+"""
+
+# -- name: record_unstorable_redelivery
+# Another delivery of a receipt with an open `unstorable` exception: its bytes kept too (every
+# delivery is evidence), in a row opened resolved, pointing to the open one. A new statement,
+# so it sees the open exception that made OPEN_UNSTORABLE do nothing.
+RECORD_UNSTORABLE_REDELIVERY = """
+INSERT INTO dlr.exceptions (
+    kind, login, message_id, details, evidence, evidence_key, resolved_at, resolution)
+SELECT 'unstorable', $1, $2, $3::jsonb, $4, $5, now(),
+       'another delivery of the receipt of open exception '
+       || coalesce((SELECT min(x.id)::text FROM dlr.exceptions AS x
+                    WHERE x.login = $1 AND x.evidence_key = $5 AND x.kind = 'unstorable'
+                      AND x.resolved_at IS NULL), '(since resolved)')
 """
 
 # -- name: insert_messages

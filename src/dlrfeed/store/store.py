@@ -25,6 +25,7 @@ from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, par
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.rules import RULES_VERSION, EventFacts, MessageStatus, apply, count
 from dlrfeed.domain.status import Outcome, Status
+from dlrfeed.domain.wire_format import evidence_key
 from dlrfeed.errors import BadDataError, ConfigError, StoreUnavailableError
 from dlrfeed.store import queries
 from dlrfeed.store.migrate import ensure_current
@@ -419,13 +420,17 @@ class Store:
             "receipt": _printable(repr(receipt)[:4000]),
             "delivery_count": receipt.delivery_count,
         }
-        await conn.execute(
-            queries.INSERT_UNSTORABLE,
+        arguments = (
             login,
             _printable(receipt.message_id)[:MAX_ID_CHARS],
             json.dumps(details, ensure_ascii=True),
             bytes(receipt.raw),
+            evidence_key(receipt.raw),
         )
+        if await conn.fetchval(queries.OPEN_UNSTORABLE, *arguments) is None:
+            # Delivered again while its first delivery is under investigation: one open
+            # exception per receipt (never counted twice), every delivery's bytes kept.
+            await conn.execute(queries.RECORD_UNSTORABLE_REDELIVERY, *arguments)
 
     async def _correlate(self, conn: _Connection, login: str, ids: list[str]) -> set[str]:
         """Lock the messages of `ids` (sorted) and return those that exist (P10-P12)."""
