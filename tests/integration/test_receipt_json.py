@@ -8,6 +8,7 @@ over bytes that are not a receipt at all.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,12 +44,30 @@ async def receipt_json(db: asyncpg.Connection, payload: bytes) -> dict[str, Any]
     return parsed
 
 
+def _bytea_escape(data: bytes) -> str:
+    """PostgreSQL's encode(data, 'escape'): NUL and bytes above 127 in octal, \\ doubled."""
+    return "".join(
+        "\\\\" if b == 92 else f"\\{b:03o}" if b == 0 or b > 127 else chr(b) for b in data
+    )
+
+
+def shown_text(value: str) -> str:
+    """A text field as the function shows it: the first 256 NULs as \\u0000, the rest of a
+    field with more in bytea escape form (bounded work on hostile text)."""
+    parts = value.split("\x00")
+    if len(parts) <= 257:
+        return "\\u0000".join(parts)
+    return (
+        "\\u0000".join(parts[:256]) + "\\u0000" + _bytea_escape("\x00".join(parts[256:]).encode())
+    )
+
+
 def expected_json(message: feed_pb2.Receipt) -> dict[str, Any]:
     """What the function must show: the proto fields by name, NUL as six visible characters,
     optional fields only when present, `ack_token` never."""
     visible = {"id": message.id, "stat": message.stat}
     visible |= {f.name: v for f, v in message.ListFields() if f.name in OPTIONAL_FIELDS}
-    shown: dict[str, Any] = {k: v.replace("\x00", "\\u0000") for k, v in visible.items()}
+    shown: dict[str, Any] = {k: shown_text(v) for k, v in visible.items()}
     return shown | {"level": message.level, "delivery_count": message.delivery_count}
 
 
@@ -98,3 +117,12 @@ async def test_known_cases(db: asyncpg.Connection) -> None:
     unknown_field = raw + b"\xb8\x06\x05"  # field 103, varint 5: skipped, as protobuf does
     assert await receipt_json(db, unknown_field) == await receipt_json(db, raw)
     assert await receipt_json(db, raw[:-1]) == {"undecodable": raw[:-1].hex()}
+
+
+async def test_hostile_text_costs_bounded_work(db: asyncpg.Connection) -> None:
+    """Half a million NULs in one field: the first 256 shown as \\u0000, the rest escaped,
+    in bounded time (each NUL would otherwise copy the rest of the field again)."""
+    message = feed_pb2.Receipt(id="m1", level=2, stat="DELIVRD", text="a\x00" * 500_000)
+    shown = await asyncio.wait_for(receipt_json(db, message.SerializeToString()), 30)
+    assert shown["text"].startswith("a\\u0000" * 256 + "a\\000a\\000")
+    assert shown["text"].endswith("a\\000")

@@ -35,9 +35,10 @@ $fn$;
 -- The receipt in `payload` (a serialized gateway.receipts.v1.Receipt, CONTRACT §1) as JSON:
 -- its fields by their proto names, absent optional fields absent, `message_id` under `id`;
 -- `ack_token` left out (a lease handle, not a fact about the message). Text holding NUL shows
--- it as the six characters \u0000, like the stored columns (docs/rules.md). Bytes that are not
--- a receipt give {"undecodable": "<hex>"} instead of an error, so a query over many rows
--- never fails on one.
+-- it as the six characters \u0000, like the stored columns (docs/rules.md); past 256 NULs in
+-- one field, the rest of that field in bytea escape form (\000; octal above 127). Bytes that
+-- are not a receipt give {"undecodable": "<hex>"} instead of an error, so a query over many
+-- rows never fails on one.
 CREATE FUNCTION dlr.receipt_json(payload bytea) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
 DECLARE
@@ -55,6 +56,7 @@ DECLARE
     number numeric;
     piece bytea;
     nul integer;
+    nuls integer;
     string text;
 BEGIN
     WHILE pos < size LOOP
@@ -80,9 +82,15 @@ BEGIN
             IF field BETWEEN 1 AND 13 AND field <> 2 OR field = 100 THEN
                 piece := substring(payload FROM pos + 1 FOR number::integer);
                 string := '';
+                nuls := 0;
                 LOOP  -- NUL is not storable in text: shown as \u0000 (six characters)
                     nul := position('\x00'::bytea IN piece);
                     EXIT WHEN nul = 0;
+                    nuls := nuls + 1;
+                    IF nuls > 256 THEN  -- each turn copies the rest: bounded work on hostile text
+                        piece := convert_to(encode(piece, 'escape'), 'UTF8');
+                        EXIT;
+                    END IF;
                     string := string || convert_from(substring(piece FOR nul - 1), 'UTF8')
                               || '\u0000';
                     piece := substring(piece FROM nul + 1);
