@@ -9,38 +9,41 @@
 --
 --     SELECT received_at, payload_json->>'text' FROM dlr.receptions_readable WHERE ...
 
--- One varint of the protobuf wire format at byte `pos` (0-based): its value and the position
--- after it. Raises on a varint that runs past the end or beyond 64 bits.
+-- One varint of the protobuf wire format at byte `pos` (0-based): its value (the low 64 bits,
+-- as protobuf keeps them) and the position after it. Raises past the end or beyond 10 bytes.
 CREATE FUNCTION dlr.wire_varint(payload bytea, pos integer, OUT value numeric, OUT next integer)
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
 DECLARE
     byte integer;
-    shift integer := 0;
+    scale numeric := 1;
 BEGIN
     value := 0;
     next := pos;
     LOOP
-        IF shift > 63 THEN
-            RAISE EXCEPTION 'varint longer than 64 bits at byte %', pos;
+        IF next - pos >= 10 THEN
+            RAISE EXCEPTION 'varint longer than 10 bytes at byte %', pos;
         END IF;
         byte := get_byte(payload, next);  -- raises past the end
         next := next + 1;
-        value := value + (byte & 127) * (2::numeric ^ shift);
+        value := value + (byte & 127) * scale;
         EXIT WHEN byte < 128;
-        shift := shift + 7;
+        scale := scale * 128;
     END LOOP;
+    value := mod(value, 18446744073709551616);
 END;
 $fn$;
 
--- The receipt in `payload` (a serialized gateway.receipts.v1.Receipt, CONTRACT §1) as JSON:
--- its fields by their proto names, absent optional fields absent, `message_id` under `id`;
--- `ack_token` left out (a lease handle, not a fact about the message). Text holding NUL shows
--- it as the six characters \u0000, like the stored columns (docs/rules.md); past 256 NULs in
--- one field, the rest of that field in bytea escape form (\000; octal above 127). Bytes that
--- are not a receipt give {"undecodable": "<hex>"} instead of an error, so a query over many
--- rows never fails on one.
+-- The receipt in `payload` (a serialized gateway.receipts.v1.Receipt, CONTRACT §1) as JSON,
+-- read as protobuf reads it: its fields by their proto names, absent optional fields absent,
+-- `message_id` under `id`, the last occurrence of a field winning, numbers cut to uint32,
+-- unknown fields, groups and fields of an unexpected wire type skipped. `ack_token` is left
+-- out (a lease handle, not a fact about the message). Text holding NUL shows it as the six
+-- characters \u0000, like the stored columns (docs/rules.md); past 256 NULs in one field, the
+-- rest of that field in bytea escape form (\000; octal above 127). Bytes protobuf refuses give
+-- {"undecodable": "<hex>"} instead of an error, so a query over many rows never fails on one.
+-- PARALLEL UNSAFE: that fallback is an exception block, which parallel workers cannot run.
 CREATE FUNCTION dlr.receipt_json(payload bytea) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL UNSAFE AS $fn$
 DECLARE
     -- Field numbers 1-13 of Receipt; 2 (level) is the one number among them.
     names CONSTANT text[] := ARRAY[
@@ -51,9 +54,10 @@ DECLARE
     size CONSTANT integer := length(payload);
     pos integer := 0;
     tag numeric;
-    field numeric;
+    field bigint;
     wire integer;
     number numeric;
+    groups bigint[] := '{}';  -- the groups we are inside (their numbers): skipped whole
     piece bytea;
     nul integer;
     nuls integer;
@@ -61,25 +65,38 @@ DECLARE
 BEGIN
     WHILE pos < size LOOP
         SELECT v.value, v.next INTO tag, pos FROM dlr.wire_varint(payload, pos) AS v;
+        IF tag >= 4294967296 THEN
+            RAISE EXCEPTION 'tag beyond 32 bits at byte %', pos;
+        END IF;
         field := div(tag, 8);
         wire := mod(tag, 8)::integer;
-        IF (field IN (2, 101) AND wire <> 0)
-           OR ((field BETWEEN 1 AND 13 AND field <> 2 OR field = 100) AND wire <> 2) THEN
-            RAISE EXCEPTION 'field % with wire type %', field, wire;
+        IF field = 0 THEN
+            RAISE EXCEPTION 'field number 0 at byte %', pos;
         END IF;
-        IF wire = 0 THEN
+        IF wire = 3 THEN  -- start of a group: nothing of Receipt, skipped to its end
+            IF cardinality(groups) >= 100 THEN  -- protobuf's recursion limit
+                RAISE EXCEPTION 'groups nested too deep at byte %', pos;
+            END IF;
+            groups := groups || field;
+        ELSIF wire = 4 THEN
+            IF cardinality(groups) = 0 OR groups[cardinality(groups)] <> field THEN
+                RAISE EXCEPTION 'end of a group never started at byte %', pos;
+            END IF;
+            groups := groups[1:cardinality(groups) - 1];
+        ELSIF wire = 0 THEN
             SELECT v.value, v.next INTO number, pos FROM dlr.wire_varint(payload, pos) AS v;
-            IF field = 2 THEN
-                result := result || jsonb_build_object('level', number);
-            ELSIF field = 101 THEN
-                result := result || jsonb_build_object('delivery_count', number);
+            IF cardinality(groups) = 0 AND field IN (2, 101) THEN
+                result := result || jsonb_build_object(
+                    CASE field WHEN 2 THEN 'level' ELSE 'delivery_count' END,
+                    mod(number, 4294967296)::bigint);
             END IF;
         ELSIF wire = 2 THEN
             SELECT v.value, v.next INTO number, pos FROM dlr.wire_varint(payload, pos) AS v;
             IF pos + number > size THEN
                 RAISE EXCEPTION 'field % runs past the end', field;
             END IF;
-            IF field BETWEEN 1 AND 13 AND field <> 2 OR field = 100 THEN
+            IF cardinality(groups) = 0 AND (field BETWEEN 1 AND 13 AND field <> 2 OR field = 100)
+            THEN
                 piece := substring(payload FROM pos + 1 FOR number::integer);
                 string := '';
                 nuls := 0;
@@ -97,20 +114,21 @@ BEGIN
                 END LOOP;
                 string := string || convert_from(piece, 'UTF8');  -- raises unless UTF-8
                 IF field <> 100 THEN  -- the token is read (it must be UTF-8), not shown
-                    result := result || jsonb_build_object(names[field::integer], string);
+                    result := result || jsonb_build_object(names[field], string);
                 END IF;
             END IF;
             pos := pos + number::integer;
-        ELSIF wire = 1 THEN
-            pos := pos + 8;  -- fields unknown to this schema are skipped, as protobuf does
-        ELSIF wire = 5 THEN
-            pos := pos + 4;
+        ELSIF wire IN (1, 5) THEN  -- fixed64 / fixed32: nothing of Receipt, skipped
+            pos := pos + CASE wire WHEN 1 THEN 8 ELSE 4 END;
+            IF pos > size THEN
+                RAISE EXCEPTION 'field % runs past the end', field;
+            END IF;
         ELSE
             RAISE EXCEPTION 'wire type % at byte %', wire, pos;
         END IF;
     END LOOP;
-    IF pos > size THEN
-        RAISE EXCEPTION 'truncated';
+    IF cardinality(groups) > 0 THEN
+        RAISE EXCEPTION 'a group never ends';
     END IF;
     RETURN result;
 EXCEPTION WHEN OTHERS THEN
@@ -120,6 +138,8 @@ $fn$;
 
 ALTER TABLE dlr.receptions DROP COLUMN payload_json;
 
+-- `r.*` is expanded when the view is created: a migration that adds a column to dlr.receptions
+-- recreates this view (and grants on it again, as below).
 CREATE VIEW dlr.receptions_readable AS
 SELECT r.*, dlr.receipt_json(r.payload) AS payload_json
 FROM dlr.receptions AS r;
