@@ -19,7 +19,7 @@ from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.rules import Delivery, EventFacts, replay
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import StoreUnavailableError
-from dlrfeed.store import Store, Submission
+from dlrfeed.store import Store, Submission, queries
 from gateway.receipts.v1 import feed_pb2
 
 LOGIN = "acme"
@@ -481,5 +481,10 @@ async def test_c8_poison_delivered_again_is_one_open_exception_with_every_delive
         "UPDATE dlr.exceptions SET resolved_at = now(), resolution = 'fixed' WHERE id = $1",
         open_one["id"],
     )
+    # Resolved between a redelivery's two statements: the second records nothing, so the
+    # store goes round and opens a new investigation instead.
+    key = await db.fetchval("SELECT evidence_key FROM dlr.exceptions WHERE id = $1", open_one["id"])
+    late = (LOGIN, "bad", "{}", again.raw, key)
+    assert await db.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY, *late) is None
     await store.ingest(LOGIN, [first])
     assert len(await open_exceptions(db, "unstorable")) == 2

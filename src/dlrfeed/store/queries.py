@@ -212,16 +212,20 @@ RETURNING id
 
 # -- name: record_unstorable_redelivery
 # Another delivery of a receipt with an open `unstorable` exception: its bytes kept too (every
-# delivery is evidence), in a row opened resolved, pointing to the open one. A new statement,
-# so it sees the open exception that made OPEN_UNSTORABLE do nothing.
+# delivery is evidence), in a row opened resolved that points to the open one. A new statement,
+# so it sees the open exception that made OPEN_UNSTORABLE do nothing; that exception is locked
+# so it stays open until we commit. Returns no row when it was resolved in between (the caller
+# then opens a new one).
 RECORD_UNSTORABLE_REDELIVERY = """
 INSERT INTO dlr.exceptions (
     kind, login, message_id, details, evidence, evidence_key, resolved_at, resolution)
 SELECT 'unstorable', $1, $2, $3::jsonb, $4, $5, now(),
-       'another delivery of the receipt of open exception '
-       || coalesce((SELECT min(x.id)::text FROM dlr.exceptions AS x
-                    WHERE x.login = $1 AND x.evidence_key = $5 AND x.kind = 'unstorable'
-                      AND x.resolved_at IS NULL), '(since resolved)')
+       'another delivery of the receipt of open exception ' || o.id
+FROM (SELECT x.id FROM dlr.exceptions AS x
+      WHERE x.login = $1 AND x.evidence_key = $5 AND x.kind = 'unstorable'
+        AND x.resolved_at IS NULL
+      FOR SHARE) AS o
+RETURNING id
 """
 
 # -- name: insert_messages

@@ -427,10 +427,12 @@ class Store:
             bytes(receipt.raw),
             evidence_key(receipt.raw),
         )
-        if await conn.fetchval(queries.OPEN_UNSTORABLE, *arguments) is None:
-            # Delivered again while its first delivery is under investigation: one open
-            # exception per receipt (never counted twice), every delivery's bytes kept.
-            await conn.execute(queries.RECORD_UNSTORABLE_REDELIVERY, *arguments)
+        # Delivered again while an earlier delivery is under investigation: one open exception
+        # per receipt (never counted twice), every delivery's bytes kept. Only an operator
+        # resolving that exception between our two statements sends us round again.
+        while await conn.fetchval(queries.OPEN_UNSTORABLE, *arguments) is None:
+            if await conn.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY, *arguments) is not None:
+                return
 
     async def _correlate(self, conn: _Connection, login: str, ids: list[str]) -> set[str]:
         """Lock the messages of `ids` (sorted) and return those that exist (P10-P12)."""
