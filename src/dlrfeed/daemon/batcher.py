@@ -125,6 +125,9 @@ class Batcher:
         """Two batches in a row closed full: the feed outruns the commits (a backlog)."""
         return self._full_streak >= BACKLOG_FULL_BATCHES
 
+    def forget_backlog(self) -> None:
+        self._full_streak = 0
+
     # -- the daemon's side ----------------------------------------------------------------
     def release(self) -> None:
         """The store has been down past `--release-after`: drop everything in hand, unacked;

@@ -68,6 +68,9 @@ class ReceiptSink(Protocol):
     def backlogged(self) -> bool:
         """True while batches keep closing full (receipts arrive faster than they commit)."""
 
+    def forget_backlog(self) -> None:
+        """A stream opens: only batches closed from now on say whether it is backlogged."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReaderSettings:
@@ -221,7 +224,9 @@ class FeedReader:
         self._current = stream
         self._set_state(Mode.SUBSCRIBE)
         auto = self._settings.mode == Mode.AUTO
-        next_check = time.monotonic() + AUTO_RATE_SPAN_SECONDS
+        if auto:
+            self._sink.forget_backlog()
+        span_start = time.monotonic()
         received = 0
         try:
             while True:
@@ -248,10 +253,10 @@ class FeedReader:
                 # a stream opened on a backlog delivers its window back to back).
                 backlog = self._sink.backlogged()
                 received += 1
-                if not backlog and time.monotonic() >= next_check:
-                    next_check = time.monotonic() + AUTO_RATE_SPAN_SECONDS
-                    backlog = received >= self._settings.auto_pull_rate * AUTO_RATE_SPAN_SECONDS
-                    received = 0
+                now = time.monotonic()
+                if not backlog and now - span_start >= AUTO_RATE_SPAN_SECONDS:
+                    backlog = received / (now - span_start) >= self._settings.auto_pull_rate
+                    span_start, received = now, 0
                 if backlog:
                     # A backlog (batches closing full, or a fast stream): Pull drains it for a
                     # fraction of the CPU per receipt (docs/daemon.md). Commit and ack what we
