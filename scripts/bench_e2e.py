@@ -219,8 +219,11 @@ def _stat_fields(pid: int) -> list[str]:
 
 def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
     """User + system CPU seconds of a process so far, all threads (stat fields 14-15), plus
-    those of its children it has reaped (fields 16-17) when asked."""
-    fields = _stat_fields(pid)
+    those of its children it has reaped (fields 16-17) when asked; 0 once it has exited."""
+    try:
+        fields = _stat_fields(pid)
+    except OSError:  # gone between listing and reading (a backend closing, a worker exiting)
+        return 0.0
     ticks = int(fields[11]) + int(fields[12])
     if reaped_children:
         ticks += int(fields[13]) + int(fields[14])
@@ -250,17 +253,22 @@ class CpuMeter:
     postmaster_pid: int
 
     def read(self, daemon_pid: int | None = None) -> dict[str, float]:
-        backends = _children(self.postmaster_pid)
         reading = {
             "fakegw": cpu_seconds(self.fakegw_pid),
-            "postgres": cpu_seconds(self.postmaster_pid, reaped_children=True)
-            + sum(cpu_seconds(p) for p in backends),
+            "postgres": _tree_cpu_seconds(self.postmaster_pid),
             "bench": time.process_time(),
             "wall": time.perf_counter(),
         }
         if daemon_pid is not None:
-            reading["daemon"] = sum(cpu_seconds(p) for p in [daemon_pid, *_children(daemon_pid)])
+            reading["daemon"] = _tree_cpu_seconds(daemon_pid)
         return reading
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process, of the children it has reaped and of those still running.
+    The parent is read first: a child exiting in between is missed, never counted twice."""
+    parent = cpu_seconds(pid, reaped_children=True)
+    return parent + sum(cpu_seconds(child) for child in _children(pid))
 
 
 def cpu_per_receipt(
