@@ -1086,8 +1086,8 @@ def _walls_section(results: dict[str, Any]) -> list[str]:
                 f"{_share(results, mode, 'daemon'):.0f} %. On Pull the feed's share is small "
                 "(a is several times b), hence Pull's ratio near 1."
                 + (
-                    " `auto` drains a backlog mostly on Pull after its switch, so it may beat "
-                    "the Subscribe estimate, but its first seconds and the switch are paid on "
+                    " `auto` drains a backlog on Pull after its switch, so it may beat the "
+                    "Subscribe estimate, but its first half second and the switch are paid on "
                     "Subscribe."
                     if configuration_mode(name) == "auto"
                     else ""
