@@ -5,6 +5,7 @@ Certificates are made by the openssl CLI for each test session (no test dependen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 from collections.abc import AsyncIterator
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
-from daemon_harness import LOGIN, PASSWORD, receipt_bodies, settings_for
+from daemon_harness import LOGIN, PASSWORD, receipt_bodies, settings_for, wait_until
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.errors import ConfigError, FeedUnavailableError
 from dlrfeed.feed.channel import TlsSettings, open_channel
@@ -124,6 +126,28 @@ async def test_mtls_without_client_certificate_is_refused(pki: Pki) -> None:
                 await FeedClient(channel, LOGIN, PASSWORD).check_access()
         finally:
             await channel.close(grace=None)
+
+
+async def test_daemon_without_client_certificate_names_mtls_while_it_waits(
+    pki: Pki, database_url: str
+) -> None:
+    """Against a gateway that demands mTLS, a daemon with no client certificate cannot tell the
+    refusal from a network drop, so it keeps waiting - and each retry says what to check."""
+    async with tls_gateway(pki, mtls=True) as gateway:
+        daemon = Daemon(
+            settings_for(gateway.target, database_url, "--tls", "--ca-file", str(pki.ca))
+        )
+        with capture_logs() as logs:
+            task = asyncio.create_task(daemon.run())
+
+            async def waiting_with_hint() -> bool:
+                return any(e["event"] == "startup_waiting" and "hint" in e for e in logs)
+
+            await wait_until(waiting_with_hint, 20, "a start-up retry with the mTLS hint")
+            daemon.stop()
+            assert await asyncio.wait_for(task, 15) == 0
+    hint = next(e["hint"] for e in logs if e["event"] == "startup_waiting" and "hint" in e)
+    assert "--client-cert" in hint
 
 
 async def test_wrong_ca_stops_the_daemon_with_one_clear_line(pki: Pki, database_url: str) -> None:

@@ -150,7 +150,7 @@ class Daemon:
                 return 0
             channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
             client = FeedClient(channel, s.login, s.password)
-            if not await self._until_stopped(client.check_access):
+            if not await self._until_stopped(client.check_access, hint=_feed_start_hint(s)):
                 return 0
             return await self._serve(client, self._store)
         finally:
@@ -174,8 +174,11 @@ class Daemon:
             raise
         return store
 
-    async def _until_stopped(self, attempt: Callable[[], Awaitable[Any]]) -> Any:
-        """Retry a start-up step through transient outages (no crash loop); None if stopped."""
+    async def _until_stopped(
+        self, attempt: Callable[[], Awaitable[Any]], hint: str | None = None
+    ) -> Any:
+        """Retry a start-up step through transient outages (no crash loop); None if stopped.
+        `hint`, when given, is logged with each retry: what else the failure may mean."""
         tries = 0
         while not self._stop.is_set():
             try:
@@ -183,7 +186,12 @@ class Daemon:
             except (StoreUnavailableError, FeedUnavailableError) as exc:
                 tries += 1
                 delay = backoff_delay(tries, 0.2, 10.0)
-                log.warning("startup_waiting", error=str(exc), retry_in_s=round(delay, 2))
+                log.warning(
+                    "startup_waiting",
+                    error=str(exc),
+                    retry_in_s=round(delay, 2),
+                    **({"hint": hint} if hint else {}),
+                )
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
@@ -473,3 +481,14 @@ class Daemon:
         store = "up" if self._gate is None or self._gate.is_up else "DOWN"
         in_flight = int(self._in_flight())
         return f"stored={t.stored} repeats={t.repeats} in_flight={in_flight} store={store}"
+
+
+def _feed_start_hint(settings: DaemonSettings) -> str | None:
+    """A gateway that demands a client certificate refuses one without it by closing the
+    socket, which the client cannot tell from a network drop (docs/daemon.md): while the feed
+    cannot be reached over TLS with no client certificate, say so with each retry."""
+    if settings.tls is None or settings.tls.client_cert is not None:
+        return None
+    return (
+        "if the gateway requires a client certificate (mTLS), pass --client-cert and --client-key"
+    )
