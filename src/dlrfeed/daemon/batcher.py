@@ -126,6 +126,7 @@ class Batcher:
         return self._full_streak >= BACKLOG_FULL_BATCHES
 
     def forget_backlog(self) -> None:
+        """A stream opens: batches closed before it (e.g. of Pulls) say nothing about it."""
         self._full_streak = 0
 
     # -- the daemon's side ----------------------------------------------------------------
