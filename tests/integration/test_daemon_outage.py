@@ -1,9 +1,12 @@
-"""Issue 4 §6: a PostgreSQL outage mid-run — real server stopped and started again."""
+"""Issue 4 §6: a PostgreSQL outage mid-run — real server stopped and started again — and a
+schema changed under the running daemon."""
 
 from __future__ import annotations
 
 import asyncio
 
+import asyncpg
+import pytest
 from structlog.testing import capture_logs
 
 from daemon_harness import (
@@ -16,6 +19,7 @@ from daemon_harness import (
     wait_until,
 )
 from dlrfeed.daemon.app import Daemon
+from dlrfeed.errors import SchemaOutOfDateError
 from pgcluster import PgCluster
 
 
@@ -63,3 +67,25 @@ async def test_database_outage_stops_reading_releases_and_resumes(
         assert "store_available" in events
         await assert_ledger_matches_store(gateway, database_url)
         assert gateway.stats(LOGIN)["acked"] == 4000
+
+
+async def test_schema_changed_under_the_running_daemon_stops_it_acking_nothing(
+    database_url: str,
+) -> None:
+    """A migration run while the daemon is up (here: a column renamed): the daemon stops with
+    exit 78 and one line naming `dlrfeed migrate`, instead of keeping every receipt as
+    "unstorable" evidence; nothing was acked, so the gateway still holds every receipt."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("ALTER TABLE dlr.receptions RENAME COLUMN outcome TO outcome_renamed")
+    finally:
+        await conn.close()
+    async with running_gateway() as gateway:
+        await gateway.inject(LOGIN, receipt_bodies(50))
+        daemon = Daemon(settings_for(gateway.target, database_url, "--mode", "pull"))
+        with pytest.raises(SchemaOutOfDateError) as caught:
+            await asyncio.wait_for(daemon.run(), 30)
+        assert caught.value.exit_code == 78
+        stats = gateway.stats(LOGIN)
+        assert stats["acked"] == 0
+        assert stats["queued"] + stats["in_flight"] == 50

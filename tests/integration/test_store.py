@@ -18,7 +18,7 @@ from dlrfeed.domain.parse import parse
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.rules import Delivery, EventFacts, replay
 from dlrfeed.domain.status import Outcome
-from dlrfeed.errors import StoreUnavailableError
+from dlrfeed.errors import SchemaOutOfDateError, StoreUnavailableError
 from dlrfeed.store import Store, Submission, queries
 from gateway.receipts.v1 import feed_pb2
 
@@ -488,3 +488,20 @@ async def test_c8_poison_delivered_again_is_one_open_exception_with_every_delive
     assert await db.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY, *late) is None
     await store.ingest(LOGIN, [first])
     assert len(await open_exceptions(db, "unstorable")) == 2
+
+
+async def test_schema_changed_under_a_running_store_is_one_line_and_commits_nothing(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """A migration that runs while a daemon is up (here: a column renamed) makes its statements
+    miss: that is not a poison receipt (C8) to bisect and keep as unstorable, but one fatal
+    line, exit 78, with nothing committed (the gateway redelivers to the upgraded daemon)."""
+    await record(store, "m1")
+    await db.execute("ALTER TABLE dlr.receptions RENAME COLUMN outcome TO outcome_renamed")
+    with pytest.raises(SchemaOutOfDateError) as caught:
+        await store.ingest(LOGIN, [receipt("m1")])
+    assert caught.value.exit_code == 78
+    assert "dlrfeed migrate" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert await db.fetchval("SELECT count(*) FROM dlr.events") == 0
+    assert await db.fetchval("SELECT count(*) FROM dlr.exceptions") == 0

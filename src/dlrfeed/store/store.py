@@ -26,7 +26,12 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.rules import RULES_VERSION, EventFacts, MessageStatus, apply, count
 from dlrfeed.domain.status import Outcome, Status
 from dlrfeed.domain.wire_format import evidence_key
-from dlrfeed.errors import BadDataError, ConfigError, StoreUnavailableError
+from dlrfeed.errors import (
+    BadDataError,
+    ConfigError,
+    SchemaOutOfDateError,
+    StoreUnavailableError,
+)
 from dlrfeed.store import queries
 from dlrfeed.store.migrate import ensure_current
 from dlrfeed.store.submission import Submission, SubmissionResult
@@ -57,6 +62,12 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 _PASSING_SERVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InvalidTransactionStateError,
     asyncpg.exceptions.TransactionRollbackError,
+)
+# The statements name a table, column or function the database no longer has.
+_SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.UndefinedTableError,
+    asyncpg.exceptions.UndefinedColumnError,
+    asyncpg.exceptions.UndefinedFunctionError,
 )
 _DEADLOCK_RETRIES = 8
 # Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
@@ -348,6 +359,13 @@ class Store:
             raise ConfigError(
                 f"the database role may not ingest ({exc}): connect as the writer role, "
                 "see sql/roles.sql and docs/security.md"
+            ) from exc
+        except _SCHEMA_CHANGED_ERRORS as exc:
+            # A migration ran while this daemon was up: its statements no longer fit the
+            # tables. Nothing was committed or acked (the gateway redelivers); stop, in one line.
+            raise SchemaOutOfDateError(
+                f"the database schema changed under this dlrfeed ({exc}): stop it, run "
+                "`dlrfeed migrate`, and start the dlrfeed that matches the schema"
             ) from exc
         return IngestResult(outcomes, Counter(outcomes), retries, bisections)
 
