@@ -505,3 +505,30 @@ async def test_schema_changed_under_a_running_store_is_one_line_and_commits_noth
     assert "\n" not in str(caught.value)
     assert await db.fetchval("SELECT count(*) FROM dlr.events") == 0
     assert await db.fetchval("SELECT count(*) FROM dlr.exceptions") == 0
+
+
+async def test_p10_hex_receipt_ids_correlate_by_decimal_value_and_keep_receive_times(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """P10/P18 option `receipt_ids_hex`, through the real store: receipt id "1a" correlates with
+    the message recorded as "26", the event keeps both ids, and its receive time is ours to the
+    microsecond (P19); an id that is its own correlation id is stored as such."""
+    hexed = await Store.open(database_url, options=IntegrationOptions(receipt_ids_hex=True))
+    try:
+        await hexed.record_submissions([Submission(LOGIN, "26", "+34600000001")])
+        first = receipt("1a")._replace(received_at=1_795_993_760.123457)
+        result = await hexed.ingest(LOGIN, [first, receipt("zz")])
+    finally:
+        await hexed.close()
+    assert result.outcomes == [Outcome.APPLIED, Outcome.UNCORRELATED]
+    rows = {
+        r["message_id"]: r
+        for r in await db.fetch(
+            "SELECT message_id, correlation_id, extract(epoch FROM first_received_at) AS at"
+            " FROM dlr.events"
+        )
+    }
+    assert rows["1a"]["correlation_id"] == "26"
+    assert float(rows["1a"]["at"]) == pytest.approx(1_795_993_760.123457, abs=1e-6)
+    assert rows["zz"]["correlation_id"] == "zz"
+    assert (await status_of(db, "26") or {}).get("status") == "DELIVERED"

@@ -69,7 +69,9 @@ FROM (SELECT k FROM unnest($2::text[]) AS k ORDER BY k) AS sorted
 #   (sorted by key by the client). $4 is a JSON array of rows [message_id, correlation_id,
 #   level, stat, status, err, done_raw, done_at, fingerprint, flags, received_at]: one parameter
 #   instead of eleven arrays, because the driver's per-element array encoding costs more than
-#   the server's JSON parse (bench_store). Returns (id, message_id, level) per new event.
+#   the server's JSON parse (bench_store). Cheap to encode: correlation_id is null when it is
+#   the message id (nearly always), received_at integer microseconds (a float costs the JSON
+#   encoder a Python call). Returns (id, message_id, level) per new event.
 # - The held status of each correlated message in $5, its supporting event's facts, and - for
 #   messages with no status yet - the repeat/conflict counts of their earlier (unapplied) events.
 #   These rows have a NULL id. Read in the statement's snapshot, taken after the locks were
@@ -81,9 +83,10 @@ WITH new AS (
         login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
         fingerprint, flags, parser_version, rules_version, first_received_at,
         last_received_at)
-    SELECT $1, u.r->>0, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5, u.r->>6,
-           (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '), $2, $3,
-           to_timestamp((u.r->>10)::float8), to_timestamp((u.r->>10)::float8)
+    SELECT $1, u.r->>0, coalesce(u.r->>1, u.r->>0), (u.r->>2)::bigint, u.r->>3, u.r->>4,
+           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '),
+           $2, $3, to_timestamp((u.r->>10)::float8 / 1000000),
+           to_timestamp((u.r->>10)::float8 / 1000000)
     FROM jsonb_array_elements($4::jsonb) WITH ORDINALITY AS u(r, position)
     ORDER BY u.position
     ON CONFLICT (login, message_id, level) DO NOTHING

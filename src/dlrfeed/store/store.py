@@ -266,7 +266,7 @@ def _first_events(
         rows.append(
             [
                 e.message_id,
-                e.correlation_id,
+                None if e.correlation_id == e.message_id else e.correlation_id,
                 e.level,
                 e.stat,
                 e.status,  # StrEnum: JSON-encoded as its value
@@ -275,7 +275,7 @@ def _first_events(
                 done_iso,
                 e.fingerprint,
                 " ".join(e.flags),
-                e.received_at,
+                int(e.received_at * 1_000_000),
             ]
         )
     return first_of_key, firsts, _dumps(rows)
