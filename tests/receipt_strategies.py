@@ -30,18 +30,8 @@ def examples(short: int) -> settings:
     return settings() if FUZZING else settings(max_examples=short)
 
 
-OPTIONAL_FIELDS = (
-    "err",
-    "sub",
-    "dlvrd",
-    "submit_date",
-    "done_date",
-    "text",
-    "source_addr",
-    "destination_addr",
-    "smsc_message_id",
-    "connector",
-)
+# The Receipt fields that may be absent (proto3 `optional`, F4), read from the contract itself.
+OPTIONAL_FIELDS = tuple(f.name for f in feed_pb2.Receipt.DESCRIPTOR.fields if f.has_presence)
 
 # Characters that break naive code: NUL, controls, a BOM, the last code points of the BMP and
 # of Unicode, combining marks, right-to-left text, 4-byte UTF-8.

@@ -434,34 +434,15 @@ class FakeGateway:
                 login, after, limit
             ):
                 last = ledger_id
-                records.append(
-                    {
-                        "id": ledger_id,
-                        "kind": kind,
-                        "login": rec_login,
-                        "seq": seq,
-                        "token": token,
-                        "at": at,
-                        "receipt": json.loads(fields_json),
-                    }
-                )
+                receipt = json.loads(fields_json)
+                records.append(_ledger_record(ledger_id, kind, rec_login, seq, token, at, receipt))
             return {"records": records, "next": last, "first_id": self._shared.first_ledger_id()}
         start = max(after - self._ledger_dropped, 0)
         for ledger_id, kind, rec_login, seq, token, at, fields in self._ledger[start:]:
             last = ledger_id
             if login is not None and rec_login != login:
                 continue
-            records.append(
-                {
-                    "id": ledger_id,
-                    "kind": kind,
-                    "login": rec_login,
-                    "seq": seq,
-                    "token": token,
-                    "at": at,
-                    "receipt": fields,
-                }
-            )
+            records.append(_ledger_record(ledger_id, kind, rec_login, seq, token, at, fields))
             if len(records) >= limit:
                 break
         return {"records": records, "next": last, "first_id": self._ledger_dropped + 1}
@@ -882,3 +863,18 @@ async def _check_ack_size(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"an Ack carries 1 to {MAX_ACK_TOKENS} tokens, got {len(tokens)}",
         )
+
+
+def _ledger_record(
+    ledger_id: int, kind: str, login: str, seq: int, token: str, at: float, receipt: Any
+) -> dict[str, Any]:
+    """One ledger record as `FakeGateway.ledger` returns it, from memory or the shared store."""
+    return {
+        "id": ledger_id,
+        "kind": kind,
+        "login": login,
+        "seq": seq,
+        "token": token,
+        "at": at,
+        "receipt": receipt,
+    }
