@@ -176,30 +176,11 @@ SELECT ids FROM rec_ids
 )
 
 # -- name: copy_receptions
-# P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row insert
-# path: far less work and WAL than INSERT ... SELECT per row) with the ids WRITE_BATCH drew.
-# `payload` is the evidence, whole; the view dlr.receptions_readable shows it as JSON.
+# P6/P13: every delivery of the batch, appended by binary COPY with the ids WRITE_BATCH drew;
+# the rows are encoded by dlrfeed.store.copy_rows (its COLUMNS). `payload` is the evidence,
+# whole; the view dlr.receptions_readable shows it as JSON.
 RECEPTIONS_TABLE = "receptions"
 RECEPTIONS_SCHEMA = "dlr"
-RECEPTIONS_COLUMNS = (
-    "id",
-    "login",
-    "message_id",
-    "level",
-    "stat",
-    "err",
-    "submit_date_raw",
-    "submit_at",
-    "done_date_raw",
-    "done_at",
-    "delivery_count",
-    "received_at",
-    "payload",
-    "flags",
-    "outcome",
-    "event_id",
-    "parser_version",
-)
 
 # -- name: open_unstorable
 # C8: a receipt the database refused, kept as raw bytes in the exceptions queue - unless an

@@ -1,0 +1,191 @@
+"""`copy_rows`: the store's own binary COPY encoding of receptions, held to the driver's.
+
+The store encodes each reception's receipt fields ahead of the plan and appends the late ones
+after it (`dlrfeed.store.copy_rows`); asyncpg's `copy_records_to_table` is the reference. Both
+write the same values into twin tables of the real server, which must then hold equal rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import asyncpg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
+from dlrfeed.domain.status import Outcome, Status
+from dlrfeed.store import copy_rows
+from receipt_strategies import examples
+
+# Storable text: parse() has escaped NUL already, and the encoding refuses lone surrogates.
+_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
+_ZONES = st.sampled_from(
+    [UTC, ZoneInfo("Europe/Madrid"), ZoneInfo("America/Bogota"), timezone(timedelta(hours=5.5))]
+)
+_DATES = st.none() | st.builds(
+    lambda naive, zone: naive.replace(tzinfo=zone),
+    st.datetimes(datetime(1901, 1, 1), datetime(2200, 1, 1)),
+    _ZONES,
+)
+_INT8 = st.integers(-(2**63), 2**63 - 1)
+
+
+PLAIN = LogicalEvent(
+    message_id="1",
+    correlation_id="1",
+    level=2,
+    stat="DELIVRD",
+    status=Status.DELIVERED,
+    err="000",
+    sub=None,
+    dlvrd=None,
+    submit_date_raw=None,
+    submit_at=None,
+    done_date_raw=None,
+    done_at=None,
+    text=None,
+    source_addr=None,
+    destination_addr=None,
+    smsc_message_id=None,
+    connector=None,
+    delivery_count=1,
+    received_at=0.0,
+    raw=b"",
+    fingerprint="",
+    flags=(),
+)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> LogicalEvent:
+    return LogicalEvent(
+        message_id=draw(_TEXT),
+        correlation_id="",
+        level=draw(_INT8),
+        stat=draw(_TEXT),
+        status=Status.UNKNOWN,
+        err=draw(st.none() | _TEXT),
+        sub=None,
+        dlvrd=None,
+        submit_date_raw=draw(st.none() | _TEXT),
+        submit_at=draw(_DATES),
+        done_date_raw=draw(st.none() | _TEXT),
+        done_at=draw(_DATES),
+        text=None,
+        source_addr=None,
+        destination_addr=None,
+        smsc_message_id=None,
+        connector=None,
+        delivery_count=draw(_INT8),
+        # Our clock: any instant from 1970 to 2100, microseconds included.
+        received_at=draw(st.integers(0, 4_102_444_800_000_000)) / 1_000_000,
+        raw=draw(st.binary(max_size=64)),
+        fingerprint="",
+        flags=tuple(draw(st.lists(_TEXT, max_size=3))),
+    )
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    for table in ("by_store", "by_driver"):
+        await conn.execute(f"CREATE TABLE {table} (LIKE dlr.receptions INCLUDING DEFAULTS)")
+    yield conn
+    await conn.close()
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def copy_both(
+    db: asyncpg.Connection, login: str, batch: list[LogicalEvent], outcomes: list[Outcome]
+) -> None:
+    ids = [7 * n + 1 for n in range(len(batch))]
+    event_ids = [2**40 + n for n in range(len(batch))]
+    data = copy_rows.finish(copy_rows.encode_receipt_fields(login, batch), ids, outcomes, event_ids)
+    await db.copy_to_table(
+        "by_store", columns=copy_rows.COLUMNS, source=_chunks(data), format="binary"
+    )
+    # The driver's reference encoding of the very same values.
+    received = [datetime.fromtimestamp(e.received_at, UTC) for e in batch]
+    values = {
+        "login": [login] * len(batch),
+        "message_id": [e.message_id for e in batch],
+        "level": [e.level for e in batch],
+        "stat": [e.stat for e in batch],
+        "err": [e.err for e in batch],
+        "submit_date_raw": [e.submit_date_raw for e in batch],
+        "submit_at": [e.submit_at for e in batch],
+        "done_date_raw": [e.done_date_raw for e in batch],
+        "done_at": [e.done_at for e in batch],
+        "delivery_count": [e.delivery_count for e in batch],
+        "received_at": received,
+        "payload": [e.raw for e in batch],
+        "flags": [list(e.flags) for e in batch],
+        "parser_version": [PARSER_VERSION] * len(batch),
+        "id": ids,
+        "outcome": [o.value for o in outcomes],
+        "event_id": event_ids,
+    }
+    await db.copy_records_to_table(
+        "by_driver",
+        columns=copy_rows.COLUMNS,
+        records=list(zip(*(values[c] for c in copy_rows.COLUMNS), strict=True)),
+    )
+
+
+async def table_rows(db: asyncpg.Connection, table: str) -> list[asyncpg.Record]:
+    columns = ", ".join(copy_rows.COLUMNS)
+    return list(await db.fetch(f"SELECT {columns} FROM {table} ORDER BY id"))
+
+
+@given(
+    login=_TEXT,
+    batch=st.lists(events(), min_size=1, max_size=8),
+    outcome=st.sampled_from(list(Outcome)),
+)
+@examples(200)
+async def test_the_store_encoding_writes_what_the_driver_writes_p6(
+    db: asyncpg.Connection, login: str, batch: list[LogicalEvent], outcome: Outcome
+) -> None:
+    """Any storable values: text of any script, NULLs, int64 bounds, dates of any zone from
+    1901 to 2200, empty and non-empty flag arrays, arbitrary payload bytes."""
+    await db.execute("TRUNCATE by_store, by_driver")
+    await copy_both(db, login, batch, [outcome] * len(batch))
+    by_store = await table_rows(db, "by_store")
+    assert len(by_store) == len(batch)
+    assert by_store == await table_rows(db, "by_driver")
+
+
+async def test_shared_dates_and_receive_times_are_each_row_own(db: asyncpg.Connection) -> None:
+    """The encoder reuses the encoding of equal dates within a batch; each row still gets its
+    own values (and an instant equal across zones is the same timestamptz)."""
+    madrid = datetime(2026, 11, 29, 13, 0, tzinfo=ZoneInfo("Europe/Madrid"))
+    base = PLAIN
+    batch = [
+        base._replace(message_id="a", done_at=madrid, submit_at=None, received_at=1.5),
+        base._replace(message_id="b", done_at=madrid.astimezone(UTC), received_at=1.5),
+        base._replace(message_id="c", done_at=None, submit_at=madrid, received_at=2.25),
+    ]
+    await copy_both(db, "acme", batch, [Outcome.APPLIED, Outcome.REPEAT, Outcome.CONFLICT])
+    rows = await table_rows(db, "by_store")
+    assert rows == await table_rows(db, "by_driver")
+    assert [r["done_at"] for r in rows] == [madrid, madrid, None]
+    assert [r["outcome"] for r in rows] == ["applied", "repeat", "conflict"]
+
+
+def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
+    """The C8 bisection treats these as data errors: the same exception types as the driver."""
+    base = PLAIN
+    with pytest.raises(UnicodeEncodeError):
+        copy_rows.encode_receipt_fields("acme", [base._replace(err="\ud800")])
+    with pytest.raises(OverflowError):
+        copy_rows.encode_receipt_fields("acme", [base._replace(level=2**63)])
+    rows = copy_rows.encode_receipt_fields("acme", [base])
+    with pytest.raises(ValueError, match="zip"):
+        copy_rows.finish(rows, [1, 2], [Outcome.APPLIED], [1])
