@@ -76,7 +76,9 @@ FROM (SELECT k FROM unnest($2::text[]) AS k ORDER BY k) AS sorted
 #   messages with no status yet - the repeat/conflict counts of their earlier (unapplied) events.
 #   These rows have a NULL id. Read in the statement's snapshot, taken after the locks were
 #   granted, so every status committed under those locks is seen; events inserted by this same
-#   statement are not (the counts are of earlier events, as intended).
+#   statement are not (the counts are of earlier events, as intended). Events of a correlation
+#   id are found by id where the two are equal, by the partial correlation index where they
+#   differ (migration 0005); WAITING_EVENTS reads them the same way.
 INSERT_EVENTS_READ_STATUSES = """
 WITH new AS (
     INSERT INTO dlr.events (
@@ -124,6 +126,7 @@ LEFT JOIN LATERAL (
            coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
     FROM dlr.events AS x
     WHERE s.status IS NULL AND x.login = $1 AND x.correlation_id = k.message_id
+      AND (x.message_id = k.message_id OR x.correlation_id <> x.message_id)
 ) AS o ON true
 """
 
@@ -235,7 +238,13 @@ WAITING_EVENTS = """
 SELECT e.id, e.message_id, e.correlation_id, e.level, e.status, e.stat, e.err, e.done_at,
        e.fingerprint, e.times_received, e.conflicting_receptions
 FROM unnest($2::text[]) AS k(correlation_id)
-JOIN dlr.events AS e ON e.login = $1 AND e.correlation_id = k.correlation_id
+CROSS JOIN LATERAL (
+    SELECT e.*
+    FROM dlr.events AS e
+    WHERE e.login = $1 AND e.correlation_id = k.correlation_id
+      AND (e.message_id = k.correlation_id OR e.correlation_id <> e.message_id)
+    OFFSET 0
+) AS e
 ORDER BY e.correlation_id, e.id
 """
 

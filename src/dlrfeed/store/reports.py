@@ -36,13 +36,15 @@ WHERE s.login = $1 AND s.message_id = $2
 
 # -- name: event_rows
 # Events correlate by correlation_id (the id used to find the message, P10); a receipt that
-# never correlated is found by its own id.
+# never correlated is found by its own id. Written so that both event indexes serve it when
+# the login is known: the correlation index holds only ids that differ (migration 0005).
 _EVENTS = """
 SELECT id, login, level, stat, status, err, done_date_raw, done_at, fingerprint, flags,
        times_received, conflicting_receptions, parser_version, rules_version,
        first_received_at, last_received_at, message_id AS receipt_id
 FROM dlr.events
-WHERE (correlation_id = $2 OR message_id = $2) AND ($1::text IS NULL OR login = $1)
+WHERE (message_id = $2 OR (correlation_id = $2 AND correlation_id <> message_id))
+  AND ($1::text IS NULL OR login = $1)
 ORDER BY login, level, id
 """
 
