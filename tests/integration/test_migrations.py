@@ -48,7 +48,8 @@ DESCRIBE = {
     "view": """
         SELECT viewname || ' ' || md5(definition) FROM pg_views WHERE schemaname = 'dlr'""",
     "sequence": """
-        SELECT sequence_name FROM information_schema.sequences WHERE sequence_schema = 'dlr'""",
+        SELECT sequence_name || ' increment ' || increment
+        FROM information_schema.sequences WHERE sequence_schema = 'dlr'""",
 }
 
 

@@ -299,6 +299,34 @@ async def test_connection_lost_while_bisecting_commits_no_half_c7_c8(
     assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 4
 
 
+async def test_reception_ids_follow_the_batch_across_id_blocks_p6(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """A batch longer than an id block: its receptions get unique ids in batch order, and each
+    exception points at its own delivery's reception (the sequence steps a block at a time)."""
+    increment = await db.fetchval(
+        "SELECT increment FROM information_schema.sequences"
+        " WHERE sequence_schema = 'dlr' AND sequence_name = 'receptions_id_seq'"
+    )
+    assert int(increment) == queries.RECEPTION_ID_BLOCK
+    await store.ingest(LOGIN, [receipt("warm-up")])  # the next batch starts mid-sequence
+    count = queries.RECEPTION_ID_BLOCK + 500
+    batch = [receipt(f"unknown-{n:05}") for n in range(count)]  # no message: each uncorrelated
+    await store.ingest(LOGIN, batch)
+    rows = await db.fetch(
+        "SELECT id, message_id FROM dlr.receptions WHERE message_id LIKE 'unknown-%' ORDER BY id"
+    )
+    assert [r["message_id"] for r in rows] == [r.message_id for r in batch]
+    assert len({r["id"] for r in rows}) == count
+    linked = await db.fetch(
+        "SELECT x.message_id, r.message_id AS reception_message_id"
+        " FROM dlr.exceptions AS x LEFT JOIN dlr.receptions AS r ON r.id = x.reception_id"
+        " WHERE x.kind = 'uncorrelated' AND x.message_id LIKE 'unknown-%'"
+    )
+    assert len(linked) == count
+    assert all(r["message_id"] == r["reception_message_id"] for r in linked)
+
+
 async def test_receptions_are_append_only_p13(store: Store, db: asyncpg.Connection) -> None:
     """P13: the database itself refuses UPDATE and DELETE of receptions."""
     await store.ingest(LOGIN, [receipt("a1")])

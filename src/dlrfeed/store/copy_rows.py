@@ -133,7 +133,7 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
 
 def finish(
     rows: Sequence[bytes],
-    ids: Sequence[int],
+    ids: Iterable[int],
     outcomes: Sequence[Outcome],
     event_ids: Sequence[int],
 ) -> bytes:

@@ -143,23 +143,29 @@ ORDER BY e.message_id, e.level
 FOR NO KEY UPDATE OF e
 """
 
+# Reception ids come in blocks of this many consecutive ids, one nextval each: the sequence's
+# increment (migration 0006).
+RECEPTION_ID_BLOCK = 1000
+
 # -- name: write_batch
-# Everything of the batch but the receptions themselves: reception ids drawn for the $3
-# deliveries (in batch order, returned so the receptions are copied in with them), exceptions
-# (joined to their reception by batch position), the new statuses, the events' counters.
+# Everything of the batch but the receptions themselves: id blocks drawn for the $3 deliveries
+# (returned: the client numbers the receptions it copies in with them, batch position p getting
+# blocks[p / RECEPTION_ID_BLOCK] + p % RECEPTION_ID_BLOCK, 0-based), exceptions (joined to their
+# reception by batch position, 1-based), the new statuses, the events' counters.
 WRITE_BATCH = (
-    """
-WITH rec_ids AS MATERIALIZED (
-    SELECT coalesce(array_agg(g.id ORDER BY g.position), '{}') AS ids
-    FROM (SELECT nextval('dlr.receptions_id_seq') AS id, n AS position
-          FROM generate_series(1, $3::int) AS n) AS g
+    f"""
+WITH blocks AS MATERIALIZED (
+    SELECT coalesce(array_agg(nextval('dlr.receptions_id_seq')), '{{}}') AS firsts
+    FROM generate_series(1, ($3::int + {RECEPTION_ID_BLOCK} - 1) / {RECEPTION_ID_BLOCK})
 ),
 exc AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
-    SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id, r.ids[x.position]
+    SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id,
+           b.firsts[(x.position - 1) / {RECEPTION_ID_BLOCK} + 1]
+           + (x.position - 1) % {RECEPTION_ID_BLOCK}
     FROM unnest($4::text[], $5::text[], $6::text[], $7::bigint[], $8::int[])
          AS x(kind, message_id, details, event_id, position)
-    CROSS JOIN rec_ids AS r
+    CROSS JOIN blocks AS b
 ),
 st AS (
 """
@@ -174,7 +180,7 @@ ev AS (
          AS c(id, repeats, conflicts, received_at)
     WHERE e.id = c.id
 )
-SELECT ids FROM rec_ids
+SELECT firsts FROM blocks
 """
 )
 

@@ -9,9 +9,18 @@ in place; a data error → the batch is bisected and the poison receipt kept raw
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
@@ -162,6 +171,15 @@ async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple
     finally:
         result = await pending
     return result, done
+
+
+def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
+    """The ids of a batch's `count` receptions in batch order, numbered inside the id blocks
+    queries.WRITE_BATCH drew (RECEPTION_ID_BLOCK consecutive ids from each first id)."""
+    size = queries.RECEPTION_ID_BLOCK
+    return itertools.islice(
+        itertools.chain.from_iterable(range(f, f + size) for f in blocks), count
+    )
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
@@ -465,7 +483,7 @@ class Store:
 
         plan = self._plan(events, first_of_key, inserted, stored, correlated, held, pending)
         changed = {k: v for k, v in plan.statuses.items() if held.get(k) is not v}
-        reception_ids = await conn.fetchval(
+        id_blocks = await conn.fetchval(
             queries.WRITE_BATCH,
             login,
             RULES_VERSION,
@@ -488,7 +506,12 @@ class Store:
             schema_name=queries.RECEPTIONS_SCHEMA,
             columns=copy_rows.COLUMNS,
             source=_once(
-                copy_rows.finish(receipt_fields, reception_ids, plan.outcomes, plan.event_ids)
+                copy_rows.finish(
+                    receipt_fields,
+                    _reception_ids(id_blocks, len(events)),
+                    plan.outcomes,
+                    plan.event_ids,
+                )
             ),
             format="binary",
         )
