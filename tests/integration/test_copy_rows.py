@@ -107,7 +107,17 @@ async def copy_both(
 ) -> None:
     ids = [7 * n + 1 for n in range(len(batch))]
     event_ids = [2**40 + n for n in range(len(batch))]
-    data = copy_rows.finish(copy_rows.encode_receipt_fields(login, batch), ids, outcomes, event_ids)
+    rows = copy_rows.encode_receipt_fields(login, batch)
+    # In two pieces, as the store sends a batch while planning it.
+    half = len(batch) // 2
+    data = b"".join(
+        (
+            copy_rows.SIGNATURE,
+            copy_rows.complete(rows[:half], ids[:half], outcomes[:half], event_ids[:half]),
+            copy_rows.complete(rows[half:], ids[half:], outcomes[half:], event_ids[half:]),
+            copy_rows.TRAILER,
+        )
+    )
     await db.copy_to_table(
         "by_store", columns=copy_rows.COLUMNS, source=_chunks(data), format="binary"
     )
@@ -179,6 +189,22 @@ async def test_shared_dates_and_receive_times_are_each_row_own(db: asyncpg.Conne
     assert [r["outcome"] for r in rows] == ["applied", "repeat", "conflict"]
 
 
+async def test_the_two_times_of_a_dst_change_stay_an_hour_apart(db: asyncpg.Connection) -> None:
+    """02:30 happens twice in Madrid on 2026-10-25; Python calls the two equal (only `fold`
+    differs), the encoder must not reuse one's encoding for the other."""
+    first = datetime(2026, 10, 25, 2, 30, tzinfo=ZoneInfo("Europe/Madrid"))
+    second = first.replace(fold=1)
+    assert first == second  # the trap
+    batch = [
+        PLAIN._replace(message_id="a", done_at=first),
+        PLAIN._replace(message_id="b", done_at=second, submit_at=second),
+    ]
+    await copy_both(db, "acme", batch, [Outcome.APPLIED, Outcome.APPLIED])
+    rows = await table_rows(db, "by_store")
+    assert rows == await table_rows(db, "by_driver")
+    assert rows[1]["done_at"] - rows[0]["done_at"] == timedelta(hours=1)
+
+
 def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
     """The C8 bisection treats these as data errors: the same exception types as the driver."""
     base = PLAIN
@@ -188,4 +214,4 @@ def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
         copy_rows.encode_receipt_fields("acme", [base._replace(level=2**63)])
     rows = copy_rows.encode_receipt_fields("acme", [base])
     with pytest.raises(ValueError, match="zip"):
-        copy_rows.finish(rows, [1, 2], [Outcome.APPLIED], [1])
+        copy_rows.complete(rows, [1, 2], [Outcome.APPLIED], [1])

@@ -2,9 +2,10 @@
 
 Everything of a reception but its id, outcome and event id depends on the receipt alone, so
 those fields are encoded while the server runs the batch's events insert (the client would
-otherwise wait); the three late fields are appended once the plan is known, just before the
-COPY. asyncpg's `copy_records_to_table` would encode every field after the plan, on the
-critical path: this halves the COPY's wall time per batch (docs/rules.md, "Throughput").
+otherwise wait); the three late fields are appended as the plan decides them. asyncpg's
+`copy_records_to_table` would encode every field after the plan, on the critical path. The
+store sends the rows in pieces as its plan completes them, so the server inserts one piece
+while the client plans the next (docs/rules.md, "Throughput").
 
 The format is PostgreSQL's documented binary COPY: a signature and two int32 header words,
 then per row an int16 field count and each field as an int32 length (-1 for NULL) followed by
@@ -43,8 +44,8 @@ COLUMNS = (
     "event_id",
 )
 
-_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)  # no flags, no extension
-_TRAILER = struct.pack(">h", -1)
+SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)  # no flags, no extension
+TRAILER = struct.pack(">h", -1)
 _FIELD_COUNT = struct.pack(">h", len(COLUMNS))
 _NULL = struct.pack(">i", -1)
 _length = struct.Struct(">i").pack
@@ -93,7 +94,9 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
     head = _FIELD_COUNT + _text(login)
     tail_constant = _text(PARSER_VERSION)
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
-    dates: dict[datetime | None, bytes] = {None: _NULL}  # ... and their reported dates
+    # ... and their reported dates. Keyed with `fold` too: two times of one zone that differ
+    # only in it compare equal in Python, yet are an hour apart at a DST change.
+    dates: dict[tuple[datetime | None, int], bytes] = {}
     rows = []
     for e in events:
         received_at = received.get(e.received_at)
@@ -101,12 +104,14 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
             received_at = received[e.received_at] = _timestamptz(
                 datetime.fromtimestamp(e.received_at, UTC)
             )
-        submit_at = dates.get(e.submit_at)
+        submit_key = (e.submit_at, 0 if e.submit_at is None else e.submit_at.fold)
+        submit_at = dates.get(submit_key)
         if submit_at is None:
-            submit_at = dates[e.submit_at] = _timestamptz(e.submit_at)
-        done_at = dates.get(e.done_at)
+            submit_at = dates[submit_key] = _timestamptz(e.submit_at)
+        done_key = (e.done_at, 0 if e.done_at is None else e.done_at.fold)
+        done_at = dates.get(done_key)
         if done_at is None:
-            done_at = dates[e.done_at] = _timestamptz(e.done_at)
+            done_at = dates[done_key] = _timestamptz(e.done_at)
         rows.append(
             b"".join(
                 (
@@ -131,15 +136,16 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
     return rows
 
 
-def finish(
+def complete(
     rows: Sequence[bytes],
     ids: Iterable[int],
     outcomes: Sequence[Outcome],
     event_ids: Sequence[int],
 ) -> bytes:
-    """The whole COPY data: each row of `encode_receipt_fields` with its id, outcome and event
-    id appended."""
-    parts = [_SIGNATURE]
+    """COPY data rows: each row of `encode_receipt_fields` with its id, outcome and event id
+    appended. The whole COPY data is `SIGNATURE`, then the rows, in one or more pieces, then
+    `TRAILER`."""
+    parts: list[bytes] = []
     for row, reception_id, outcome, event_id in zip(rows, ids, outcomes, event_ids, strict=True):
         parts += (
             row,
@@ -147,5 +153,4 @@ def finish(
             _OUTCOME_FIELDS[outcome],
             _int8_field(8, event_id),
         )
-    parts.append(_TRAILER)
     return b"".join(parts)

@@ -79,6 +79,8 @@ FROM (SELECT k FROM unnest($2::text[]) AS k ORDER BY k) AS sorted
 #   statement are not (the counts are of earlier events, as intended). Events of a correlation
 #   id are found by id where the two are equal, by the partial correlation index where they
 #   differ (migration 0005); WAITING_EVENTS reads them the same way.
+# - The id blocks of the batch's receptions (migration 0006), drawn here so that the receptions
+#   can be copied in as soon as the plan decides each one's outcome.
 INSERT_EVENTS_READ_STATUSES = """
 WITH new AS (
     INSERT INTO dlr.events (
@@ -128,6 +130,12 @@ LEFT JOIN LATERAL (
     WHERE s.status IS NULL AND x.login = $1 AND x.correlation_id = k.message_id
       AND (x.message_id = k.message_id OR x.correlation_id <> x.message_id)
 ) AS o ON true
+UNION ALL
+-- The batch's reception id blocks (queries.RECEPTION_ID_BLOCK ids each), $6 of them: rows
+-- with a NULL message_id and the block's first id as `id`.
+SELECT nextval('dlr.receptions_id_seq'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM generate_series(1, $6::int)
 """
 
 # -- name: lock_existing_events
@@ -148,24 +156,19 @@ FOR NO KEY UPDATE OF e
 RECEPTION_ID_BLOCK = 1000
 
 # -- name: write_batch
-# Everything of the batch but the receptions themselves: id blocks drawn for the $3 deliveries
-# (returned: the client numbers the receptions it copies in with them, batch position p getting
-# blocks[p / RECEPTION_ID_BLOCK] + p % RECEPTION_ID_BLOCK, 0-based), exceptions (joined to their
-# reception by batch position, 1-based), the new statuses, the events' counters.
+# Everything of the batch but the receptions themselves: exceptions (joined to their reception
+# by batch position p, 1-based: the reception ids are the blocks $3 drawn by
+# INSERT_EVENTS_READ_STATUSES, p getting $3[(p - 1) / RECEPTION_ID_BLOCK + 1] +
+# (p - 1) % RECEPTION_ID_BLOCK), the new statuses, the events' counters.
 WRITE_BATCH = (
     f"""
-WITH blocks AS MATERIALIZED (
-    SELECT coalesce(array_agg(nextval('dlr.receptions_id_seq')), '{{}}') AS firsts
-    FROM generate_series(1, ($3::int + {RECEPTION_ID_BLOCK} - 1) / {RECEPTION_ID_BLOCK})
-),
-exc AS (
+WITH exc AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
     SELECT x.kind, $1, x.message_id, x.details::jsonb, x.event_id,
-           b.firsts[(x.position - 1) / {RECEPTION_ID_BLOCK} + 1]
+           ($3::bigint[])[(x.position - 1) / {RECEPTION_ID_BLOCK} + 1]
            + (x.position - 1) % {RECEPTION_ID_BLOCK}
     FROM unnest($4::text[], $5::text[], $6::text[], $7::bigint[], $8::int[])
          AS x(kind, message_id, details, event_id, position)
-    CROSS JOIN blocks AS b
 ),
 st AS (
 """
@@ -180,7 +183,7 @@ ev AS (
          AS c(id, repeats, conflicts, received_at)
     WHERE e.id = c.id
 )
-SELECT firsts FROM blocks
+SELECT 1
 """
 )
 

@@ -78,6 +78,8 @@ _SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedFunctionError,
 )
 _DEADLOCK_RETRIES = 8
+# Receptions per COPY piece: the server inserts a piece while the client plans the next one.
+_COPY_PIECE = 100
 # Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
 # another worker, so its bound is generous, but well inside the gateway's 120 s lease (F6).
 _CONNECT_TIMEOUT_S = 10.0
@@ -180,11 +182,6 @@ def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
     return itertools.islice(
         itertools.chain.from_iterable(range(f, f + size) for f in blocks), count
     )
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    """`data` as the driver's COPY source (it reads a bare `bytes` as a file name)."""
-    yield data
 
 
 def _status_json(statuses: Mapping[str, MessageStatus]) -> str:
@@ -457,14 +454,18 @@ class Store:
                 RULES_VERSION,
                 events_json,
                 sorted(correlated),
+                -(-len(events) // queries.RECEPTION_ID_BLOCK),  # blocks: the ceiling
             ),
             lambda: copy_rows.encode_receipt_fields(login, events),
         )
         inserted: dict[tuple[str, int], int] = {}
         held: dict[str, MessageStatus] = {}
         pending: dict[str, list[int]] = {}
+        id_blocks: list[int] = []
         for row in returned:
-            if row["id"] is not None:
+            if row["message_id"] is None:
+                id_blocks.append(row["id"])
+            elif row["id"] is not None:
                 inserted[(row["message_id"], row["level"])] = row["id"]
             elif row["status"] is not None:
                 held[row["message_id"]] = _status_from_row(row)
@@ -481,13 +482,46 @@ class Store:
             ):
                 stored[(r[1], r[2])] = (r[0], r[3])
 
-        plan = self._plan(events, first_of_key, inserted, stored, correlated, held, pending)
+        # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
+        # insert path: far less work and WAL than INSERT ... SELECT per row). The plan decides
+        # each delivery's outcome a piece of the batch at a time, and each piece's receptions
+        # go to the server as soon as they are complete: it inserts them while the client
+        # plans the next piece.
+        plan = _Plan(statuses=dict(held))
+        reception_ids = list(_reception_ids(id_blocks, len(events)))
+
+        async def planned_receptions() -> AsyncIterator[bytes]:
+            for start in range(0, len(events), _COPY_PIECE):
+                piece = range(start, min(start + _COPY_PIECE, len(events)))
+                self._plan(plan, events, piece, first_of_key, inserted, stored, correlated, pending)
+                data = copy_rows.complete(
+                    receipt_fields[piece.start : piece.stop],
+                    reception_ids[piece.start : piece.stop],
+                    plan.outcomes[piece.start : piece.stop],
+                    plan.event_ids[piece.start : piece.stop],
+                )
+                first, last = start == 0, piece.stop == len(events)
+                yield b"".join(
+                    (
+                        copy_rows.SIGNATURE if first else b"",
+                        data,
+                        copy_rows.TRAILER if last else b"",
+                    )
+                )
+
+        await conn.copy_to_table(
+            queries.RECEPTIONS_TABLE,
+            schema_name=queries.RECEPTIONS_SCHEMA,
+            columns=copy_rows.COLUMNS,
+            source=planned_receptions(),
+            format="binary",
+        )
         changed = {k: v for k, v in plan.statuses.items() if held.get(k) is not v}
-        id_blocks = await conn.fetchval(
+        await conn.execute(
             queries.WRITE_BATCH,
             login,
             RULES_VERSION,
-            len(events),
+            id_blocks,
             [x[0] for x in plan.exceptions],
             [x[1] for x in plan.exceptions],
             [x[2] for x in plan.exceptions],
@@ -499,38 +533,24 @@ class Store:
             [plan.event_conflicts[i] for i in plan.event_last],
             list(plan.event_last.values()),
         )
-        # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
-        # insert path: far less work and WAL than INSERT ... SELECT per row).
-        await conn.copy_to_table(
-            queries.RECEPTIONS_TABLE,
-            schema_name=queries.RECEPTIONS_SCHEMA,
-            columns=copy_rows.COLUMNS,
-            source=_once(
-                copy_rows.finish(
-                    receipt_fields,
-                    _reception_ids(id_blocks, len(events)),
-                    plan.outcomes,
-                    plan.event_ids,
-                )
-            ),
-            format="binary",
-        )
         return plan.outcomes
 
     def _plan(
         self,
+        plan: _Plan,
         events: list[LogicalEvent],
+        positions: range,
         first_of_key: dict[tuple[str, int], int],
         inserted: dict[tuple[str, int], int],
         stored: dict[tuple[str, int], tuple[int, str]],
         correlated: set[str],
-        held: dict[str, MessageStatus],
         pending: dict[str, list[int]],
-    ) -> _Plan:
-        """Outcome of each delivery, new statuses, exceptions and event counters (P14-P19)."""
-        plan = _Plan(statuses=dict(held))
+    ) -> None:
+        """Add to `plan` the outcome of the deliveries at `positions` (the next ones, in batch
+        order), new statuses, exceptions and event counters (P14-P19)."""
         options = self.options
-        for position, event in enumerate(events):
+        for position in positions:
+            event = events[position]
             key = (event.message_id, event.level)
             cid = event.correlation_id
             new_id = inserted.get(key)
@@ -602,7 +622,6 @@ class Store:
                 )
             plan.outcomes.append(outcome)
             plan.event_ids.append(event_id)
-        return plan
 
     @staticmethod
     def _apply_new(
