@@ -7,11 +7,12 @@ import json
 import time
 from datetime import UTC, datetime
 
+import asyncpg
 import pytest
 
 from dlrfeed.cli import main
 from dlrfeed.feed.client import receipt_from_proto
-from dlrfeed.store import Store, Submission
+from dlrfeed.store import Store, Submission, reports
 from gateway.receipts.v1 import feed_pb2
 
 LOGIN = "acme"
@@ -105,6 +106,65 @@ def test_show_uncorrelated_id_has_no_status_and_an_open_exception(
     assert report["message"] is None
     assert report["status"] is None  # P12: no status materialised
     assert [x["kind"] for x in report["exceptions"]] == ["uncorrelated"]
+
+
+def test_show_without_login_finds_the_id_at_every_login(
+    populated: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gateway ids are unique per login only (P10): `show` without --login reports each login
+    that has the id, `--login` one of them."""
+
+    async def second_login() -> None:
+        store = await Store.open(populated, pool_size=1)
+        try:
+            await store.record_submissions([Submission("globex", "m-1", "+34600000009")])
+            receipt = wire("m-1", 2, "UNDELIV", "2611291209")
+            await store.ingest(
+                "globex", [receipt_from_proto(receipt, receipt.SerializeToString(), time.time())]
+            )
+        finally:
+            await store.close()
+
+    asyncio.run(second_login())
+    code, out = _cli(capsys, "show", "m-1", "--database-url", populated, "--json")
+    assert code == 0
+    reports = {r["login"]: r for r in json.loads(out)["reports"]}
+    assert sorted(reports) == ["acme", "globex"]
+    assert reports["globex"]["status"]["status"] == "UNDELIVERABLE"
+    assert len(reports["globex"]["receptions"]) == 1
+    assert len(reports["acme"]["receptions"]) == 3
+    code, out = _cli(
+        capsys, "show", "m-1", "--login", "globex", "--database-url", populated, "--json"
+    )
+    assert [r["login"] for r in json.loads(out)["reports"]] == ["globex"]
+
+
+def test_show_reads_only_through_indexes(database_url: str) -> None:
+    """`show` must stay quick on a store of millions of receipts: with sequential scans
+    disabled, no query it runs plans one (receptions, the largest table, has one index)."""
+
+    async def plans() -> dict[str, str]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("SET enable_seqscan = off")
+            queries = {
+                "logins": (reports._LOGINS, ()),
+                "messages": (reports._MESSAGES, (["acme"], "m-1")),
+                "status": (reports._STATUS, ("acme", "m-1")),
+                "events": (reports._EVENTS, (["acme"], "m-1")),
+                "receptions": (reports._RECEPTIONS, (["acme"], ["m-1"], [1])),
+                "exceptions": (reports._MESSAGE_EXCEPTIONS, (["acme"], "m-1", [1])),
+            }
+            found = {}
+            for name, (query, arguments) in queries.items():
+                statement = await conn.prepare("EXPLAIN " + query)
+                found[name] = "\n".join(r[0] for r in await statement.fetch(*arguments))
+            return found
+        finally:
+            await conn.close()
+
+    for name, plan in asyncio.run(plans()).items():
+        assert "Seq Scan" not in plan, f"{name}:\n{plan}"
 
 
 def test_show_unknown_id_exits_1(populated: str, capsys: pytest.CaptureFixture[str]) -> None:

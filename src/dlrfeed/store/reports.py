@@ -17,12 +17,43 @@ from dlrfeed.errors import FatalError, StoreUnavailableError
 
 JsonDict = dict[str, Any]
 
+# -- name: logins
+# Every login with anything stored, for `show` without --login: a loose index scan (one probe
+# per login) of each table's (login, ...) index, so it costs the number of logins, not rows.
+_LOGINS = """
+WITH RECURSIVE
+event_logins(login) AS (
+    SELECT min(login) FROM dlr.events
+    UNION ALL
+    SELECT (SELECT min(x.login) FROM dlr.events AS x WHERE x.login > l.login)
+    FROM event_logins AS l WHERE l.login IS NOT NULL
+),
+message_logins(login) AS (
+    SELECT min(login) FROM dlr.messages
+    UNION ALL
+    SELECT (SELECT min(x.login) FROM dlr.messages AS x WHERE x.login > l.login)
+    FROM message_logins AS l WHERE l.login IS NOT NULL
+),
+exception_logins(login) AS (
+    SELECT min(login) FROM dlr.exceptions
+    UNION ALL
+    SELECT (SELECT min(x.login) FROM dlr.exceptions AS x WHERE x.login > l.login)
+    FROM exception_logins AS l WHERE l.login IS NOT NULL
+)
+SELECT login FROM event_logins WHERE login IS NOT NULL
+UNION SELECT login FROM message_logins WHERE login IS NOT NULL
+UNION SELECT login FROM exception_logins WHERE login IS NOT NULL
+"""
+
+# The queries of one message's story below take the logins as an array ($1), so that every
+# lookup is an index probe per login: the tables are keyed by login first.
+
 # -- name: message_rows
 _MESSAGES = """
 SELECT login, message_id, internal_id, destination, destination_raw, destination_is_e164,
        source, route, submitted_at, dlr_requested, dlr_level, recorded_at
 FROM dlr.messages
-WHERE message_id = $1 AND ($2::text IS NULL OR login = $2)
+WHERE login = ANY($1::text[]) AND message_id = $2
 ORDER BY login
 """
 
@@ -36,25 +67,28 @@ WHERE s.login = $1 AND s.message_id = $2
 
 # -- name: event_rows
 # Events correlate by correlation_id (the id used to find the message, P10); a receipt that
-# never correlated is found by its own id. Written so that both event indexes serve it when
-# the login is known: the correlation index holds only ids that differ (migration 0005).
+# never correlated is found by its own id. Written so that both event indexes serve it: the
+# correlation index holds only ids that differ (migration 0005).
 _EVENTS = """
 SELECT id, login, level, stat, status, err, done_date_raw, done_at, fingerprint, flags,
        times_received, conflicting_receptions, parser_version, rules_version,
        first_received_at, last_received_at, message_id AS receipt_id
 FROM dlr.events
-WHERE (message_id = $2 OR (correlation_id = $2 AND correlation_id <> message_id))
-  AND ($1::text IS NULL OR login = $1)
+WHERE login = ANY($1::text[])
+  AND (message_id = $2 OR (correlation_id = $2 AND correlation_id <> message_id))
 ORDER BY login, level, id
 """
 
 # -- name: reception_rows
+# The receptions of those events: found by the receptions' only index, (login, message_id as
+# received), then kept if they belong to one of the events.
 _RECEPTIONS = """
 SELECT r.id, r.login, r.level, r.stat, r.err, r.submit_date_raw, r.submit_at, r.done_date_raw,
        r.done_at, r.delivery_count, r.received_at, r.outcome, r.flags, r.event_id,
        r.payload_json::text AS payload_json
 FROM dlr.receptions_readable AS r
-WHERE r.event_id = ANY($1::bigint[])
+WHERE r.login = ANY($1::text[]) AND r.message_id = ANY($2::text[])
+  AND r.event_id = ANY($3::bigint[])
 ORDER BY r.received_at, r.id
 """
 
@@ -63,7 +97,7 @@ _MESSAGE_EXCEPTIONS = """
 SELECT id, kind, login, message_id, details::text AS details, event_id, reception_id,
        opened_at, resolved_at, resolution
 FROM dlr.exceptions
-WHERE (message_id = $2 OR event_id = ANY($3::bigint[])) AND ($1::text IS NULL OR login = $1)
+WHERE login = ANY($1::text[]) AND (message_id = $2 OR event_id = ANY($3::bigint[]))
 ORDER BY opened_at, id
 """
 
@@ -178,13 +212,18 @@ async def message_reports(
     uncorrelated, P12), the computed status (P7), every logical event, every reception with our
     receive time beside the reported dates (P19), and the exceptions it opened (P20).
     """
-    messages = {r["login"]: _row(r) for r in await conn.fetch(_MESSAGES, message_id, login)}
-    events = [_row(r) for r in await conn.fetch(_EVENTS, login, message_id)]
+    logins = [login] if login is not None else [r[0] for r in await conn.fetch(_LOGINS)]
+    messages = {r["login"]: _row(r) for r in await conn.fetch(_MESSAGES, logins, message_id)}
+    events = [_row(r) for r in await conn.fetch(_EVENTS, logins, message_id)]
     event_ids = [int(e["id"]) for e in events]
-    receptions = [_row(r, ("payload_json",)) for r in await conn.fetch(_RECEPTIONS, event_ids)]
+    receipt_ids = sorted({str(e["receipt_id"]) for e in events})
+    receptions = [
+        _row(r, ("payload_json",))
+        for r in await conn.fetch(_RECEPTIONS, logins, receipt_ids, event_ids)
+    ]
     exceptions = [
         _row(r, ("details",))
-        for r in await conn.fetch(_MESSAGE_EXCEPTIONS, login, message_id, event_ids)
+        for r in await conn.fetch(_MESSAGE_EXCEPTIONS, logins, message_id, event_ids)
     ]
     reports: list[JsonDict] = []
     for each_login in sorted(set(messages) | {e["login"] for e in events}):
