@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
 from dlrfeed.domain.status import Outcome
 
-# The COPY column order: the receipt's own fields, then the late ones (see `finish`).
+# The COPY column order: the receipt's own fields, then the late ones (see `complete`).
 COLUMNS = (
     "login",
     "message_id",

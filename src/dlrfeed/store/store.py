@@ -177,7 +177,7 @@ async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple
 
 def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
     """The ids of a batch's `count` receptions in batch order, numbered inside the id blocks
-    queries.WRITE_BATCH drew (RECEPTION_ID_BLOCK consecutive ids from each first id)."""
+    queries.INSERT_EVENTS_READ_STATUSES drew (RECEPTION_ID_BLOCK consecutive ids from each)."""
     size = queries.RECEPTION_ID_BLOCK
     return itertools.islice(
         itertools.chain.from_iterable(range(f, f + size) for f in blocks), count
@@ -491,23 +491,17 @@ class Store:
         reception_ids = list(_reception_ids(id_blocks, len(events)))
 
         async def planned_receptions() -> AsyncIterator[bytes]:
+            yield copy_rows.SIGNATURE
             for start in range(0, len(events), _COPY_PIECE):
                 piece = range(start, min(start + _COPY_PIECE, len(events)))
                 self._plan(plan, events, piece, first_of_key, inserted, stored, correlated, pending)
-                data = copy_rows.complete(
+                yield copy_rows.complete(
                     receipt_fields[piece.start : piece.stop],
                     reception_ids[piece.start : piece.stop],
                     plan.outcomes[piece.start : piece.stop],
                     plan.event_ids[piece.start : piece.stop],
                 )
-                first, last = start == 0, piece.stop == len(events)
-                yield b"".join(
-                    (
-                        copy_rows.SIGNATURE if first else b"",
-                        data,
-                        copy_rows.TRAILER if last else b"",
-                    )
-                )
+            yield copy_rows.TRAILER
 
         await conn.copy_to_table(
             queries.RECEPTIONS_TABLE,
