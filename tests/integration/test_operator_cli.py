@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from dlrfeed.cli import main
+from dlrfeed.domain.status import Outcome
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, reports
 from gateway.receipts.v1 import feed_pb2
@@ -137,6 +138,32 @@ def test_show_without_login_finds_the_id_at_every_login(
         capsys, "show", "m-1", "--login", "globex", "--database-url", populated, "--json"
     )
     assert [r["login"] for r in json.loads(out)["reports"]] == ["globex"]
+
+
+def test_show_finds_an_id_known_only_as_an_unstorable_receipt_c8(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A receipt the database refused leaves no event, only its exception with the raw bytes:
+    `show` must still tell it, with or without --login."""
+
+    async def poison() -> None:
+        store = await Store.open(database_url, pool_size=1)
+        try:
+            bad = wire("bad", 2, "DELIVRD", "2611291200")
+            refused = receipt_from_proto(bad, bad.SerializeToString(), time.time())
+            # A lone surrogate cannot be stored as UTF-8 text: C8 keeps it as `unstorable`.
+            result = await store.ingest(LOGIN, [refused._replace(err="\ud800")])
+            assert result.counts == {Outcome.UNSTORABLE: 1}
+        finally:
+            await store.close()
+
+    asyncio.run(poison())
+    for login in ((), ("--login", LOGIN)):
+        code, out = _cli(capsys, "show", "bad", *login, "--database-url", database_url, "--json")
+        assert code == 0
+        (report,) = json.loads(out)["reports"]
+        assert report["events"] == []
+        assert [x["kind"] for x in report["exceptions"]] == ["unstorable"]
 
 
 def test_show_reads_only_through_indexes(database_url: str) -> None:

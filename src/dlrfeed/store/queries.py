@@ -188,9 +188,9 @@ SELECT 1
 )
 
 # -- name: copy_receptions
-# P6/P13: every delivery of the batch, appended by binary COPY with the ids WRITE_BATCH drew;
-# the rows are encoded by dlrfeed.store.copy_rows (its COLUMNS). `payload` is the evidence,
-# whole; the view dlr.receptions_readable shows it as JSON.
+# P6/P13: every delivery of the batch, appended by binary COPY with ids from the blocks that
+# INSERT_EVENTS_READ_STATUSES drew; the rows are encoded by dlrfeed.store.copy_rows (its
+# COLUMNS). `payload` is the evidence, whole; the view dlr.receptions_readable shows it as JSON.
 RECEPTIONS_TABLE = "receptions"
 RECEPTIONS_SCHEMA = "dlr"
 

@@ -212,6 +212,14 @@ async def message_reports(
     uncorrelated, P12), the computed status (P7), every logical event, every reception with our
     receive time beside the reported dates (P19), and the exceptions it opened (P20).
     """
+    # One snapshot for the whole story, so its parts agree even while daemons write.
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        return await _message_reports(conn, message_id, login)
+
+
+async def _message_reports(
+    conn: asyncpg.Connection, message_id: str, login: str | None
+) -> list[JsonDict]:
     logins = [login] if login is not None else [r[0] for r in await conn.fetch(_LOGINS)]
     messages = {r["login"]: _row(r) for r in await conn.fetch(_MESSAGES, logins, message_id)}
     events = [_row(r) for r in await conn.fetch(_EVENTS, logins, message_id)]
@@ -226,7 +234,9 @@ async def message_reports(
         for r in await conn.fetch(_MESSAGE_EXCEPTIONS, logins, message_id, event_ids)
     ]
     reports: list[JsonDict] = []
-    for each_login in sorted(set(messages) | {e["login"] for e in events}):
+    # A login may know the id only through exceptions: a receipt kept as `unstorable` (C8).
+    known_at = set(messages) | {e["login"] for e in events} | {x["login"] for x in exceptions}
+    for each_login in sorted(known_at):
         status_record = await conn.fetchrow(_STATUS, each_login, message_id)
         login_events = [e for e in events if e["login"] == each_login]
         login_event_ids = {e["id"] for e in login_events}

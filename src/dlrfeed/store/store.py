@@ -112,7 +112,8 @@ class IngestResult:
 
 @dataclass(slots=True)
 class _Plan:
-    """The rows one batch writes, built in Python between the reads and the final write."""
+    """The rows one batch writes, built in Python after the reads: its receptions' outcomes
+    a piece at a time while they are copied in, then the statuses, exceptions and counters."""
 
     outcomes: list[Outcome] = field(default_factory=list)
     event_ids: list[int] = field(default_factory=list)
