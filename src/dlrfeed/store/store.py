@@ -445,8 +445,9 @@ class Store:
         correlated, (first_of_key, firsts, events_json) = await _overlapped(
             self._correlate(conn, login, correlation_ids), lambda: _first_events(events)
         )
-        # P14: insert-or-detect of the logical events (first delivery of each key in the batch)
-        # and the held statuses, in one statement, while the client encodes the receptions.
+        # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
+        # the held statuses and the batch's reception id blocks, in one statement, while the
+        # client encodes the receptions.
         returned, receipt_fields = await _overlapped(
             conn.fetch(
                 queries.INSERT_EVENTS_READ_STATUSES,
@@ -464,7 +465,7 @@ class Store:
         pending: dict[str, list[int]] = {}
         id_blocks: list[int] = []
         for row in returned:
-            if row["message_id"] is None:
+            if row["message_id"] is None:  # only the id block rows have none
                 id_blocks.append(row["id"])
             elif row["id"] is not None:
                 inserted[(row["message_id"], row["level"])] = row["id"]
