@@ -176,6 +176,11 @@ async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple
     return result, done
 
 
+def _columns(rows: Sequence[Sequence[Any]], count: int) -> list[list[Any]]:
+    """The first `count` columns of `rows` as arrays: a set-based statement's parameters."""
+    return [[row[column] for row in rows] for column in range(count)]
+
+
 def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
     """The ids of a batch's `count` receptions in batch order, numbered inside the id blocks
     queries.INSERT_EVENTS_READ_STATUSES drew (RECEPTION_ID_BLOCK consecutive ids from each)."""
@@ -518,11 +523,7 @@ class Store:
             login,
             RULES_VERSION,
             id_blocks,
-            [x[0] for x in plan.exceptions],
-            [x[1] for x in plan.exceptions],
-            [x[2] for x in plan.exceptions],
-            [x[3] for x in plan.exceptions],
-            [x[4] for x in plan.exceptions],
+            *_columns(plan.exceptions, 5),
             _status_json(changed),
             list(plan.event_last),
             [plan.event_repeats[i] for i in plan.event_last],
@@ -805,9 +806,6 @@ class Store:
             _status_json(plan.statuses),
             resolved_ids,
             resolutions,
-            [x[0] for x in plan.exceptions],
-            [x[1] for x in plan.exceptions],
-            [x[2] for x in plan.exceptions],
-            [x[3] for x in plan.exceptions],
+            *_columns(plan.exceptions, 4),
         )
         return len(new_ids), len(waiting)
