@@ -244,7 +244,9 @@ class Daemon:
             in_flight=self._in_flight,
             store_up=lambda: 1.0 if gate.is_up else 0.0,
             counters=self._counter_values,
+            backlogged=lambda: float(sum(b.backlogged() for b in self._batchers)),
         )
+        m.readers_configured.set(s.streams)
         acker_task = self._spawn(acker.run(), "acker")
         self._spawn(gate.run(), "store-gate")
         for batcher in self._batchers:
