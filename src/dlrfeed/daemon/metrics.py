@@ -178,8 +178,8 @@ class DaemonMetrics:
         )
         self.readers_backlogged = Gauge(
             "readers_backlogged",
-            "Readers whose last batches closed full: the gateway had more receipts waiting "
-            "(a backlog, as the daemon sees it; kept while nothing commits)",
+            "Readers holding receipts whose last batches closed full: the gateway had more "
+            "waiting (its backlog as the daemon sees it; kept while nothing commits)",
             namespace=NAMESPACE,
             registry=r,
         )
