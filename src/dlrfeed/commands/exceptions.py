@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--note", help="why it is resolved (required with --resolve)")
     parser.add_argument(
-        "--yes", action="store_true", help="with --resolve and filters: really resolve them"
+        "--yes",
+        action="store_true",
+        help="with --resolve and filters: really resolve them (command line only)",
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one JSON document")
