@@ -120,6 +120,8 @@ def test_resolve_by_filter_with_yes_resolves_exactly_the_matches_with_the_note(
 
     assert asyncio.run(resolutions()) == ["sender never recorded these"] * 3
     # Done once: the same command again finds nothing open to resolve.
+    code, out, _ = _cli(capsys, *argv)
+    assert out.splitlines()[0] == "no open exception matches; nothing changed"
     code, out, _ = _cli(capsys, *argv, "--yes", "--json")
     assert json.loads(out)["resolved"] == 0
 

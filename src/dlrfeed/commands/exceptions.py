@@ -197,7 +197,9 @@ async def _resolve_matching(
     _say(
         args,
         f"{total} open exception(s) match; nothing changed: add --yes to resolve them "
-        f"with note {note!r}",
+        f"with note {note!r}"
+        if total
+        else "no open exception matches; nothing changed",
     )
     if args.csv:
         _print_rows(args, rows)
