@@ -58,6 +58,7 @@ _KEYWORDS = frozenset(
 )
 _GROUPING = frozenset(["by", "without", "on", "ignoring", "group_left", "group_right"])
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_NUMBER = re.compile(r"[\w.]+")  # 0.99, 1e3, and durations: 5m, 1d
 _MATCHER = re.compile(r'\s*([a-zA-Z_]\w*)\s*(=~|!=|!~|=)\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
 
@@ -90,7 +91,9 @@ def selectors(expr: str) -> list[Selector]:
                 found[-1].matchers[label] = (op, value)
             i = end + 1
         elif char.isdigit():
-            i = re.compile(r"[\w.]+").match(expr, i).end()  # type: ignore[union-attr]
+            number = _NUMBER.match(expr, i)
+            assert number is not None  # a digit always starts one
+            i = number.end()
         elif match := _NAME.match(expr, i):
             name, i = match.group(), match.end()
             rest = expr[i:].lstrip()
