@@ -95,9 +95,9 @@ def migration_plan(version: int) -> str:
     """The SQL `migrate` would run on a database at schema `version`, as one psql script.
 
     Each migration is wrapped in the transaction `migrate` gives it, followed by the row that
-    records it; the advisory lock `migrate` holds around them is named in a comment only, and
-    the script stops at its first error when run with psql. An up-to-date database gets an
-    empty plan (a comment saying so).
+    records it, all under the advisory lock `migrate` holds (so the script, run by hand, waits
+    for a `migrate` in progress and the other way round); psql stops at its first error. An
+    up-to-date database gets an empty plan (a comment saying so).
     """
     refuse_newer_schema(version)
     pending = pending_migrations(version)
@@ -107,8 +107,8 @@ def migration_plan(version: int) -> str:
     parts = [
         f"-- dlrfeed migrate: schema dlr from version {version} to {target}, "
         f"{len(pending)} migration(s)",
-        f"-- (run under pg_advisory_lock({_MIGRATION_LOCK_KEY}), which serialises migrate runs)",
         "\\set ON_ERROR_STOP on",
+        f"SELECT pg_advisory_lock({_MIGRATION_LOCK_KEY});",
         _BOOTSTRAP,
     ]
     for migration in pending:
@@ -123,6 +123,7 @@ def migration_plan(version: int) -> str:
             f"{record};",
             "COMMIT;",
         ]
+    parts.append(f"\nSELECT pg_advisory_unlock({_MIGRATION_LOCK_KEY});")
     return "\n".join(parts) + "\n"
 
 
