@@ -401,3 +401,29 @@ async def test_operator_commands_as_processes_with_the_reader_and_operator_login
     )
     assert resolved.returncode == 0, resolved.stderr[-500:]
     assert "resolved" in resolved.stdout
+
+
+async def test_resolving_by_filter_needs_the_operator_role(roles_db: RoleDatabase) -> None:
+    """`exceptions --resolve` by filter, as real processes: the reader may preview (it only
+    reads) but is refused the resolve in one line; the operator resolves every match."""
+    await (await _seed(roles_db)).close()
+    argv = ["exceptions", "--resolve", "--login", "acme", "--note", "triaged"]
+    preview = await asyncio.to_thread(_cli, *argv, "--database-url", roles_db.reader, "--json")
+    assert preview.returncode == 0, preview.stderr[-500:]
+    matched = json.loads(preview.stdout)["matched"]
+    assert matched >= 1
+    refused = await asyncio.to_thread(_cli, *argv, "--yes", "--database-url", roles_db.reader)
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines() == [
+        "dlrfeed: this database login may not resolve exceptions (permission denied): use a "
+        "login of the dlrfeed_operator role (docs/security.md)"
+    ]
+    resolved = await asyncio.to_thread(
+        _cli, *argv, "--yes", "--json", "--database-url", roles_db.operator
+    )
+    assert resolved.returncode == 0, resolved.stderr[-500:]
+    assert json.loads(resolved.stdout)["resolved"] == matched
+    left = await asyncio.to_thread(
+        _cli, "exceptions", "--login", "acme", "--json", "--database-url", roles_db.reader
+    )
+    assert json.loads(left.stdout)["exceptions"] == []

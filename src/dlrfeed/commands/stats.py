@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from typing import Any
 
-from dlrfeed.commands.output import cell, print_json, table
+from dlrfeed.commands.output import cell, print_csv, print_json, table
 from dlrfeed.config import add_database_url, required
 from dlrfeed.store.reports import JsonDict, connect, statistics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """--login to narrow to one login, --json."""
+    """--login to narrow to one login, --json or --csv."""
     add_database_url(parser)
     parser.add_argument("--login", help="only this login (default: all)")
-    parser.add_argument("--json", action="store_true", help="one JSON document")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="one JSON document")
+    output.add_argument(
+        "--csv", action="store_true", help="CSV: one line per figure (login, measure, value)"
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -25,9 +31,28 @@ async def run(args: argparse.Namespace) -> int:
         await conn.close()
     if args.json:
         print_json(totals)
+    elif args.csv:
+        login = totals["login"] or ""  # empty: every login
+        print_csv(["login", "measure", "value"], [[login, m, v] for m, v in measures(totals)])
     else:
         print(render(totals))
     return 0
+
+
+def measures(totals: JsonDict) -> Iterator[tuple[str, Any]]:
+    """Every figure of the totals as (dotted path, value), in the JSON document's order: the
+    long format a spreadsheet pivots (e.g. `reported_by_network.final.DELIVERED`, 1234)."""
+
+    def walk(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                yield from walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            yield prefix, value
+
+    for key, value in totals.items():
+        if key != "login":
+            yield from walk(key, value)
 
 
 def _percent(rate: float | None) -> str:

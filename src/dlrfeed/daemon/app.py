@@ -244,7 +244,9 @@ class Daemon:
             in_flight=self._in_flight,
             store_up=lambda: 1.0 if gate.is_up else 0.0,
             counters=self._counter_values,
+            backlogged=self._backlogged_readers,
         )
+        m.readers_configured.set(s.streams)
         acker_task = self._spawn(acker.run(), "acker")
         self._spawn(gate.run(), "store-gate")
         for batcher in self._batchers:
@@ -424,6 +426,11 @@ class Daemon:
             "reader_reconnects": sum(r.reconnects for r in self._readers),
             "store_outages": self._gate.outages if self._gate else 0,
         }
+
+    def _backlogged_readers(self) -> float:
+        """Readers that hold receipts and whose last batches closed full. Holding is part of
+        it: once the backlog is drained and the feed idles, no batch closes to end the streak."""
+        return float(sum(1 for b in self._batchers if b.backlogged() and b.in_hand > 0))
 
     def _in_flight(self) -> float:
         held = sum(b.in_hand for b in self._batchers)

@@ -170,15 +170,30 @@ class DaemonMetrics:
         self.store_up = Gauge(
             "store_up", "1 when the store accepts writes", namespace=NAMESPACE, registry=r
         )
+        self.readers_configured = Gauge(
+            "readers_configured",
+            "Readers this process runs (--streams); readers_up adds up to it when all are up",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.readers_backlogged = Gauge(
+            "readers_backlogged",
+            "Readers holding receipts whose last batches closed full: the gateway had more "
+            "waiting (its backlog as the daemon sees it; kept while nothing commits)",
+            namespace=NAMESPACE,
+            registry=r,
+        )
 
     def track(
         self,
         in_flight: Callable[[], float],
         store_up: Callable[[], float],
         counters: Callable[[], Mapping[str, float]],
+        backlogged: Callable[[], float],
     ) -> None:
         """Read gauges and the Acker/reader/gate totals at scrape time: the components keep
         plain integers, and nothing is counted twice."""
         self.in_flight.set_function(in_flight)
         self.store_up.set_function(store_up)
+        self.readers_backlogged.set_function(backlogged)
         self.registry.register(CallbackCounters(counters))

@@ -2,7 +2,8 @@
 
 `migrations/NNNN_name.sql` files are applied in number order, each in its own transaction
 together with its row in `dlr.schema_version`. Two `dlrfeed migrate` running at once are safe:
-the second waits on the advisory lock, then finds nothing left to do.
+the second waits on the advisory lock, then finds nothing left to do. `migration_plan` spells
+out, without running anything, the very statements `migrate` would run (`--dry-run`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,16 @@ from dlrfeed.errors import SchemaOutOfDateError
 # An arbitrary, fixed key so every dlrfeed process serialises migrations on the same lock.
 _MIGRATION_LOCK_KEY = 0x646C7266  # "dlrf"
 _FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+# Run before the migrations, so that a database never migrated gets its version table.
+_BOOTSTRAP = (
+    "CREATE SCHEMA IF NOT EXISTS dlr;\n"
+    "CREATE TABLE IF NOT EXISTS dlr.schema_version ("
+    " version integer PRIMARY KEY,"
+    " name text NOT NULL,"
+    " applied_at timestamptz NOT NULL DEFAULT now());"
+)
+_RECORD_MIGRATION = "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)"
 
 
 @dataclass(frozen=True)
@@ -60,24 +71,13 @@ async def migrate(dsn: str) -> list[str]:
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK_KEY)
         try:
-            await conn.execute(
-                "CREATE SCHEMA IF NOT EXISTS dlr;"
-                "CREATE TABLE IF NOT EXISTS dlr.schema_version ("
-                " version integer PRIMARY KEY,"
-                " name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
+            await conn.execute(_BOOTSTRAP)
             done = await current_version(conn)
-            for migration in available_migrations():
-                if migration.version <= done:
-                    continue
+            refuse_newer_schema(done)
+            for migration in pending_migrations(done):
                 async with conn.transaction():
                     await conn.execute(migration.sql)
-                    await conn.execute(
-                        "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
-                        migration.version,
-                        migration.name,
-                    )
+                    await conn.execute(_RECORD_MIGRATION, migration.version, migration.name)
                 applied.append(migration.name)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_KEY)
@@ -86,16 +86,65 @@ async def migrate(dsn: str) -> list[str]:
     return applied
 
 
+def pending_migrations(version: int) -> list[Migration]:
+    """The migrations a database at schema `version` still needs, in the order they run."""
+    return [m for m in available_migrations() if m.version > version]
+
+
+def migration_plan(version: int) -> str:
+    """The SQL `migrate` would run on a database at schema `version`, as one psql script.
+
+    Each migration is wrapped in the transaction `migrate` gives it, followed by the row that
+    records it, all under the advisory lock `migrate` holds (so the script, run by hand, waits
+    for a `migrate` in progress and the other way round); psql stops at its first error. An
+    up-to-date database gets an empty plan (a comment saying so).
+    """
+    refuse_newer_schema(version)
+    pending = pending_migrations(version)
+    target = expected_version()
+    if not pending:
+        return f"-- schema dlr is at version {version}: nothing to run\n"
+    parts = [
+        f"-- dlrfeed migrate: schema dlr from version {version} to {target}, "
+        f"{len(pending)} migration(s)",
+        "\\set ON_ERROR_STOP on",
+        f"SELECT pg_advisory_lock({_MIGRATION_LOCK_KEY});",
+        _BOOTSTRAP,
+    ]
+    for migration in pending:
+        record = _RECORD_MIGRATION.replace("$1", str(migration.version)).replace(
+            "$2",
+            f"'{migration.name}'",  # file names match _FILE_NAME: nothing to escape
+        )
+        parts += [
+            f"\n-- {migration.name}",
+            "BEGIN;",
+            migration.sql.strip(),
+            f"{record};",
+            "COMMIT;",
+        ]
+    parts.append(f"\nSELECT pg_advisory_unlock({_MIGRATION_LOCK_KEY});")
+    return "\n".join(parts) + "\n"
+
+
+def refuse_newer_schema(version: int) -> None:
+    """Raise SchemaOutOfDateError (exit 78) when a database at schema `version` is ahead of
+    this code: nothing here can migrate it back, and code older than its schema may read or
+    write what the schema no longer means, so every command refuses it in one line."""
+    want = expected_version()
+    if version > want:
+        raise SchemaOutOfDateError(
+            f"database schema is at version {version}, newer than this dlrfeed ({want}): "
+            "upgrade dlrfeed"
+        )
+
+
 async def ensure_current(conn: asyncpg.Connection) -> None:
     """Raise SchemaOutOfDateError unless the database is at exactly this code's version."""
     have, want = await current_version(conn), expected_version()
+    refuse_newer_schema(have)
     if have < want:
         raise SchemaOutOfDateError(
             f"database schema is at version {have}, this dlrfeed needs {want}: "
             "run `dlrfeed migrate`"
-        )
-    if have > want:
-        raise SchemaOutOfDateError(
-            f"database schema is at version {have}, newer than this dlrfeed ({want}): "
-            "upgrade dlrfeed"
         )

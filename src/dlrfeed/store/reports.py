@@ -1,19 +1,21 @@
 """Read side of the store for operators: one message's story, the investigation queue, totals.
 
-Everything here reads (only `resolve_exception` writes, and only the resolution columns), so the
-operator commands can run as the read-only role. Results are plain JSON-ready dicts: the
-commands print them as tables or, with `--json`, as they are.
+Everything here reads (only `resolve_exception` and `resolve_matching_exceptions` write, and
+only the resolution columns), so the operator commands can run as the read-only role. Results
+are plain JSON-ready dicts: the commands print them as tables or, with `--json`, as they are.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
 
 from dlrfeed.errors import FatalError, StoreUnavailableError
+from dlrfeed.store.migrate import ensure_current
 
 JsonDict = dict[str, Any]
 
@@ -122,6 +124,45 @@ WHERE id = $1 AND resolved_at IS NULL
 RETURNING id
 """
 
+# The open exceptions a filter picks, as `exceptions --resolve` (by filter) takes them: $1 kind,
+# $2 login, $3 opened at or before, $4 opened at or after (NULL: no such condition). The list
+# above, with the same filters and resolved ones left out, shows the very same rows.
+_OPEN_MATCHING = """
+    resolved_at IS NULL
+    AND ($1::text IS NULL OR kind = $1)
+    AND ($2::text IS NULL OR login = $2)
+    AND ($3::timestamptz IS NULL OR opened_at <= $3)
+    AND ($4::timestamptz IS NULL OR opened_at >= $4)
+"""
+_BY_KIND_AND_LOGIN = """
+SELECT kind, login, count(*) AS exceptions, min(opened_at) AS oldest, max(opened_at) AS newest
+"""
+
+# -- name: count_matching_exceptions
+_COUNT_MATCHING = f"""
+{_BY_KIND_AND_LOGIN}
+FROM dlr.exceptions
+WHERE {_OPEN_MATCHING}
+GROUP BY kind, login
+ORDER BY kind, login
+"""
+
+# -- name: resolve_matching_exceptions
+# One statement, so one transaction: every match is resolved with the note, or none is. A row
+# resolved meanwhile by someone else (e.g. late correlation, P12) fails the re-checked
+# `resolved_at IS NULL` and keeps its own resolution.
+_RESOLVE_MATCHING = f"""
+WITH resolved AS (
+    UPDATE dlr.exceptions SET resolved_at = now(), resolution = $5
+    WHERE {_OPEN_MATCHING}
+    RETURNING kind, login, opened_at
+)
+{_BY_KIND_AND_LOGIN}
+FROM resolved
+GROUP BY kind, login
+ORDER BY kind, login
+"""
+
 # -- name: stats_*
 _STATUS_COUNTS = """
 SELECT status, is_final, count(*) AS messages
@@ -178,11 +219,21 @@ WHERE s.is_final AND e.done_at IS NOT NULL AND m.submitted_at IS NOT NULL
 
 
 async def connect(dsn: str) -> asyncpg.Connection:
-    """One connection for an operator command; an unreachable server is one clear line."""
+    """One connection for an operator command, to a schema of exactly this code's version.
+
+    An unreachable server is one clear line; so is a schema behind this code (run `dlrfeed
+    migrate`) or ahead of it (upgrade dlrfeed), whose tables these queries may misread.
+    """
     try:
-        return await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(dsn)
     except (OSError, asyncpg.PostgresError) as exc:
         raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
+    try:
+        await ensure_current(conn)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
 
 
 def _jsonable(value: Any) -> Any:
@@ -276,11 +327,48 @@ async def resolve_exception(conn: asyncpg.Connection, exception_id: int, note: s
     try:
         return await conn.fetchval(_RESOLVE_EXCEPTION, exception_id, note) is not None
     except asyncpg.exceptions.InsufficientPrivilegeError:
-        # docs/security.md: resolving is the dlrfeed_operator grant; readers may only read.
-        raise FatalError(
-            "this database login may not resolve exceptions (permission denied): use a login "
-            "of the dlrfeed_operator role (docs/security.md)"
-        ) from None
+        raise _may_not_resolve() from None
+
+
+@dataclass(frozen=True)
+class ExceptionFilter:
+    """Which open exceptions a bulk resolve takes (None: no condition on that column)."""
+
+    kind: str | None = None
+    login: str | None = None
+    opened_before: datetime | None = None
+    opened_after: datetime | None = None
+
+    def parameters(self) -> tuple[str | None, str | None, datetime | None, datetime | None]:
+        return (self.kind, self.login, self.opened_before, self.opened_after)
+
+
+async def count_matching_exceptions(
+    conn: asyncpg.Connection, where: ExceptionFilter
+) -> list[JsonDict]:
+    """The open exceptions `where` picks, counted by kind and login (with the oldest and the
+    newest opening time): what a bulk resolve would take, changing nothing."""
+    return [_row(r) for r in await conn.fetch(_COUNT_MATCHING, *where.parameters())]
+
+
+async def resolve_matching_exceptions(
+    conn: asyncpg.Connection, where: ExceptionFilter, note: str
+) -> list[JsonDict]:
+    """Resolve every open exception `where` picks with the operator's note, in one transaction;
+    returns what was resolved, counted by kind and login as `count_matching_exceptions` does."""
+    try:
+        records = await conn.fetch(_RESOLVE_MATCHING, *where.parameters(), note)
+    except asyncpg.exceptions.InsufficientPrivilegeError:
+        raise _may_not_resolve() from None
+    return [_row(r) for r in records]
+
+
+def _may_not_resolve() -> FatalError:
+    # docs/security.md: resolving is the dlrfeed_operator grant; readers may only read.
+    return FatalError(
+        "this database login may not resolve exceptions (permission denied): use a login "
+        "of the dlrfeed_operator role (docs/security.md)"
+    )
 
 
 async def _aggregate(conn: asyncpg.Connection, query: str, login: str | None) -> asyncpg.Record:
