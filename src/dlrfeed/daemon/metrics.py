@@ -55,9 +55,10 @@ class BulkHistogram(Collector):
         return sum(self._counts)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Totals:
-    """Plain running totals for the summary log and the systemd STATUS line."""
+    """The receipt counters at one moment, for the summary log and the systemd STATUS line
+    (read from the Prometheus counters: one source of truth)."""
 
     stored: int = 0
     repeats: int = 0
@@ -94,7 +95,6 @@ class DaemonMetrics:
     """Every metric `dlrfeed run` exports; names are part of the operator's contract."""
 
     def __init__(self) -> None:
-        self.totals = Totals()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
 
@@ -171,6 +171,16 @@ class DaemonMetrics:
             "store_up", "1 when the store accepts writes", namespace=NAMESPACE, registry=r
         )
 
+    @property
+    def totals(self) -> Totals:
+        """The receipt counters now, as integers."""
+        return Totals(
+            stored=counter_value(self.stored),
+            repeats=counter_value(self.repeats),
+            conflicts=counter_value(self.conflicts),
+            exceptions=counter_value(self.exceptions),
+        )
+
     def track(
         self,
         in_flight: Callable[[], float],
@@ -182,3 +192,15 @@ class DaemonMetrics:
         self.in_flight.set_function(in_flight)
         self.store_up.set_function(store_up)
         self.registry.register(CallbackCounters(counters))
+
+
+def counter_value(counter: Counter) -> int:
+    """The current value of an unlabelled counter, read through its public `collect()`."""
+    return int(
+        sum(
+            sample.value
+            for family in counter.collect()
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        )
+    )
