@@ -67,6 +67,16 @@ async def test_a_batch_put_back_is_taken_first_again_and_at_once() -> None:
     assert len(pending) == 1
 
 
+async def test_a_partial_batch_put_back_does_not_wait_for_its_linger_again() -> None:
+    clock = FrozenClock()
+    pending = buffer(clock, batch_size=3, linger=3600.0)
+    await pending.put([1])
+    pending.flush_soon()
+    failed = await pending.next_batch()
+    pending.put_back(failed)
+    assert await asyncio.wait_for(pending.next_batch(), WITHIN) == [1]
+
+
 async def test_flush_soon_lets_a_partial_batch_go_and_then_lingers_again() -> None:
     clock = FrozenClock()
     pending = buffer(clock, batch_size=3, linger=3600.0)

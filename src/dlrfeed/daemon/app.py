@@ -96,41 +96,53 @@ class Daemon:
 
     async def run(self) -> int:
         """Run until `stop()` or a fatal error; 0 after a clean stop (raises fatal errors)."""
-        s = self.settings
         self._log_start()
-        async with contextlib.AsyncExitStack() as stack:
+        stack = contextlib.AsyncExitStack()  # unwound in reverse order: see the module doc
+        try:
             stack.callback(log.info, "daemon_stopped")
             self._handle_signals(stack)
-            store: DaemonStore | None = await self._until_stopped(self._open_store)
-            if store is None:
-                return 0
-            stack.push_async_callback(store.close)  # unwound last: the pool
-            channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
-            stack.push_async_callback(channel.close, None)  # grace=None
-            client = FeedClient(channel, s.login, s.password)
-            if not await self._until_stopped(client.check_access, hint=_feed_start_hint(s)):
-                return 0
-            pipeline = Pipeline(s, client, store, self._telemetry)
-            self._telemetry.watch(pipeline)
-            if s.metrics is not None:
-                self._metrics_server = MetricsServer(
-                    self.metrics.registry, lambda: self._telemetry.health(store)
-                )
-                stack.push_async_callback(self._metrics_server.close)
-            stack.push_async_callback(pipeline.cancel)  # unwound first: whatever still runs
-            self._start(pipeline)
-            if self._metrics_server is not None and s.metrics is not None:
-                await self._metrics_server.start(*s.metrics)
-            self._notifier.notify(READY="1", STATUS=f"draining {s.login} with {s.streams} readers")
-            self.ready.set()
-            log.info("daemon_ready", readers=len(pipeline.readers))
+            pipeline = await self._open(stack)
+            return 0 if pipeline is None else await self._serve(pipeline)
+        finally:
+            await stack.aclose()
 
-            failure = await pipeline.wait_for_stop_or_failure(self._stop)
-            self._notifier.notify(STOPPING="1", STATUS="stopping")
-            if failure is not None:
-                raise failure
-            return 0 if await pipeline.stop_in_order(s.shutdown_timeout) else 1
-        raise AssertionError("unreachable: the stack returns or raises")  # pragma: no cover
+    async def _open(self, stack: contextlib.AsyncExitStack) -> Pipeline | None:
+        """Store, channel, gateway login, then the pipeline, each closed on `stack`; None if
+        stopped while waiting for the store or the gateway."""
+        s = self.settings
+        store: DaemonStore | None = await self._until_stopped(self._open_store)
+        if store is None:
+            return None
+        stack.push_async_callback(store.close)  # unwound last: the pool
+        channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
+        stack.push_async_callback(channel.close, None)  # grace=None
+        client = FeedClient(channel, s.login, s.password)
+        if not await self._until_stopped(client.check_access, hint=_feed_start_hint(s)):
+            return None
+        pipeline = Pipeline(s, client, store, self._telemetry)
+        self._telemetry.watch(pipeline)
+        if s.metrics is not None:
+            server = MetricsServer(self.metrics.registry, lambda: self._telemetry.health(store))
+            self._metrics_server = server
+            stack.push_async_callback(server.close)
+        stack.push_async_callback(pipeline.cancel)  # unwound first: whatever still runs
+        return pipeline
+
+    async def _serve(self, pipeline: Pipeline) -> int:
+        """Start, report ready, wait for a stop or a failure, then stop in order."""
+        s = self.settings
+        self._start(pipeline)
+        if self._metrics_server is not None and s.metrics is not None:
+            await self._metrics_server.start(*s.metrics)
+        self._notifier.notify(READY="1", STATUS=f"draining {s.login} with {s.streams} readers")
+        self.ready.set()
+        log.info("daemon_ready", readers=len(pipeline.readers))
+
+        failure = await pipeline.wait_for_stop_or_failure(self._stop)
+        self._notifier.notify(STOPPING="1", STATUS="stopping")
+        if failure is not None:
+            raise failure
+        return 0 if await pipeline.stop_in_order(s.shutdown_timeout) else 1
 
     def _start(self, pipeline: Pipeline) -> None:
         pipeline.start()
