@@ -3,10 +3,11 @@
 and unwinds everything in order on one `AsyncExitStack`.
 
 Data path per process: FeedReader x N → Batcher x N → Store.ingest (one transaction per batch) →
-Acker (one) → Ack. Shutdown, on SIGTERM/SIGINT (`stop()`): the pipeline's ordered stop (stop
-reading → commit the batch in hand → flush acks → only then close the streams, closing first
-would release receipts already stored, F7), then the stack unwinds: cancel what still runs →
-close the metrics server → close the channel → close the pool; all within `--shutdown-timeout`.
+Acker (one) → Ack. The stack, as it unwinds on SIGTERM/SIGINT (`stop()`): the pipeline's ordered
+stop within `--shutdown-timeout` (stop reading → commit the batch in hand → flush acks → only
+then close the streams: closing first would release receipts already stored, F7) → cancel what
+still runs → close the metrics server → close the channel → close the pool → remove the signal
+handlers. After a failure the same stack unwinds without the ordered stop.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from .settings import DaemonSettings, redact_url
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from dlrfeed.store.store import IngestResult
 
 log = structlog.get_logger("dlrfeed.daemon")
@@ -82,6 +85,7 @@ class Daemon:
         self._telemetry = Telemetry(self.metrics, lease_seconds=settings.lease_seconds)
         self._stop = asyncio.Event()
         self._metrics_server: MetricsServer | None = None
+        self._stopped_in_order = False
         self.ready = asyncio.Event()
         """Set once readers run (tests and the supervisor wait on it)."""
 
@@ -97,14 +101,15 @@ class Daemon:
     async def run(self) -> int:
         """Run until `stop()` or a fatal error; 0 after a clean stop (raises fatal errors)."""
         self._log_start()
-        stack = contextlib.AsyncExitStack()  # unwound in reverse order: see the module doc
-        try:
+        async with contextlib.AsyncExitStack() as stack:  # unwound in reverse: the module doc
             stack.callback(log.info, "daemon_stopped")
             self._handle_signals(stack)
             pipeline = await self._open(stack)
-            return 0 if pipeline is None else await self._serve(pipeline)
-        finally:
-            await stack.aclose()
+            if pipeline is None:
+                return 0  # stopped while waiting for the store or the gateway
+            self._start(pipeline, stack)
+            await self._serve(pipeline)
+        return 0 if self._stopped_in_order else 1
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> Pipeline | None:
         """Store, channel, gateway login, then the pipeline, each closed on `stack`; None if
@@ -125,32 +130,44 @@ class Daemon:
             server = MetricsServer(self.metrics.registry, lambda: self._telemetry.health(store))
             self._metrics_server = server
             stack.push_async_callback(server.close)
-        stack.push_async_callback(pipeline.cancel)  # unwound first: whatever still runs
+        stack.push_async_callback(pipeline.cancel)  # whatever still runs after the stop
         return pipeline
 
-    async def _serve(self, pipeline: Pipeline) -> int:
-        """Start, report ready, wait for a stop or a failure, then stop in order."""
+    def _start(self, pipeline: Pipeline, stack: contextlib.AsyncExitStack) -> None:
+        """Start the pipeline's tasks and the telemetry's; its ordered stop goes on the stack."""
         s = self.settings
-        self._start(pipeline)
+        pipeline.start()
+        if s.summary_interval > 0:
+            pipeline.spawn(self._telemetry.summaries(s.summary_interval), "summary")
+        if self._notifier.watchdog_interval:
+            watchdog = self._telemetry.watchdog(self._notifier, self._notifier.watchdog_interval)
+            pipeline.spawn(watchdog, "watchdog")
+
+        async def stop_in_order(
+            exc_type: type[BaseException] | None,
+            exc: BaseException | None,
+            tb: TracebackType | None,
+        ) -> bool:
+            # Only after a stop request: after a failure there is nothing to finish in order,
+            # and `pipeline.cancel`, next on the stack, ends what still runs.
+            if exc_type is None:
+                self._stopped_in_order = await pipeline.stop_in_order(s.shutdown_timeout)
+            return False
+
+        stack.push_async_exit(stop_in_order)  # unwound first
+
+    async def _serve(self, pipeline: Pipeline) -> None:
+        """Serve metrics, report ready, and wait for a stop (returns) or a failure (raises)."""
+        s = self.settings
         if self._metrics_server is not None and s.metrics is not None:
             await self._metrics_server.start(*s.metrics)
         self._notifier.notify(READY="1", STATUS=f"draining {s.login} with {s.streams} readers")
         self.ready.set()
         log.info("daemon_ready", readers=len(pipeline.readers))
-
         failure = await pipeline.wait_for_stop_or_failure(self._stop)
         self._notifier.notify(STOPPING="1", STATUS="stopping")
         if failure is not None:
             raise failure
-        return 0 if await pipeline.stop_in_order(s.shutdown_timeout) else 1
-
-    def _start(self, pipeline: Pipeline) -> None:
-        pipeline.start()
-        if self.settings.summary_interval > 0:
-            pipeline.spawn(self._telemetry.summaries(self.settings.summary_interval), "summary")
-        if self._notifier.watchdog_interval:
-            watchdog = self._telemetry.watchdog(self._notifier, self._notifier.watchdog_interval)
-            pipeline.spawn(watchdog, "watchdog")
 
     def _log_start(self) -> None:
         s = self.settings

@@ -117,7 +117,7 @@ class FeedReader:
         self._client = client
         self._sink = sink
         self._settings = settings
-        self._policy = policy or mode_policy(settings, settings.pull_max)
+        self._policy = policy if policy is not None else mode_policy(settings, settings.pull_max)
         self._on_state = on_state
         self._on_received = on_received
         self._clock = clock
