@@ -150,7 +150,7 @@ async def test_fatal_errors_stop_the_acker() -> None:
 
 
 async def test_observer_sees_receive_to_ack_latency() -> None:
-    """Receive→ack latency is measured per receipt (issue 4 §3)."""
+    """Receive→ack latency is measured per receipt (F6)."""
     seen: list[float] = []
     acker = Acker(
         RecordingGateway(),

@@ -125,7 +125,7 @@ class DaemonMetrics:
         self.receive_to_ack = BulkHistogram(
             f"{NAMESPACE}_receive_to_ack_seconds",
             "Seconds from receiving a receipt to the Ack that removed it (lease: F6)",
-            # Fine around 0.1-0.5 s, where the p99 target of issue 7 (250 ms) sits; coarse
+            # Fine around 0.1-0.5 s, where the p99 receive→ack target (250 ms) sits; coarse
             # up to the lease (F6).
             (
                 0.01,
