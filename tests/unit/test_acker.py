@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Sequence
 
 import pytest
 
+from dlrfeed.backoff import Backoff
 from dlrfeed.errors import AuthenticationError, FeedUnavailableError
 from dlrfeed.feed.acker import Acker
 from dlrfeed.feed.client import AckOutcome
@@ -32,6 +34,11 @@ class RecordingGateway:
         gone = sum(1 for t in tokens if t in self.gone)
         self.gone.update(tokens)
         return AckOutcome(acked=len(tokens) - gone, already_gone=gone)
+
+
+def quick_retries() -> Backoff:
+    """The Acker's retry delay, shortened and seeded for tests."""
+    return Backoff(0.001, 0.01, rng=random.Random(5))
 
 
 def tokens(n: int, prefix: str = "t") -> list[str]:
@@ -74,11 +81,40 @@ async def test_partial_batch_waits_at_most_the_linger() -> None:
     await stop(acker, task)
 
 
+async def test_the_linger_is_timed_by_the_injected_clock() -> None:
+    """A partial call waits for the linger on the Acker's own monotonic clock, not the loop's."""
+    now = [500.0]
+    gateway = RecordingGateway()
+    acker = Acker(gateway, ack_batch=500, ack_linger=0.01, monotonic=lambda: now[0])
+    task = await run_acker(acker)
+    await acker.submit(tokens(3), [time.time()] * 3)
+    done, _ = await asyncio.wait([asyncio.ensure_future(gateway.called.wait())], timeout=0.1)
+    assert not done  # the clock stands still: however long the loop waits, no linger passed
+    assert acker.pending == 3
+    now[0] += 0.01
+    await asyncio.wait_for(gateway.called.wait(), 5)
+    assert gateway.calls == [tokens(3)]
+    await stop(acker, task)
+
+
+async def test_submit_waits_while_max_pending_tokens_are_queued() -> None:
+    """Bounded memory: a committed batch waits for room rather than growing the queue."""
+    gateway = RecordingGateway()
+    acker = Acker(gateway, ack_batch=10, ack_linger=3600.0, max_pending=10)
+    submitting = asyncio.create_task(acker.submit(tokens(10), [time.time()] * 10))
+    done, _ = await asyncio.wait([submitting], timeout=0.05)
+    assert not done
+    task = await run_acker(acker)
+    await asyncio.wait_for(submitting, 5)
+    await stop(acker, task)
+    assert gateway.calls == [tokens(10)]
+
+
 async def test_transient_failures_are_retried_and_already_gone_counts_as_done() -> None:
     """F9: a repeated Ack after UNAVAILABLE is safe; already_gone is not an error."""
     gateway = RecordingGateway(failures=2)
     gateway.gone = {"t0", "t1"}
-    acker = Acker(gateway, ack_batch=10, ack_linger=0.0)
+    acker = Acker(gateway, ack_batch=10, ack_linger=0.0, retry_delay=quick_retries())
     task = await run_acker(acker)
     await acker.submit(tokens(5), [time.time()] * 5)
     await stop(acker, task)
@@ -91,7 +127,9 @@ async def test_gives_up_once_the_lease_has_surely_run_out() -> None:
     """F6: past the lease the gateway redelivers anyway (C7); the Acker stops retrying and
     flush() still returns."""
     gateway = RecordingGateway(failures=10_000)
-    acker = Acker(gateway, ack_batch=10, ack_linger=0.0, lease_seconds=0.3)
+    acker = Acker(
+        gateway, ack_batch=10, ack_linger=0.0, lease_seconds=0.3, retry_delay=quick_retries()
+    )
     task = await run_acker(acker)
     await acker.submit(tokens(5), [time.time()] * 5)
     await asyncio.wait_for(acker.flush(), 10)
@@ -112,7 +150,7 @@ async def test_fatal_errors_stop_the_acker() -> None:
 
 
 async def test_observer_sees_receive_to_ack_latency() -> None:
-    """Receive→ack latency is measured per receipt (issue 4 §3)."""
+    """Receive→ack latency is measured per receipt (F6)."""
     seen: list[float] = []
     acker = Acker(
         RecordingGateway(),

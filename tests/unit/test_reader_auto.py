@@ -1,116 +1,186 @@
-"""Auto mode's backlog rule (issue 4 §4, §12): a Subscribe stream's rate is judged over the
-real length of each span, so a burst followed by a long quiet spell is not a backlog.
-
-The reader runs against a scripted stream and a clock the test moves; no gRPC, no database.
-"""
+"""Auto mode's decisions (docs/daemon.md, "Modes"), asked of the pure `AutoPolicy`: it is told
+what happened and when, and asked which RPC to use. No clock, no gRPC, no database."""
 
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
-from typing import Any, cast
+from dlrfeed.feed.modes import (
+    AUTO_MIN_PULL_SECONDS,
+    AutoPolicy,
+    AutoSettings,
+    FixedMode,
+    Mode,
+    Switch,
+)
+from dlrfeed.feed.reader import ReaderSettings, mode_policy
 
-import pytest
-
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
-from dlrfeed.feed import reader as reader_module
-from dlrfeed.feed.client import FeedClient
-from dlrfeed.feed.reader import FeedReader, Mode, ReaderSettings
-
-RECEIPT = Receipt(
-    message_id=MessageId("m1"), level=2, stat="DELIVRD", err=None, sub=None, dlvrd=None,
-    submit_date=None, done_date=None, text=None, source_addr=None, destination_addr=None,
-    smsc_message_id=None, connector=None, delivery_count=1, ack_token=AckToken("t"), raw=b"",
-    received_at=0.0,
-)  # fmt: skip
+BATCH = 500
+START = 1_000.0
 
 
-class Clock:
-    now = 1_000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-class ScriptedStream:
-    """Delivers one receipt at each scripted clock time, then stays quiet (a caught-up stream)."""
-
-    def __init__(self, clock: Clock, arrivals: list[float]) -> None:
-        self._clock = clock
-        self._arrivals = [clock.now + at for at in arrivals]
-        self.cancelled_by_us = False
-
-    async def read(self) -> Receipt:
-        if not self._arrivals:
-            await asyncio.Event().wait()
-        self._clock.now = self._arrivals.pop(0)
-        return RECEIPT
-
-    def cancel(self) -> None:
-        self.cancelled_by_us = True
+def auto(*, rate: float = 2000.0, cooldown: float = 60.0, failures: int = 3) -> AutoPolicy:
+    return AutoPolicy(
+        AutoSettings(
+            batch_size=BATCH, pull_max=BATCH, cooldown=cooldown, pull_rate=rate, failures=failures
+        )
+    )
 
 
-class Sink:
-    """A batcher whose batches never close full: only the stream's rate can show a backlog."""
-
-    def __init__(self) -> None:
-        self.drained = False
-
-    async def accept(self, receipts: list[Receipt]) -> None:
-        await asyncio.sleep(0)
-
-    def discard_pending(self) -> int:
-        return 0
-
-    async def drain(self) -> None:
-        self.drained = True
-
-    async def wait_writable(self) -> None:
-        return None
-
-    def backlogged(self) -> bool:
-        return False
-
-    def forget_backlog(self) -> None:
-        return None
+def stream(policy: AutoPolicy, arrivals: list[float]) -> float | None:
+    """Open a Subscribe stream at START and deliver one receipt at each START + t; the time
+    the policy first answers Pull, or None if it stays on Subscribe."""
+    policy.opened(Mode.SUBSCRIBE, START)
+    for at in arrivals:
+        policy.streamed(1, START + at)
+        if policy.mode(START + at) is Mode.PULL:
+            return at
+    return None
 
 
-async def switches_to_pull(
-    monkeypatch: pytest.MonkeyPatch, arrivals: list[float], rate: float = 2000.0
-) -> bool:
-    """Whether auto leaves this stream for Pull (its Subscribe loop returns after a drain)."""
-    clock = Clock()
-    monkeypatch.setattr(reader_module, "time", SimpleNamespace(monotonic=clock.monotonic))
-    stream = ScriptedStream(clock, arrivals)
-    client = cast(FeedClient, SimpleNamespace(subscribe=lambda window: stream))
-    sink = Sink()
-    reader = FeedReader("r0", client, sink, ReaderSettings(mode=Mode.AUTO, auto_pull_rate=rate))
-    run_subscribe: Any = reader._run_subscribe  # the policy under test, without reconnects
-    try:
-        await asyncio.wait_for(run_subscribe(), timeout=1.0)
-    except TimeoutError:
-        assert not sink.drained
-        return False
-    assert sink.drained  # F7: what it holds is committed and acked before the stream closes
-    return True
-
-
-async def test_a_fast_stream_moves_to_pull_within_half_a_second(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_fast_stream_moves_to_pull_within_half_a_second() -> None:
     """1,200 receipts in 0.5 s (2,400/s) against a threshold of 2,000/s: a backlog."""
-    assert await switches_to_pull(monkeypatch, [i * 0.5 / 1_200 for i in range(1, 1_202)])
+    policy = auto()
+    left_at = stream(policy, [i * 0.5 / 1_200 for i in range(1, 1_202)])
+    assert left_at is not None
+    assert left_at <= 0.51
+    assert policy.take_switch() == Switch(Mode.PULL, "backlog")
+    assert policy.take_switch() is None  # told once
 
 
-async def test_a_stream_below_the_rate_stays_on_subscribe(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stream_below_the_rate_stays_on_subscribe() -> None:
     """1,800/s for 2 s: a heavy live flow below the threshold keeps Subscribe's latency."""
-    assert not await switches_to_pull(monkeypatch, [i / 1_800 for i in range(1, 3_600)])
+    policy = auto()
+    assert stream(policy, [i / 1_800 for i in range(1, 3_600)]) is None
+    assert policy.take_switch() is None
 
 
-async def test_a_burst_then_a_long_quiet_spell_is_not_a_backlog(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_burst_then_a_long_quiet_spell_is_not_a_backlog() -> None:
     """999 receipts in 0.1 s, then one a minute later: 1,000 over 60 s, not over half a second
-    (the count must be taken over the span's real length, found by review)."""
+    (the rate is taken over the span's real length)."""
     arrivals = [i * 0.1 / 999 for i in range(1, 1_000)] + [60.1]
-    assert not await switches_to_pull(monkeypatch, arrivals)
+    assert stream(auto(), arrivals) is None
+
+
+def test_two_full_batches_in_a_row_are_a_backlog_at_the_next_receipt() -> None:
+    policy = auto()
+    policy.opened(Mode.SUBSCRIBE, START)
+    policy.batch_closed(BATCH)
+    policy.streamed(1, START + 0.01)
+    assert policy.mode(START + 0.01) is Mode.SUBSCRIBE
+    policy.batch_closed(BATCH)
+    policy.streamed(1, START + 0.02)
+    assert policy.mode(START + 0.02) is Mode.PULL
+
+
+def test_a_partial_batch_breaks_the_streak_of_full_ones() -> None:
+    policy = auto()
+    policy.opened(Mode.SUBSCRIBE, START)
+    for size in (BATCH, 17, BATCH):
+        policy.batch_closed(size)
+    policy.streamed(1, START + 0.01)
+    assert policy.mode(START + 0.01) is Mode.SUBSCRIBE
+
+
+def test_full_batches_before_a_stream_opened_say_nothing_about_it() -> None:
+    """Batches of the Pulls that drained a backlog were full; the new stream starts afresh."""
+    policy = auto()
+    policy.batch_closed(BATCH)
+    policy.batch_closed(BATCH)
+    policy.opened(Mode.SUBSCRIBE, START)
+    policy.streamed(1, START + 0.01)
+    assert policy.mode(START + 0.01) is Mode.SUBSCRIBE
+
+
+def drain_on_pull(policy: AutoPolicy, pulls: list[tuple[float, int]]) -> float | None:
+    """Pulls returning `count` receipts at START + t; the time the policy answers Subscribe."""
+    policy.opened(Mode.PULL, START + pulls[0][0])
+    for at, count in pulls:
+        policy.pulled(count, START + at)
+        if policy.mode(START + at) is Mode.SUBSCRIBE:
+            return at
+    return None
+
+
+def test_three_short_pulls_in_a_row_mean_caught_up() -> None:
+    policy = auto()
+    assert stream(policy, [i * 0.5 / 1_200 for i in range(1, 1_202)]) is not None
+    policy.take_switch()
+    policy.closed()
+    late = AUTO_MIN_PULL_SECONDS + 1
+    pulls = [(late, BATCH), (late + 1, 3), (late + 2, BATCH), (late + 3, 3), (late + 4, 0)]
+    assert drain_on_pull(policy, [*pulls, (late + 5, 249)]) == late + 5
+    assert policy.take_switch() == Switch(Mode.SUBSCRIBE, "caught_up")
+
+
+def test_after_a_backlog_switch_pull_is_kept_for_a_while_even_when_caught_up() -> None:
+    """No flapping: short Pulls within min(10 s, cooldown) of the switch keep Pull."""
+    policy = auto()
+    left_at = stream(policy, [i * 0.5 / 1_200 for i in range(1, 1_202)])
+    assert left_at is not None
+    policy.closed()
+    short = [(left_at + 1 + i, 0) for i in range(5)]
+    assert drain_on_pull(policy, short) is None
+    until = left_at + AUTO_MIN_PULL_SECONDS
+    assert drain_on_pull(policy, [(until, 0), (until + 0.1, 0), (until + 0.2, 0)]) == until + 0.2
+
+
+def test_three_stream_failures_within_the_cooldown_block_subscribe_for_the_cooldown() -> None:
+    policy = auto(cooldown=60.0)
+    for at in (0.0, 10.0):
+        policy.failed(Mode.SUBSCRIBE, START + at)
+        assert policy.take_switch() is None
+        assert policy.mode(START + at) is Mode.SUBSCRIBE
+    policy.failed(Mode.SUBSCRIBE, START + 20.0)
+    assert policy.take_switch() == Switch(Mode.PULL, "stream_failures", cooldown_s=60.0)
+    assert policy.mode(START + 79.9) is Mode.PULL
+    assert policy.mode(START + 80.0) is Mode.SUBSCRIBE
+
+
+def test_failures_further_apart_than_the_cooldown_do_not_add_up() -> None:
+    policy = auto(cooldown=60.0)
+    for at in (0.0, 61.0, 122.0, 183.0):
+        policy.failed(Mode.SUBSCRIBE, START + at)
+        assert policy.mode(START + at) is Mode.SUBSCRIBE
+    assert policy.take_switch() is None
+
+
+def test_pull_failures_do_not_count_against_subscribe() -> None:
+    policy = auto(failures=1)
+    policy.failed(Mode.PULL, START)
+    assert policy.mode(START) is Mode.SUBSCRIBE
+
+
+def test_subscribe_unimplemented_means_pull_for_the_cooldown() -> None:
+    policy = auto(cooldown=30.0)
+    policy.unimplemented(START)
+    assert policy.mode(START + 29.0) is Mode.PULL
+    assert policy.mode(START + 30.0) is Mode.SUBSCRIBE
+
+
+def test_a_pull_loop_while_subscribe_is_blocked_stays_until_caught_up_after_the_block() -> None:
+    policy = auto(cooldown=30.0)
+    policy.unimplemented(START)
+    policy.opened(Mode.PULL, START)
+    for i in range(3):
+        policy.pulled(0, START + 1 + i)
+    assert policy.mode(START + 3) is Mode.PULL  # caught up, but Subscribe is blocked
+    policy.pulled(BATCH, START + 31)
+    assert policy.mode(START + 31) is Mode.PULL  # the block is over, the Pulls are full
+    for i in range(3):
+        policy.pulled(0, START + 32 + i)
+    assert policy.mode(START + 34) is Mode.SUBSCRIBE
+
+
+def test_fixed_modes_ignore_everything() -> None:
+    policy = FixedMode(Mode.SUBSCRIBE)
+    for _ in range(5):
+        policy.failed(Mode.SUBSCRIBE, START)
+        policy.batch_closed(BATCH)
+    policy.streamed(10_000, START + 0.5)
+    assert policy.mode(START + 0.5) is Mode.SUBSCRIBE
+    assert policy.take_switch() is None
+
+
+def test_the_reader_settings_choose_the_policy() -> None:
+    assert isinstance(mode_policy(ReaderSettings(mode=Mode.AUTO), BATCH), AutoPolicy)
+    pull = mode_policy(ReaderSettings(mode=Mode.PULL), BATCH)
+    assert pull.mode(START) is Mode.PULL

@@ -1,10 +1,13 @@
-"""The composition root of `dlrfeed run`: wires store, feed, readers, batchers and the Acker,
-supervises their tasks, serves metrics and health, talks to systemd, and stops in order.
+"""The composition root of `dlrfeed run`: opens the store and the channel, wires the pipeline
+(`pipeline.py`) to its telemetry (`telemetry.py`), serves metrics and health, talks to systemd,
+and unwinds everything in order on one `AsyncExitStack`.
 
 Data path per process: FeedReader x N → Batcher x N → Store.ingest (one transaction per batch) →
-Acker (one) → Ack. Shutdown, on SIGTERM/SIGINT (`stop()`): stop reading → commit the batch in
-hand → flush acks → only then close the streams (closing first would release receipts already
-stored, F7) → close channel and store; all within `--shutdown-timeout`.
+Acker (one) → Ack. The stack, as it unwinds on SIGTERM/SIGINT (`stop()`): the pipeline's ordered
+stop within `--shutdown-timeout` (stop reading → commit the batch in hand → flush acks → only
+then close the streams: closing first would release receipts already stored, F7) → cancel what
+still runs → close the metrics server → close the channel → close the pool → remove the signal
+handlers. After a failure the same stack unwinds without the ordered stop.
 """
 
 from __future__ import annotations
@@ -12,44 +15,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import grpc.aio
 import structlog
 
-from dlrfeed.backoff import backoff_delay
+from dlrfeed.backoff import Backoff
 from dlrfeed.domain.receipt import Receipt
-from dlrfeed.domain.status import Outcome
-from dlrfeed.errors import DlrfeedError, FeedUnavailableError, StoreUnavailableError
-from dlrfeed.feed.acker import Acker
+from dlrfeed.errors import FeedUnavailableError, StoreUnavailableError
 from dlrfeed.feed.channel import open_channel
 from dlrfeed.feed.client import FeedClient
-from dlrfeed.feed.reader import FeedReader, Mode
 
-from .batcher import Batcher
 from .http import MetricsServer
 from .metrics import DaemonMetrics
+from .pipeline import Pipeline
 from .sdnotify import SystemdNotifier
 from .settings import DaemonSettings, redact_url
-from .store_gate import StoreGate
+from .telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from dlrfeed.store.store import IngestResult
 
 log = structlog.get_logger("dlrfeed.daemon")
 
-# Outcomes that open an item in the investigation queue (CONTRACT §4 `dlr.exceptions` kinds).
-EXCEPTION_OUTCOMES = (
-    Outcome.CONFLICT,
-    Outcome.UNCORRELATED,
-    Outcome.UNRECOGNIZED,
-    Outcome.UNSTORABLE,
-)
-
-LEASE_WARNING_FRACTION = 0.5
-"""Warn when a receipt's receive→ack latency passes this fraction of the lease (F6)."""
+STARTUP_DELAY = Backoff(initial=0.2, maximum=10.0)
+"""Between start-up attempts while the store or the gateway cannot be reached."""
 
 
 class DaemonStore(Protocol):
@@ -90,20 +82,10 @@ class Daemon:
         self._store_opener = store_opener
         self._notifier = notifier or SystemdNotifier()
         self.metrics = DaemonMetrics()
-        # Resolved once: `labels()` costs microseconds, and Subscribe counts every receipt.
-        self._received_by_mode = {
-            mode: self.metrics.received.labels(mode=mode.value)
-            for mode in (Mode.SUBSCRIBE, Mode.PULL)
-        }
+        self._telemetry = Telemetry(self.metrics, lease_seconds=settings.lease_seconds)
         self._stop = asyncio.Event()
-        self._tasks: dict[asyncio.Task[Any], str] = {}
-        self._readers: list[FeedReader] = []
-        self._batchers: list[Batcher] = []
-        self._acker: Acker | None = None
-        self._store: DaemonStore | None = None
-        self._gate: StoreGate | None = None
         self._metrics_server: MetricsServer | None = None
-        self._last_lease_warning = 0.0
+        self._stopped_in_order = False
         self.ready = asyncio.Event()
         """Set once readers run (tests and the supervisor wait on it)."""
 
@@ -113,15 +95,81 @@ class Daemon:
 
     @property
     def metrics_port(self) -> int:
+        """The port /metrics and /healthz listen on (0 without `--metrics`)."""
         return self._metrics_server.port if self._metrics_server else 0
 
-    # -- start ------------------------------------------------------------------------------
     async def run(self) -> int:
         """Run until `stop()` or a fatal error; 0 after a clean stop (raises fatal errors)."""
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, self.stop)
+        self._log_start()
+        async with contextlib.AsyncExitStack() as stack:  # unwound in reverse: the module doc
+            stack.callback(log.info, "daemon_stopped")
+            self._handle_signals(stack)
+            pipeline = await self._open(stack)
+            if pipeline is None:
+                return 0  # stopped while waiting for the store or the gateway
+            self._start(pipeline, stack)
+            await self._serve(pipeline)
+        return 0 if self._stopped_in_order else 1
+
+    async def _open(self, stack: contextlib.AsyncExitStack) -> Pipeline | None:
+        """Store, channel, gateway login, then the pipeline, each closed on `stack`; None if
+        stopped while waiting for the store or the gateway."""
+        s = self.settings
+        store: DaemonStore | None = await self._until_stopped(self._open_store)
+        if store is None:
+            return None
+        stack.push_async_callback(store.close)  # unwound last: the pool
+        channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
+        stack.push_async_callback(channel.close, None)  # grace=None
+        client = FeedClient(channel, s.login, s.password)
+        if not await self._until_stopped(client.check_access, hint=_feed_start_hint(s)):
+            return None
+        pipeline = Pipeline(s, client, store, self._telemetry)
+        self._telemetry.watch(pipeline)
+        if s.metrics is not None:
+            server = MetricsServer(self.metrics.registry, lambda: self._telemetry.health(store))
+            self._metrics_server = server
+            stack.push_async_callback(server.close)
+        stack.push_async_callback(pipeline.cancel)  # whatever still runs after the stop
+        return pipeline
+
+    def _start(self, pipeline: Pipeline, stack: contextlib.AsyncExitStack) -> None:
+        """Start the pipeline's tasks and the telemetry's; its ordered stop goes on the stack."""
+        s = self.settings
+        pipeline.start()
+        if s.summary_interval > 0:
+            pipeline.spawn(self._telemetry.summaries(s.summary_interval), "summary")
+        if self._notifier.watchdog_interval:
+            watchdog = self._telemetry.watchdog(self._notifier, self._notifier.watchdog_interval)
+            pipeline.spawn(watchdog, "watchdog")
+
+        async def stop_in_order(
+            exc_type: type[BaseException] | None,
+            exc: BaseException | None,
+            tb: TracebackType | None,
+        ) -> bool:
+            # Only after a stop request: after a failure there is nothing to finish in order,
+            # and `pipeline.cancel`, next on the stack, ends what still runs.
+            if exc_type is None:
+                self._stopped_in_order = await pipeline.stop_in_order(s.shutdown_timeout)
+            return False
+
+        stack.push_async_exit(stop_in_order)  # unwound first
+
+    async def _serve(self, pipeline: Pipeline) -> None:
+        """Serve metrics, report ready, and wait for a stop (returns) or a failure (raises)."""
+        s = self.settings
+        if self._metrics_server is not None and s.metrics is not None:
+            await self._metrics_server.start(*s.metrics)
+        self._notifier.notify(READY="1", STATUS=f"draining {s.login} with {s.streams} readers")
+        self.ready.set()
+        log.info("daemon_ready", readers=len(pipeline.readers))
+        failure = await pipeline.wait_for_stop_or_failure(self._stop)
+        self._notifier.notify(STOPPING="1", STATUS="stopping")
+        if failure is not None:
+            raise failure
+
+    def _log_start(self) -> None:
         s = self.settings
         log.info(
             "daemon_starting",
@@ -143,27 +191,21 @@ class Daemon:
                 mode=f"{s.password_file_mode:04o}",
                 fix="chmod 600 (or 400) the --password-file; group and others can reach it",
             )
-        channel: grpc.aio.Channel | None = None
-        try:
-            self._store = await self._until_stopped(self._open_store)
-            if self._store is None:
-                return 0
-            channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
-            client = FeedClient(channel, s.login, s.password)
-            if not await self._until_stopped(client.check_access, hint=_feed_start_hint(s)):
-                return 0
-            return await self._serve(client, self._store)
-        finally:
-            if self._metrics_server is not None:
-                await self._metrics_server.close()
-            if channel is not None:
-                await channel.close(grace=None)
-            if self._store is not None:
-                await self._store.close()
+
+    def _handle_signals(self, stack: contextlib.AsyncExitStack) -> None:
+        """SIGTERM/SIGINT ask for a clean stop until the stack unwinds."""
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+
+        def remove() -> None:
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                for signum in (signal.SIGTERM, signal.SIGINT):
+                for signum in signals:
                     loop.remove_signal_handler(signum)
-            log.info("daemon_stopped")
+
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            for signum in signals:
+                loop.add_signal_handler(signum, self.stop)
+        stack.callback(remove)
 
     async def _open_store(self) -> DaemonStore:
         store = await self._store_opener(self.settings)
@@ -185,7 +227,7 @@ class Daemon:
                 result = await attempt()
             except (StoreUnavailableError, FeedUnavailableError) as exc:
                 tries += 1
-                delay = backoff_delay(tries, 0.2, 10.0)
+                delay = STARTUP_DELAY.delay(tries)
                 log.warning(
                     "startup_waiting",
                     error=str(exc),
@@ -198,296 +240,6 @@ class Daemon:
                 continue
             return True if result is None else result
         return None
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks[task] = name
-        return task
-
-    async def _serve(self, client: FeedClient, store: DaemonStore) -> int:
-        s = self.settings
-        m = self.metrics
-        acker = Acker(
-            client,
-            ack_batch=s.ack_batch,
-            ack_linger=s.ack_linger,
-            lease_seconds=s.lease_seconds,
-            max_pending=max(4 * s.ack_batch, s.streams * s.batch_size * 2),
-            observe=self._observe_acks,
-        )
-        self._acker = acker
-        gate = StoreGate(store.ping, release_after=s.release_after, on_release=self._release)
-        self._gate = gate
-        for index in range(s.streams):
-            name = f"r{index}"
-            batcher = Batcher(
-                name,
-                login=s.login,
-                store=store,
-                acker=acker,
-                gate=gate,
-                batch_size=s.batch_size,
-                linger=s.linger,
-                on_commit=self._observe_commit,
-            )
-            reader = FeedReader(
-                name,
-                client,
-                batcher,
-                s.reader,
-                on_state=self._reader_state,
-                on_received=self._observe_received,
-            )
-            self._batchers.append(batcher)
-            self._readers.append(reader)
-        m.track(
-            in_flight=self._in_flight,
-            store_up=lambda: 1.0 if gate.is_up else 0.0,
-            counters=self._counter_values,
-            backlogged=self._backlogged_readers,
-        )
-        m.readers_configured.set(s.streams)
-        acker_task = self._spawn(acker.run(), "acker")
-        self._spawn(gate.run(), "store-gate")
-        for batcher in self._batchers:
-            self._spawn(batcher.run(), f"batcher-{batcher.name}")
-        reader_tasks = [self._spawn(r.run(), f"reader-{r.name}") for r in self._readers]
-        if s.summary_interval > 0:
-            self._spawn(self._summaries(), "summary")
-        if self._notifier.watchdog_interval:
-            self._spawn(self._watchdog(self._notifier.watchdog_interval), "watchdog")
-        if s.metrics is not None:
-            self._metrics_server = MetricsServer(m.registry, self._health)
-            await self._metrics_server.start(*s.metrics)
-        self._notifier.notify(READY="1", STATUS=f"draining {s.login} with {s.streams} readers")
-        self.ready.set()
-        log.info("daemon_ready", readers=len(self._readers))
-
-        failure = await self._wait_for_stop_or_failure()
-        self._notifier.notify(STOPPING="1", STATUS="stopping")
-        clean = False
-        if failure is None:
-            try:
-                clean = await self._clean_shutdown(acker, acker_task, reader_tasks)
-            except DlrfeedError as exc:  # the Acker died while flushing: its exit status wins
-                failure = exc
-        await self._teardown()
-        if failure is not None:
-            raise failure
-        return 0 if clean else 1
-
-    async def _wait_for_stop_or_failure(self) -> BaseException | None:
-        stop_task = asyncio.create_task(self._stop.wait(), name="stop-signal")
-        try:
-            waited: list[asyncio.Task[Any]] = [stop_task, *self._tasks]
-            done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop_task.cancel()
-        for task in done:
-            if task is stop_task:
-                continue
-            name = self._tasks[task]
-            exc = task.exception() if not task.cancelled() else None
-            if exc is None:
-                exc = RuntimeError(f"task {name} ended unexpectedly")
-            log.error("task_failed", task=name, error=str(exc), error_type=type(exc).__name__)
-            return exc
-        log.info("stop_requested")
-        return None
-
-    async def _clean_shutdown(
-        self,
-        acker: Acker,
-        acker_task: asyncio.Task[None],
-        reader_tasks: list[asyncio.Task[None]],
-    ) -> bool:
-        """Stop reading → commit in hand → flush acks → close streams; False on timeout."""
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.settings.shutdown_timeout):
-                for reader in self._readers:
-                    reader.stop_reading()
-                await asyncio.gather(*(r.settle(1.0) for r in self._readers))
-                drains = asyncio.gather(*(b.drain() for b in self._batchers))
-                # If the Acker dies (e.g. credentials revoked) the drain cannot finish.
-                either: list[asyncio.Future[Any]] = [drains, acker_task]
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                if acker_task.done():
-                    drains.cancel()
-                    error = None if acker_task.cancelled() else acker_task.exception()
-                    log.error("task_failed", task="acker", error=str(error))
-                    if isinstance(error, DlrfeedError):
-                        raise error  # e.g. credentials revoked: its own exit status (77)
-                    return False
-                await drains
-                acker.close()
-                await acker_task
-                for reader in self._readers:
-                    reader.close()  # F7: now closing releases nothing that is stored
-                await asyncio.gather(*reader_tasks, return_exceptions=True)
-        except TimeoutError:
-            log.error(  # noqa: TRY400 - a timeout has no useful traceback
-                "shutdown_timeout",
-                timeout_s=self.settings.shutdown_timeout,
-                in_flight=self._in_flight(),
-            )
-            return False
-        log.info("shutdown_clean", seconds=round(time.monotonic() - started, 3))
-        return True
-
-    async def _teardown(self) -> None:
-        """Cancel whatever still runs; a commit in progress is finished first (shielded)."""
-        for batcher in self._batchers:
-            batcher.abandon()
-        for reader in self._readers:
-            reader.close()
-        if self._acker is not None:
-            self._acker.close()
-        for task in self._tasks:
-            task.cancel()
-        results = await asyncio.gather(*self._tasks, return_exceptions=True)
-        for task, result in zip(self._tasks, results, strict=True):
-            if isinstance(result, BaseException) and not isinstance(
-                result, asyncio.CancelledError | DlrfeedError
-            ):
-                log.error("task_error_on_stop", task=self._tasks[task], error=repr(result))
-
-    # -- callbacks ------------------------------------------------------------------------
-    def _release(self) -> None:
-        """F7: the store is down past --release-after; give the receipts back to the gateway."""
-        for batcher in self._batchers:
-            batcher.release()
-        for reader in self._readers:
-            reader.release()
-
-    def _reader_state(self, reader: str, mode: Mode | None) -> None:
-        self._refresh_readers_up()
-        if mode is None:
-            log.debug("reader_down", reader=reader)
-        else:
-            log.info("reader_up", reader=reader, mode=mode.value)
-
-    def _refresh_readers_up(self) -> None:
-        counts = {Mode.SUBSCRIBE: 0, Mode.PULL: 0}
-        for reader in self._readers:
-            if reader.mode is not None:
-                counts[reader.mode] += 1
-        for mode, count in counts.items():
-            self.metrics.readers_up.labels(mode=mode.value).set(count)
-
-    def _observe_received(self, mode: Mode, count: int) -> None:
-        self._received_by_mode[mode].inc(count)
-
-    def _observe_commit(
-        self, batch: Sequence[Receipt], result: IngestResult, seconds: float
-    ) -> None:
-        m = self.metrics
-        m.batches.inc()
-        m.commit_seconds.observe(seconds)
-        counts: Mapping[Outcome, int] = result.counts
-        for outcome, count in counts.items():
-            m.outcomes.labels(outcome=outcome.value).inc(count)
-        repeats = counts.get(Outcome.REPEAT, 0)
-        conflicts = counts.get(Outcome.CONFLICT, 0)
-        exceptions = sum(counts.get(outcome, 0) for outcome in EXCEPTION_OUTCOMES)
-        # Receptions written: an unstorable receipt is kept as exception evidence instead (C8).
-        stored = len(batch) - counts.get(Outcome.UNSTORABLE, 0)
-        m.stored.inc(stored)
-        m.repeats.inc(repeats)
-        m.conflicts.inc(conflicts)
-        m.exceptions.inc(exceptions)
-        m.delivery_count.observe_many(r.delivery_count for r in batch)
-        t = m.totals
-        t.stored += stored
-        t.repeats += repeats
-        t.conflicts += conflicts
-        t.exceptions += exceptions
-
-    def _observe_acks(self, received_at: Sequence[float], acked_at: float) -> None:
-        latencies = [acked_at - t for t in received_at]
-        self.metrics.receive_to_ack.observe_many(latencies)
-        worst = max(latencies)
-        lease = self.settings.lease_seconds
-        if lease and worst >= LEASE_WARNING_FRACTION * lease:
-            now = time.monotonic()
-            if now - self._last_lease_warning >= 10.0:
-                self._last_lease_warning = now
-                # F6: past the lease the gateway redelivers; the store sees repeats (C1).
-                log.warning("ack_latency_near_lease", latency_s=round(worst, 3), lease_s=lease)
-
-    def _counter_values(self) -> dict[str, float]:
-        stats = self._acker.stats if self._acker else None
-        return {
-            "acks_tokens": stats.tokens_acked if stats else 0,
-            "acks_already_gone": stats.already_gone if stats else 0,
-            "ack_calls": stats.ack_calls if stats else 0,
-            "ack_retries": stats.ack_retries if stats else 0,
-            "acks_given_up": stats.tokens_given_up if stats else 0,
-            "reader_reconnects": sum(r.reconnects for r in self._readers),
-            "store_outages": self._gate.outages if self._gate else 0,
-        }
-
-    def _backlogged_readers(self) -> float:
-        """Readers that hold receipts and whose last batches closed full. Holding is part of
-        it: once the backlog is drained and the feed idles, no batch closes to end the streak."""
-        return float(sum(1 for b in self._batchers if b.backlogged() and b.in_hand > 0))
-
-    def _in_flight(self) -> float:
-        held = sum(b.in_hand for b in self._batchers)
-        return float(held + (self._acker.stats.pending if self._acker else 0))
-
-    async def _health(self) -> tuple[bool, str]:
-        """/healthz: ready only when every reader is up and the database answers."""
-        down = [r.name for r in self._readers if r.mode is None]
-        if not self._readers or down:
-            return False, f"readers down: {', '.join(down) or 'none started'}"
-        if self._store is None or self._gate is None or not self._gate.is_up:
-            return False, "store unavailable"
-        try:
-            async with asyncio.timeout(2.0):
-                await self._store.ping()
-        except (StoreUnavailableError, TimeoutError):
-            return False, "store not answering"
-        modes = ",".join(sorted(r.mode.value for r in self._readers if r.mode is not None))
-        return True, f"ok readers={len(self._readers)} modes={modes}"
-
-    async def _summaries(self) -> None:
-        m = self.metrics
-        acker = self._acker
-        assert acker is not None
-        last_stored = 0
-        last_at = time.monotonic()
-        while True:
-            await asyncio.sleep(self.settings.summary_interval)
-            stored = m.totals.stored
-            now = time.monotonic()
-            log.info(
-                "summary",
-                stored=stored,
-                per_s=round((stored - last_stored) / max(now - last_at, 1e-9), 1),
-                acked=acker.stats.tokens_acked,
-                already_gone=acker.stats.already_gone,
-                repeats=m.totals.repeats,
-                conflicts=m.totals.conflicts,
-                exceptions=m.totals.exceptions,
-                in_flight=int(self._in_flight()),
-                readers={r.name: (r.mode.value if r.mode else "down") for r in self._readers},
-                store_up=self._gate.is_up if self._gate else False,
-            )
-            last_stored, last_at = stored, now
-
-    async def _watchdog(self, interval: float) -> None:
-        """WATCHDOG=1 while the event loop turns. A database outage does not stop the pings:
-        restarting cannot cure it, and the daemon recovers by itself (no crash loop)."""
-        while True:
-            self._notifier.notify(WATCHDOG="1", STATUS=self._status_line())
-            await asyncio.sleep(interval)
-
-    def _status_line(self) -> str:
-        t = self.metrics.totals
-        store = "up" if self._gate is None or self._gate.is_up else "DOWN"
-        in_flight = int(self._in_flight())
-        return f"stored={t.stored} repeats={t.repeats} in_flight={in_flight} store={store}"
 
 
 def _feed_start_hint(settings: DaemonSettings) -> str | None:

@@ -1,14 +1,14 @@
 """Batcher: one per reader — groups receipts, commits each batch once, then hands tokens to the
 Acker (F8: ack only after commit).
 
-A batch closes at `batch_size` receipts or `linger` seconds after its first receipt. While one
-batch commits the reader fills the next (one in hand, one committing), and waits when both are
-full — that is how readers "stop taking receipts" when the store is slow or down. The commit of
-a batch runs as its own task: a cancelled batcher awaits it before re-raising, so a batch is
-never abandoned half-way between commit and ack. A commit that fails with
-`StoreUnavailableError` committed nothing and is retried whole, with backoff, until the store is
-back — or until the gate releases the streams (F7), when the batch is dropped unacked for the
-gateway to redeliver.
+Receipts wait in a `TimedBuffer`: a batch closes at `batch_size` receipts or `linger` seconds
+after its first receipt. While one batch commits the reader fills the next (one in hand, one
+committing), and waits when both are full — that is how readers "stop taking receipts" when the
+store is slow or down. The commit of a batch runs as its own task: a cancelled batcher awaits it
+before re-raising, so a batch is never abandoned half-way between commit and ack. A commit that
+fails with `StoreUnavailableError` committed nothing: the batch is put back in front of the
+buffer and taken again once the gate sees the store up — or it is dropped unacked when the gate
+releases the streams (F7), for the gateway to redeliver.
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ from typing import Any, Protocol
 
 import structlog
 
+from dlrfeed.buffer import TimedBuffer
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import StoreUnavailableError
-from dlrfeed.feed.acker import Acker
+from dlrfeed.feed.modes import BACKLOG_FULL_BATCHES
 from dlrfeed.feed.reader import StreamReleased
-from dlrfeed.lingering import linger
-
-from .store_gate import StoreGate
 
 log = structlog.get_logger("dlrfeed.batcher")
-
-BACKLOG_FULL_BATCHES = 2
-"""Consecutive full batches that mean "a backlog" to auto mode (the reader then uses Pull)."""
 
 
 class BatchStore(Protocol):
@@ -40,12 +35,33 @@ class BatchStore(Protocol):
     async def ingest(self, login: str, receipts: Sequence[Receipt]) -> Any: ...
 
 
+class AckQueue(Protocol):
+    """What the batcher needs of the Acker (dlrfeed.feed.acker.Acker satisfies it)."""
+
+    async def submit(self, tokens: Sequence[str], received_at: Sequence[float]) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
+class WriteGate(Protocol):
+    """What the batcher needs of the store gate (StoreGate satisfies it)."""
+
+    def mark_down(self, error: StoreUnavailableError) -> None: ...
+
+    def mark_up(self) -> None: ...
+
+    async def wait_up(self) -> None: ...
+
+
 CommitObserver = Callable[[Sequence[Receipt], Any, float], None]
 """Called after each commit with the batch, the store's IngestResult and the commit seconds."""
 
 
 class Batcher:
-    """Size/linger batching, shielded commit-then-ack, outage retry; see the module docstring."""
+    """Size/linger batching, shielded commit-then-ack, outage retry; see the module docstring.
+
+    `on_batch_closed(size)` hears the size of every batch taken for a commit (auto mode's
+    backlog sign); `clock` times the linger and the commits."""
 
     def __init__(
         self,
@@ -53,32 +69,39 @@ class Batcher:
         *,
         login: str,
         store: BatchStore,
-        acker: Acker,
-        gate: StoreGate,
+        acker: AckQueue,
+        gate: WriteGate,
         batch_size: int,
         linger: float,
         on_commit: CommitObserver | None = None,
+        on_batch_closed: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self._login = login
         self._store = store
         self._acker = acker
         self._gate = gate
-        self._batch_size = batch_size
-        self._linger_s = linger
         self._on_commit = on_commit
-        self._pending: list[Receipt] = []
-        self._first_at = 0.0
-        self._wakeup = asyncio.Event()
-        self._space = asyncio.Event()
-        self._space.set()
+        self._on_batch_closed = on_batch_closed
+        self._clock = clock
+        self._pending: TimedBuffer[Receipt] = TimedBuffer(
+            batch_size=batch_size, linger=linger, capacity=batch_size, clock=clock
+        )
         self._idle = asyncio.Event()  # nothing pending and nothing committing
         self._idle.set()
-        self._flush_now = False
         self._generation = 0  # bumped by release(): batches of an older one are dropped
-        self._committing: asyncio.Task[None] | None = None
         self._committing_size = 0
-        self._full_streak = 0  # consecutive batches closed by size, not by linger
+        self._failed_attempts = 0  # consecutive commits that found the store down
+        self._batch_size = batch_size
+        self._full_streak = 0  # batches in a row that closed full: the feed has more waiting
+
+    @property
+    def backlogged(self) -> bool:
+        """Holding receipts while the last batches closed full: the gateway has more waiting
+        (its backlog as this reader sees it). Holding is part of it: once the backlog is drained
+        and the feed idles, no batch closes to end the streak."""
+        return self._full_streak >= BACKLOG_FULL_BATCHES and self.in_hand > 0
 
     @property
     def in_hand(self) -> int:
@@ -88,46 +111,28 @@ class Batcher:
     # -- the reader's side (ReceiptSink) ------------------------------------------------------
     async def accept(self, receipts: list[Receipt]) -> None:
         """Add receipts to the batch in hand; waits while it is full and another commits."""
+        if not receipts:
+            return
         generation = self._generation
-        if not self._pending:
-            self._first_at = time.monotonic()
-            self._idle.clear()
-            self._wakeup.set()
-        self._pending.extend(receipts)
-        if len(self._pending) >= self._batch_size:
-            self._wakeup.set()
-            while len(self._pending) >= self._batch_size and generation == self._generation:
-                self._space.clear()
-                await self._space.wait()
+        self._idle.clear()
+        await self._pending.put(receipts)
         if generation != self._generation:
             raise StreamReleased
 
     def discard_pending(self) -> int:
         """Forget receipts not yet committing: their stream ended, the gateway redelivers (F7)."""
-        dropped = len(self._pending)
-        self._pending = []
-        self._space.set()
+        dropped = self._pending.clear()
         self._update_idle()
         return dropped
 
     async def drain(self) -> None:
         """Commit the batch in hand now, wait for every commit, then for their acks."""
-        if self._pending:
-            self._flush_now = True
-            self._wakeup.set()
+        self._pending.flush_soon()
         await self._idle.wait()
         await self._acker.flush()
 
     async def wait_writable(self) -> None:
         await self._gate.wait_up()
-
-    def backlogged(self) -> bool:
-        """Two batches in a row closed full: the feed outruns the commits (a backlog)."""
-        return self._full_streak >= BACKLOG_FULL_BATCHES
-
-    def forget_backlog(self) -> None:
-        """A stream opens: batches closed before it (e.g. of Pulls) say nothing about it."""
-        self._full_streak = 0
 
     # -- the daemon's side ----------------------------------------------------------------
     def release(self) -> None:
@@ -143,42 +148,30 @@ class Batcher:
         self.discard_pending()
 
     async def run(self) -> None:
-        """The flusher task: close batches on size or linger and commit them one at a time."""
+        """The flusher task: take batches on size or linger and commit them one at a time."""
         while True:
-            if not self._pending:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            await linger(self._wakeup, self._first_at + self._linger_s, self._batch_ready)
-            if not self._pending:
-                continue
-            batch = self._pending[: self._batch_size]
-            del self._pending[: self._batch_size]
-            self._full_streak = self._full_streak + 1 if len(batch) == self._batch_size else 0
-            if self._pending:
-                self._first_at = time.monotonic()
-            else:
-                self._flush_now = False
-            self._space.set()
-            await self._commit_shielded(batch)
+            batch = await self._pending.next_batch()
+            self._full_streak = self._full_streak + 1 if len(batch) >= self._batch_size else 0
+            if self._on_batch_closed is not None:
+                self._on_batch_closed(len(batch))
+            committed = await self._commit_shielded(batch)
             self._update_idle()
-
-    def _batch_ready(self) -> bool:
-        return len(self._pending) >= self._batch_size or self._flush_now
+            if not committed:
+                # The gate's prober pings with backoff; retry as soon as it sees the store.
+                await self._gate.wait_up()
 
     def _update_idle(self) -> None:
-        if not self._pending and self._committing is None:
+        if not self._pending and not self._committing_size:
             self._idle.set()
 
-    async def _commit_shielded(self, batch: list[Receipt]) -> None:
+    async def _commit_shielded(self, batch: list[Receipt]) -> bool:
         """Run store-then-ack as its own task; if we are cancelled, finish it, then re-raise."""
         task = asyncio.create_task(
             self._store_then_ack(batch, self._generation), name=f"commit-{self.name}"
         )
-        self._committing = task
         self._committing_size = len(batch)
         try:
-            await asyncio.shield(task)
+            return await asyncio.shield(task)
         except asyncio.CancelledError:
             # A half-done batch is never abandoned: between commit and ack it must reach the
             # Acker, or the receipts stay stored-but-unacked (C7 would still hold, but later).
@@ -189,31 +182,32 @@ class Batcher:
                     continue
             raise
         finally:
-            self._committing = None
             self._committing_size = 0
 
-    async def _store_then_ack(self, batch: list[Receipt], generation: int) -> None:
-        attempt = 0
-        while True:
+    async def _store_then_ack(self, batch: list[Receipt], generation: int) -> bool:
+        """One commit attempt; False when the store was down (the batch is put back)."""
+        started = self._clock()
+        try:
+            result = await self._store.ingest(self._login, batch)
+        except StoreUnavailableError as exc:
+            self._gate.mark_down(exc)
             if generation != self._generation:
                 # F7: the stream was released while the store was down: nothing committed,
                 # nothing acked; the gateway redelivers these receipts.
                 log.warning("batch_dropped", batcher=self.name, receipts=len(batch))
-                return
-            started = time.monotonic()
-            try:
-                result = await self._store.ingest(self._login, batch)
-            except StoreUnavailableError as exc:
-                self._gate.mark_down(exc)
-                attempt += 1
-                log.warning("batch_retry", batcher=self.name, receipts=len(batch), attempt=attempt)
-                # The gate's prober pings with backoff; retry as soon as it sees the store.
-                while generation == self._generation and not await self._gate.wait_up_for(0.5):
-                    pass
-                continue
-            self._gate.mark_up()
-            break
-        seconds = time.monotonic() - started
+                return False
+            self._failed_attempts += 1
+            log.warning(
+                "batch_retry",
+                batcher=self.name,
+                receipts=len(batch),
+                attempt=self._failed_attempts,
+            )
+            self._pending.put_back(batch)
+            return False
+        self._failed_attempts = 0
+        self._gate.mark_up()
+        seconds = self._clock() - started
         if self._on_commit is not None:
             self._on_commit(batch, result, seconds)
         log.debug("batch_committed", batcher=self.name, receipts=len(batch), ms=seconds * 1000)
@@ -221,3 +215,4 @@ class Batcher:
         await self._acker.submit(
             [receipt.ack_token for receipt in batch], [receipt.received_at for receipt in batch]
         )
+        return True

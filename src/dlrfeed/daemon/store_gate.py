@@ -15,14 +15,19 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from dlrfeed.backoff import backoff_delay
+from dlrfeed.backoff import Backoff
 from dlrfeed.errors import StoreUnavailableError
 
 log = structlog.get_logger("dlrfeed.store_gate")
 
+PING_DELAY = Backoff(initial=0.2, maximum=5.0)
+"""Between pings while the store is down."""
+
 
 class StoreGate:
-    """Up/down state of the store with a prober and a release timer; see the module docstring."""
+    """Up/down state of the store with a prober and a release timer; see the module docstring.
+
+    `clock` times the outage (for `release_after` and the `store_available` log)."""
 
     def __init__(
         self,
@@ -30,14 +35,14 @@ class StoreGate:
         *,
         release_after: float,
         on_release: Callable[[], None],
-        backoff_initial: float = 0.2,
-        backoff_max: float = 5.0,
+        ping_delay: Backoff = PING_DELAY,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ping = ping
         self._release_after = release_after
         self._on_release = on_release
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        self._ping_delay = ping_delay
+        self._clock = clock
         self._up = asyncio.Event()
         self._up.set()
         self._down = asyncio.Event()
@@ -55,7 +60,7 @@ class StoreGate:
             return
         self._up.clear()
         self._down.set()
-        self.down_since = time.monotonic()
+        self.down_since = self._clock()
         self.outages += 1
         log.error("store_unavailable", error=str(error))
 
@@ -63,7 +68,7 @@ class StoreGate:
         """A commit or ping succeeded."""
         if self._up.is_set():
             return
-        outage = time.monotonic() - (self.down_since or time.monotonic())
+        outage = self._clock() - (self.down_since or self._clock())
         self._down.clear()
         self._up.set()
         self.down_since = None
@@ -92,12 +97,10 @@ class StoreGate:
             attempt = 0
             while not self._up.is_set():
                 attempt += 1
-                await self.wait_up_for(
-                    backoff_delay(attempt, self._backoff_initial, self._backoff_max)
-                )
+                await self.wait_up_for(self._ping_delay.delay(attempt))
                 if self._up.is_set():
                     break
-                down_for = time.monotonic() - (self.down_since or time.monotonic())
+                down_for = self._clock() - (self.down_since or self._clock())
                 if not self.released and down_for >= self._release_after:
                     self.released = True
                     log.warning("streams_released", outage_s=round(down_for, 3))

@@ -6,7 +6,8 @@ and, when `--metrics HOST:PORT` is set, its own port PORT+1+i (the supervisor it
 none). The workers share the login's queue (F12) and the store. The supervisor alone talks to
 systemd (`NotifyAccess=main`): the workers get no NOTIFY_SOCKET. SIGTERM/SIGINT are forwarded;
 a worker that exits 77/78 (bad credentials, bad configuration) stops everything with that
-status, since a restart cannot fix it; any other death is restarted with backoff.
+status, since a restart cannot fix it; any other death is restarted after the project's retry
+delay (`dlrfeed.backoff`), so that workers that died together do not restart together.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
+
+from dlrfeed.backoff import Backoff
 
 from .sdnotify import SystemdNotifier
 from .settings import DaemonSettings
@@ -28,6 +31,12 @@ log = structlog.get_logger("dlrfeed.supervisor")
 
 # 2: argparse usage error; 77, 78: credentials, configuration. A restart cannot fix any.
 FATAL_EXIT_CODES = frozenset({2, 77, 78})
+
+RESTART_DELAY = Backoff(initial=0.5, maximum=30.0)
+"""Before restarting a dead worker; a worker that ran a minute starts the count afresh."""
+
+RAN_A_WHILE_SECONDS = 60.0
+"""A worker that ran this long before dying is not in a crash loop."""
 
 
 def worker_argv(argv: Sequence[str], settings: DaemonSettings, index: int) -> list[str]:
@@ -43,9 +52,15 @@ class Supervisor:
     """Runs and restarts the worker processes; `await run()` returns the exit status."""
 
     def __init__(
-        self, settings: DaemonSettings, argv: Sequence[str], notifier: SystemdNotifier | None = None
+        self,
+        settings: DaemonSettings,
+        argv: Sequence[str],
+        notifier: SystemdNotifier | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
+        self._clock = clock
         self._argv = list(argv)
         self._notifier = notifier or SystemdNotifier()
         self._stop = asyncio.Event()
@@ -101,9 +116,9 @@ class Supervisor:
         return 0 if all(code == 0 for code in codes) else 1
 
     async def _keep_alive(self, index: int) -> int:
-        delay = 0.5
+        deaths = 0  # in a row, each within RAN_A_WHILE_SECONDS of its start
         while True:
-            started = time.monotonic()
+            started = self._clock()
             child = await self._spawn(index)
             code = await self._wait(child)
             if self._stop.is_set():
@@ -114,15 +129,14 @@ class Supervisor:
                 self.stop()
                 return code
             self.restarts += 1
-            if time.monotonic() - started > 60:
-                delay = 0.5  # it ran a while: not a crash loop
-            log.warning("worker_died", worker=index, exit_code=code, restart_in_s=delay)
+            deaths = 1 if self._clock() - started > RAN_A_WHILE_SECONDS else deaths + 1
+            delay = RESTART_DELAY.delay(deaths)
+            log.warning("worker_died", worker=index, exit_code=code, restart_in_s=round(delay, 3))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._stop.wait()
             if self._stop.is_set():
                 return 0
-            delay = min(delay * 2, 30.0)
 
     async def _wait(self, child: asyncio.subprocess.Process) -> int:
         """The child's exit status; past the shutdown timeout after a stop, SIGKILL it."""

@@ -1,9 +1,10 @@
 """The Acker: one per process, acks tokens of committed batches in large, few calls (F8, F9).
 
 Only tokens whose receipts are committed reach `submit()`. The Acker flushes when `ack_batch`
-tokens are waiting or `ack_linger` has passed since the oldest arrived, one Ack call at a time.
-A transient failure (UNAVAILABLE, DEADLINE_EXCEEDED) is retried with exponential backoff and
-jitter for as long as the lease of the oldest receipt in the call could still be alive (F6);
+tokens are waiting or `ack_linger` has passed since the oldest arrived (a `TimedBuffer`), one Ack
+call at a time. A transient failure (UNAVAILABLE, DEADLINE_EXCEEDED) is retried after the
+project's one retry delay (`dlrfeed.backoff`, 50 ms doubling to 5 s, jittered) for as long as the
+lease of the oldest receipt in the call could still be alive (F6);
 after that the gateway redelivers them anyway and the store recognises the repeats (C1, C7).
 `already_gone` counts as done (F9).
 """
@@ -17,16 +18,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from dlrfeed.backoff import Backoff
+from dlrfeed.buffer import TimedBuffer
 from dlrfeed.errors import FeedUnavailableError
 from dlrfeed.feed.client import MAX_ACK_TOKENS, AckOutcome
-from dlrfeed.lingering import linger
 
 log = structlog.get_logger("dlrfeed.acker")
 
@@ -39,14 +36,13 @@ class AckSender(Protocol):
 
 @dataclass(slots=True)
 class AckerStats:
-    """Running totals, read by metrics and the periodic summary."""
+    """Running totals: the one source of the ack counters, read by metrics and the summary."""
 
     tokens_acked: int = 0
     already_gone: int = 0
     ack_calls: int = 0
     ack_retries: int = 0
     tokens_given_up: int = 0
-    pending: int = 0
 
 
 @dataclass(slots=True)
@@ -55,12 +51,18 @@ class _Waiter:
     future: asyncio.Future[None] = field(repr=False)
 
 
+ACK_RETRY_DELAY = Backoff(initial=0.05, maximum=5.0)
+"""Between Ack attempts: short at first (a blip), capped well inside the lease (F6)."""
+
 AckObserver = Callable[[Sequence[float], float], None]
 """Called after each successful Ack with the receive times of its receipts and the ack time."""
 
 
 class Acker:
-    """Batches committed tokens into Ack calls; see the module docstring for the policy."""
+    """Batches committed tokens into Ack calls; see the module docstring for the policy.
+
+    `clock` is the wall clock the receive times were taken with (lease, latency); `monotonic`
+    times the linger."""
 
     def __init__(
         self,
@@ -71,44 +73,38 @@ class Acker:
         lease_seconds: float = 120.0,
         max_pending: int = 20_000,
         observe: AckObserver | None = None,
+        retry_delay: Backoff = ACK_RETRY_DELAY,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 1 <= ack_batch <= MAX_ACK_TOKENS:
             raise ValueError(f"ack_batch must be 1..{MAX_ACK_TOKENS}")
         self._sender = sender
-        self._ack_batch = ack_batch
-        self._ack_linger = ack_linger
         self._lease = lease_seconds
-        self._max_pending = max(max_pending, ack_batch)
         self._observe = observe
+        self._retry_delay = retry_delay
         self._clock = clock
-        self._tokens: list[str] = []
-        self._received_at: list[float] = []
-        self._first_pending_at = 0.0  # monotonic time the oldest pending token arrived
+        # (token, received_at) pairs: the receive time travels with its token.
+        self._pending: TimedBuffer[tuple[str, float]] = TimedBuffer(
+            batch_size=ack_batch,
+            linger=ack_linger,
+            capacity=max(max_pending, ack_batch),
+            clock=monotonic,
+        )
         self._submitted = 0  # tokens ever submitted
         self._done = 0  # tokens acked, already gone or given up, in submission order
         self._waiters: list[_Waiter] = []
-        self._wakeup = asyncio.Event()
-        self._space = asyncio.Event()
-        self._space.set()
-        self._flush_now = False
-        self._closing = False
         self.stats = AckerStats()
 
     async def submit(self, tokens: Sequence[str], received_at: Sequence[float]) -> None:
         """Queue the tokens of one committed batch; waits only while `max_pending` are queued."""
-        while len(self._tokens) >= self._max_pending:
-            self._space.clear()
-            await self._space.wait()
-        if not self._tokens:
-            self._first_pending_at = time.monotonic()
-        self._tokens.extend(tokens)
-        self._received_at.extend(received_at)
         self._submitted += len(tokens)
-        self.stats.pending = len(self._tokens)
-        if len(self._tokens) >= self._ack_batch or len(self._tokens) == len(tokens):
-            # Full, or the first tokens after idle: the flusher starts its linger clock.
-            self._wakeup.set()
+        await self._pending.put(list(zip(tokens, received_at, strict=True)))
+
+    @property
+    def pending(self) -> int:
+        """Tokens queued and not yet in an Ack call (part of the in-flight gauge)."""
+        return len(self._pending)
 
     async def flush(self) -> None:
         """Return when every token submitted before this call is acked (or given up)."""
@@ -117,42 +113,21 @@ class Acker:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(_Waiter(target, future))
-        self._flush_now = True
-        self._wakeup.set()
+        self._pending.flush_soon()
         await future
 
     def close(self) -> None:
         """After the final `flush()`: the flusher task ends once nothing is pending."""
-        self._closing = True
-        self._wakeup.set()
+        self._pending.close()
 
     async def run(self) -> None:
         """The flusher: one Ack call at a time, until `close()` and nothing is left."""
-        while True:
-            if not self._tokens:
-                if self._closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            await linger(self._wakeup, self._first_pending_at + self._ack_linger, self._call_ready)
-            chunk = self._tokens[: self._ack_batch]
-            times = self._received_at[: self._ack_batch]
-            del self._tokens[: self._ack_batch]
-            del self._received_at[: self._ack_batch]
-            if self._tokens:
-                self._first_pending_at = time.monotonic()
-            else:
-                self._flush_now = False
-            self.stats.pending = len(self._tokens)
-            self._space.set()
-            await self._send(chunk, times)
+        while chunk := await self._pending.next_batch():
+            tokens = [token for token, _ in chunk]
+            received_at = [at for _, at in chunk]
+            await self._send(tokens, received_at)
             self._done += len(chunk)
             self._release_waiters()
-
-    def _call_ready(self) -> bool:
-        """A full call is waiting, or a flush or close asks for whatever is there."""
-        return len(self._tokens) >= self._ack_batch or self._flush_now or self._closing
 
     def _release_waiters(self) -> None:
         still: list[_Waiter] = []
@@ -173,6 +148,9 @@ class Acker:
             # gateway then redelivers, and the store recognises the repeat (C7).
             return self._clock() >= lease_deadline
 
+        def delay(state: RetryCallState) -> float:
+            return self._retry_delay.delay(state.attempt_number)
+
         def count_retry(state: RetryCallState) -> None:
             self.stats.ack_retries += 1
             exc = state.outcome.exception() if state.outcome else None
@@ -183,7 +161,7 @@ class Acker:
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(FeedUnavailableError),
-                wait=wait_exponential_jitter(multiplier=0.05, max=5.0, jitter=0.2),
+                wait=delay,
                 stop=lease_has_run_out,
                 before_sleep=count_retry,
                 reraise=True,

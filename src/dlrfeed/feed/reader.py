@@ -1,16 +1,17 @@
 """FeedReader: one reader of the login's queue, on Subscribe or Pull, reconnecting politely.
 
 A reader hands what it receives to a `ReceiptSink` (the daemon's batcher), which commits and
-acks. The reader owns only the feed side: which RPC to use (`--mode`), reconnect backoff with
-jitter and a cap on reopens per 10 s (reconnect storms are the most reported failure of peer
-clients), the automatic fallback from Subscribe to Pull, and closing its stream when the store
-has been down long enough that the gateway should give the receipts to someone else (F7).
+acks. The reader owns only the feed side: running the RPC its `ModePolicy` names
+(`dlrfeed.feed.modes`: fixed, or auto), reconnect backoff with jitter (`dlrfeed.backoff`) and a
+cap on reopens per 10 s (reconnect storms are the most reported failure of peer clients), and
+closing its stream when the store has been down long enough that the gateway should give the
+receipts to someone else (F7). It tells the policy what happens and asks it which RPC to use;
+the policy decides.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Protocol
 
 import structlog
 
-from dlrfeed.backoff import backoff_delay
+from dlrfeed.backoff import Backoff
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import FeedUnavailableError
 from dlrfeed.feed.client import (
@@ -29,25 +30,10 @@ from dlrfeed.feed.client import (
     SubscribeStream,
     is_own_cancellation,
 )
+from dlrfeed.feed.modes import AutoPolicy, AutoSettings, FixedMode, ModePolicy
+from dlrfeed.feed.modes import Mode as Mode  # re-exported: `--mode` is the reader's setting
 
 log = structlog.get_logger("dlrfeed.reader")
-
-
-AUTO_RATE_SPAN_SECONDS = 0.5
-"""Auto judges a Subscribe stream's rate over spans this long: short enough that a backlog
-moves to Pull within its first few thousand receipts."""
-
-AUTO_MIN_PULL_SECONDS = 10.0
-"""After a backlog switch, auto stays on Pull at least this long (capped by --auto-cooldown),
-so a steady flow near the threshold does not flap between the RPCs."""
-
-
-class Mode(enum.StrEnum):
-    """`--mode`: which RPC readers use."""
-
-    SUBSCRIBE = "subscribe"
-    PULL = "pull"
-    AUTO = "auto"
 
 
 class ReceiptSink(Protocol):
@@ -64,12 +50,6 @@ class ReceiptSink(Protocol):
 
     async def wait_writable(self) -> None:
         """Return when the store accepts writes (at once when it is up)."""
-
-    def backlogged(self) -> bool:
-        """True while batches keep closing full (receipts arrive faster than they commit)."""
-
-    def forget_backlog(self) -> None:
-        """A stream opens: only batches closed from now on say whether it is backlogged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +71,22 @@ class ReaderSettings:
     """In auto mode, this many stream failures within `auto_cooldown` switch to Pull."""
 
 
+def mode_policy(settings: ReaderSettings, batch_size: int) -> ModePolicy:
+    """The policy `settings.mode` asks for; `batch_size` is the reader's batcher's (a full
+    batch is one of auto's backlog signs)."""
+    if settings.mode is not Mode.AUTO:
+        return FixedMode(settings.mode)
+    return AutoPolicy(
+        AutoSettings(
+            batch_size=batch_size,
+            pull_max=settings.pull_max,
+            cooldown=settings.auto_cooldown,
+            pull_rate=settings.auto_pull_rate,
+            failures=settings.auto_failures,
+        )
+    )
+
+
 class StreamReleased(Exception):  # noqa: N818 - a signal between reader and sink, not a fault
     """The sink dropped what it held (store outage past --release-after): reopen later (F7)."""
 
@@ -100,7 +96,10 @@ class _Released(Exception):  # noqa: N818 - internal control flow
 
 
 class FeedReader:
-    """One reader task; `run()` until `stop_reading()` + `close()`, raising only fatal errors."""
+    """One reader task; `run()` until `stop_reading()` + `close()`, raising only fatal errors.
+
+    `policy` defaults to `mode_policy(settings, settings.pull_max)`; the daemon passes the one
+    its batcher also feeds. `clock` is the monotonic time the policy and the reopen cap see."""
 
     def __init__(
         self,
@@ -108,15 +107,21 @@ class FeedReader:
         client: FeedClient,
         sink: ReceiptSink,
         settings: ReaderSettings,
+        *,
+        policy: ModePolicy | None = None,
         on_state: Callable[[str, Mode | None], None] | None = None,
         on_received: Callable[[Mode, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self._client = client
         self._sink = sink
         self._settings = settings
+        self._policy = policy if policy is not None else mode_policy(settings, settings.pull_max)
         self._on_state = on_state
         self._on_received = on_received
+        self._clock = clock
+        self._reconnect_delay = Backoff(settings.backoff_initial, settings.backoff_max)
         self._stopping = False
         self._closed = asyncio.Event()
         self._release_requested = False
@@ -124,10 +129,6 @@ class FeedReader:
         self._pull_done = asyncio.Event()
         self._pull_done.set()
         self._opens: deque[float] = deque()
-        self._stream_failures: deque[float] = deque()
-        self._subscribe_blocked_until = 0.0
-        self._prefer_pull = settings.mode == Mode.PULL
-        self._pull_at_least_until = 0.0
         self._attempt = 0
         self.reconnects = 0
         """Streams/Pull loops reopened after a transient failure (a metric)."""
@@ -176,13 +177,14 @@ class FeedReader:
             await self._respect_reopen_cap()
             if self._stop_requested():
                 break
-            mode = self._choose_mode()
+            mode = self._policy.mode(self._clock())
             try:
                 if mode == Mode.SUBSCRIBE:
                     await self._run_subscribe()
                 else:
                     await self._run_pull()
             except (_Released, StreamReleased):
+                self._policy.closed()
                 dropped = self._sink.discard_pending()
                 if self._release_requested:
                     self._release_requested = False
@@ -191,13 +193,14 @@ class FeedReader:
             except FeedUnimplementedError:
                 if self._settings.mode != Mode.AUTO or mode == Mode.PULL:
                     raise
-                self._subscribe_blocked_until = time.monotonic() + self._settings.auto_cooldown
+                self._policy.unimplemented(self._clock())
                 log.warning("subscribe_unimplemented", reader=self.name, fallback="pull")
                 continue
             except FeedUnavailableError as exc:
                 self._set_state(None)
                 dropped = self._sink.discard_pending() if mode == Mode.SUBSCRIBE else 0
-                self._note_failure(mode)
+                self._policy.failed(mode, self._clock())
+                self._log_switch()
                 self.reconnects += 1
                 delay = self._backoff()
                 log.warning(
@@ -209,25 +212,17 @@ class FeedReader:
                     retry_in_s=round(delay, 3),
                 )
                 await self._sleep(delay)
+            else:
+                self._policy.closed()
             finally:
                 self._set_state(None)
-
-    def _choose_mode(self) -> Mode:
-        if self._settings.mode != Mode.AUTO:
-            return self._settings.mode
-        if time.monotonic() < self._subscribe_blocked_until or self._prefer_pull:
-            return Mode.PULL
-        return Mode.SUBSCRIBE
 
     async def _run_subscribe(self) -> None:
         stream = self._client.subscribe(self._settings.window)
         self._current = stream
         self._set_state(Mode.SUBSCRIBE)
-        auto = self._settings.mode == Mode.AUTO
-        if auto:
-            self._sink.forget_backlog()
-        span_start = time.monotonic()
-        received = 0
+        policy = self._policy
+        policy.opened(Mode.SUBSCRIBE, self._clock())
         try:
             while True:
                 try:
@@ -246,27 +241,14 @@ class FeedReader:
                 if self._on_received is not None:
                     self._on_received(Mode.SUBSCRIBE, 1)
                 await self._sink.accept([receipt])
-                if not auto:
-                    continue
-                # Two signs of a backlog: batches closing full (the feed outruns the commits),
-                # seen at once; or the stream's rate over a short span (the feed is the limit:
-                # a stream opened on a backlog delivers its window back to back).
-                backlog = self._sink.backlogged()
-                received += 1
-                now = time.monotonic()
-                if not backlog and now - span_start >= AUTO_RATE_SPAN_SECONDS:
-                    backlog = received / (now - span_start) >= self._settings.auto_pull_rate
-                    span_start, received = now, 0
-                if backlog:
-                    # A backlog (batches closing full, or a fast stream): Pull drains it for a
-                    # fraction of the CPU per receipt (docs/daemon.md). Commit and ack what we
-                    # hold first, so closing the stream releases nothing already stored (F7).
+                now = self._clock()
+                policy.streamed(1, now)
+                if policy.mode(now) is not Mode.SUBSCRIBE:
+                    # A backlog: Pull drains it for a fraction of the CPU per receipt
+                    # (docs/daemon.md). Commit and ack what we hold first, so closing the
+                    # stream releases nothing already stored (F7).
                     await self._sink.drain()
-                    self._prefer_pull = True
-                    self._pull_at_least_until = time.monotonic() + min(
-                        AUTO_MIN_PULL_SECONDS, self._settings.auto_cooldown
-                    )
-                    log.info("auto_switch", reader=self.name, to="pull", reason="backlog")
+                    self._log_switch()
                     return
         finally:
             self._current = None
@@ -274,9 +256,9 @@ class FeedReader:
 
     async def _run_pull(self) -> None:
         settings = self._settings
-        auto = settings.mode == Mode.AUTO
+        policy = self._policy
         self._set_state(Mode.PULL)
-        short_pulls = 0
+        policy.opened(Mode.PULL, self._clock())
         while not self._stopping:
             call = self._client.pull(settings.pull_max, settings.pull_wait_seconds)
             self._current = call
@@ -295,19 +277,11 @@ class FeedReader:
                 if self._on_received is not None:
                     self._on_received(Mode.PULL, len(receipts))
                 await self._sink.accept(receipts)
-            if not auto:
-                continue
-            # Caught up when Pulls come back well short of `max`: Subscribe then gives the
-            # lowest latency for the live trickle, unless Subscribe is on cool-down.
-            short_pulls = short_pulls + 1 if len(receipts) < settings.pull_max // 2 else 0
-            now = time.monotonic()
-            if (
-                short_pulls >= 3
-                and now >= self._subscribe_blocked_until
-                and now >= self._pull_at_least_until
-            ):
-                self._prefer_pull = False
-                log.info("auto_switch", reader=self.name, to="subscribe", reason="caught_up")
+            now = self._clock()
+            policy.pulled(len(receipts), now)
+            if policy.mode(now) is not Mode.PULL:
+                # Caught up: Subscribe gives the lowest latency for the live trickle.
+                self._log_switch()
                 return
 
     def _stop_requested(self) -> bool:
@@ -315,42 +289,37 @@ class FeedReader:
         return self._stopping
 
     # -- reconnect policy -----------------------------------------------------------------
-    def _note_failure(self, mode: Mode) -> None:
-        if self._settings.mode != Mode.AUTO or mode != Mode.SUBSCRIBE:
+    def _log_switch(self) -> None:
+        switch = self._policy.take_switch()
+        if switch is None:
             return
-        now = time.monotonic()
-        window = self._settings.auto_cooldown
-        self._stream_failures.append(now)
-        while self._stream_failures and now - self._stream_failures[0] > window:
-            self._stream_failures.popleft()
-        if len(self._stream_failures) >= self._settings.auto_failures:
-            self._stream_failures.clear()
-            self._subscribe_blocked_until = now + window
+        if switch.cooldown_s is not None:
+            # Subscribe keeps failing: worth a warning, unlike a backlog or a catch-up.
             log.warning(
                 "auto_switch",
                 reader=self.name,
-                to="pull",
-                reason="stream_failures",
-                cooldown_s=window,
+                to=switch.to.value,
+                reason=switch.reason,
+                cooldown_s=switch.cooldown_s,
             )
+        else:
+            log.info("auto_switch", reader=self.name, to=switch.to.value, reason=switch.reason)
 
     def _backoff(self) -> float:
-        """Exponential backoff with equal jitter (half to all of the step), capped."""
+        """The next reconnect delay (`dlrfeed.backoff`); reset by every receipt or Pull."""
         self._attempt += 1
-        return backoff_delay(
-            self._attempt, self._settings.backoff_initial, self._settings.backoff_max
-        )
+        return self._reconnect_delay.delay(self._attempt)
 
     async def _respect_reopen_cap(self) -> None:
         """At most `max_reopens_per_10s` opens per 10 s, whatever the backoff says."""
-        now = time.monotonic()
+        now = self._clock()
         while self._opens and now - self._opens[0] >= 10.0:
             self._opens.popleft()
         if len(self._opens) >= self._settings.max_reopens_per_10s:
             wait = 10.0 - (now - self._opens[0])
             log.warning("reopen_capped", reader=self.name, wait_s=round(wait, 3))
             await self._sleep(wait)
-        self._opens.append(time.monotonic())
+        self._opens.append(self._clock())
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once when the reader is closed."""
