@@ -38,9 +38,11 @@ def citing_files() -> list[Path]:
     """Every text file whose citations must resolve."""
     files = [ROOT / name for name in CITING_FILES]
     for tree in CITING_TREES:
-        for path in sorted((ROOT / tree).rglob("*")):
-            if path.is_file() and path.suffix not in SKIPPED_SUFFIXES and ".venv" not in path.parts:
-                files.append(path)
+        files.extend(
+            path
+            for path in sorted((ROOT / tree).rglob("*"))
+            if path.is_file() and path.suffix not in SKIPPED_SUFFIXES
+        )
     return files
 
 
