@@ -91,6 +91,7 @@ class FakeGateway:
         self.max_window = max_window
         self.cap = cap
         self.retention_seconds = retention_seconds
+        self.dlr_deadline_seconds = dlr_deadline_seconds
         self.max_pull_wait_seconds = max_pull_wait_seconds
         self.ledger_max_records = ledger_max_records
         self._faults = faults if faults is not None else Faults()
