@@ -2,7 +2,7 @@
 
 Code, tests and documents cite rules by id (`F7`, `FD3`, `P14`, `C8`); a reader with only a
 clone must be able to look each one up. An id is defined where docs/spec/ gives it a heading
-(`### F7 — ...`) or a table row (`| C8 | ... |`).
+(`### <a id="f7"></a>F7 — ...`) or a table row (`| <a id="c8"></a>C8 | ... |`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ SKIPPED_SUFFIXES = frozenset({".png", ".pyc"})
 
 _ID = r"(?:FD|[FPC])\d{1,2}"
 CITATION = re.compile(rf"(?<![A-Za-z0-9_]){_ID}(?![A-Za-z0-9_])")
-HEADING = re.compile(rf"^#{{2,6}}\s+({_ID})\b")
-TABLE_ROW = re.compile(rf'^\|\s*(?:<a id="[^"]*"></a>)?({_ID})\s*\|')
+# Each definition carries a short anchor, so a link can reach it: feed.md#f7, processing.md#c8.
+HEADING = re.compile(rf'^#{{2,6}}\s+<a id="([a-z0-9]+)"></a>({_ID})\b')
+TABLE_ROW = re.compile(rf'^\|\s*<a id="([a-z0-9]+)"></a>({_ID})\s*\|')
 
 
 def defined_ids() -> Counter[str]:
@@ -30,7 +31,9 @@ def defined_ids() -> Counter[str]:
         for line in path.read_text(encoding="utf-8").splitlines():
             match = HEADING.match(line) or TABLE_ROW.match(line)
             if match:
-                counts[match.group(1)] += 1
+                anchor, rule = match.groups()
+                assert anchor == rule.lower(), f"{path.name}: {rule} has the anchor {anchor!r}"
+                counts[rule] += 1
     return counts
 
 
