@@ -1,4 +1,6 @@
-"""fakegw: a faithful, adversarial fake of the gateway's receipt feed (spec/feed.md F1-F16).
+"""fakegw: a faithful, adversarial fake of the gateway's receipt feed (F1-F16, FD1-FD3).
+
+The rules are in docs/spec/feed.md.
 
 It shares nothing with dlrfeed but the generated proto (package `gateway.receipts.v1`).
 In-process use: `async with FakeGateway({"login": "password"}).running() as gw: ...`;

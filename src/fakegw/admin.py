@@ -25,16 +25,59 @@ itself never accepts that header.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import grpc
 
-if TYPE_CHECKING:
-    from fakegw.server import FakeGateway
+from fakegw.faults import Faults
 
+ADMIN_SERVICE = "fakegw.admin.v1.Admin"
 JsonObject = dict[str, Any]
-AdminMethod = Callable[["FakeGateway", str, JsonObject], Awaitable[JsonObject]]
+
+
+class AdminTarget(Protocol):
+    """What the admin service needs of a gateway, and nothing more."""
+
+    @property
+    def faults(self) -> Faults:
+        """The gateway's fault knobs, changed in place."""
+        ...
+
+    def has_login(self, login: str) -> bool:
+        """Whether `login` is configured."""
+        ...
+
+    async def authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The login whose Basic credentials the call carries (FD1), else abort."""
+        ...
+
+    async def inject(self, login: str, bodies: Iterable[Mapping[str, object]]) -> dict[str, int]:
+        """Enqueue receipts given as webhook bodies."""
+        ...
+
+    async def send(self, login: str, messages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+        """Register sent messages (F2, F3)."""
+        ...
+
+    async def report(self, login: str, bodies: Iterable[Mapping[str, object]]) -> dict[str, int]:
+        """Network receipts for sent messages, filtered by F2."""
+        ...
+
+    def stats(self, login: str) -> dict[str, int]:
+        """The login's queue counters."""
+        ...
+
+    def ledger(self, login: str | None, after: int, limit: int) -> dict[str, Any]:
+        """One page of ledger records."""
+        ...
+
+    async def sweep(self) -> None:
+        """Run lease expiry, retention and the receipt deadline now."""
+        ...
+
+
+AdminMethod = Callable[[AdminTarget, str, JsonObject], Awaitable[JsonObject]]
 
 
 def _decode(payload: bytes) -> JsonObject:
@@ -55,29 +98,29 @@ def _list_of_objects(request: JsonObject, key: str) -> list[dict[str, Any]]:
     return items
 
 
-async def _inject(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+async def _inject(gw: AdminTarget, login: str, request: JsonObject) -> JsonObject:
     return dict(await gw.inject(login, _list_of_objects(request, "receipts")))
 
 
-async def _send(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+async def _send(gw: AdminTarget, login: str, request: JsonObject) -> JsonObject:
     return dict(await gw.send(login, _list_of_objects(request, "messages")))
 
 
-async def _report(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+async def _report(gw: AdminTarget, login: str, request: JsonObject) -> JsonObject:
     return dict(await gw.report(login, _list_of_objects(request, "receipts")))
 
 
-async def _stats(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+async def _stats(gw: AdminTarget, login: str, request: JsonObject) -> JsonObject:
     return dict(gw.stats(login))
 
 
-async def _ledger(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+async def _ledger(gw: AdminTarget, login: str, request: JsonObject) -> JsonObject:
     after = int(request.get("after", 0))
     limit = int(request.get("limit", 10_000))
-    return gw.ledger(login, after=after, limit=limit)
+    return gw.ledger(login, after, limit)
 
 
-async def _faults(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+async def _faults(gw: AdminTarget, login: str, request: JsonObject) -> JsonObject:
     changes = request.get("set", {})
     if not isinstance(changes, dict):
         raise TypeError("'set' must be a JSON object")
@@ -85,7 +128,7 @@ async def _faults(gw: FakeGateway, login: str, request: JsonObject) -> JsonObjec
     return gw.faults.to_dict()
 
 
-async def _sweep(gw: FakeGateway, login: str, request: JsonObject) -> JsonObject:
+async def _sweep(gw: AdminTarget, login: str, request: JsonObject) -> JsonObject:
     await gw.sweep()
     return {}
 
@@ -108,21 +151,21 @@ def _is_loopback(peer: str) -> bool:
     return peer.startswith(("ipv4:127.", "ipv6:[::1]", "ipv6:%5B::1%5D", "unix:"))
 
 
-def _loopback_login(gw: FakeGateway, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+def _loopback_login(gw: AdminTarget, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     for key, value in context.invocation_metadata() or ():
-        if key == LOGIN_HEADER and isinstance(value, str) and value in gw.queues:
+        if key == LOGIN_HEADER and isinstance(value, str) and gw.has_login(value):
             return value if _is_loopback(context.peer()) else None
     return None
 
 
-def admin_handlers(gw: FakeGateway) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-    """grpc method handlers for every admin method, bound to one gateway."""
+def admin_handler(gw: AdminTarget) -> grpc.GenericRpcHandler[Any, Any]:
+    """The admin service's grpc handler, every method bound to one gateway."""
 
     def bind(method: AdminMethod) -> Callable[..., Awaitable[bytes]]:
         async def handle(payload: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             login = _loopback_login(gw, context)
             if login is None:
-                login = (await gw.authenticate(context)).login
+                login = await gw.authenticate(context)
             try:
                 request = _decode(payload)
                 response = await method(gw, login, request)
@@ -132,9 +175,10 @@ def admin_handlers(gw: FakeGateway) -> dict[str, grpc.RpcMethodHandler[Any, Any]
 
         return handle
 
-    return {
+    handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             bind(method), request_deserializer=None, response_serializer=None
         )
         for name, method in ADMIN_METHODS.items()
     }
+    return grpc.method_handlers_generic_handler(ADMIN_SERVICE, handlers)

@@ -1,13 +1,14 @@
 """Write-through persistence for fakegw: SQLite in WAL mode, written in batches off the loop.
 
 The live queue is an in-memory index (fakegw.queue); this module makes it durable (F1). Every
-change is appended to a pending batch; one writer task commits all pending changes in a single
+change is recorded in a pending batch; one writer task commits all pending changes in a single
 SQLite transaction on a dedicated thread, so per-receipt cost is one tuple append, and a burst
 of N changes costs one commit. Calls that must be durable before they answer (Inject, Ack)
 await `commit()`. With `synchronous=NORMAL` in WAL mode a committed change survives `kill -9`
 of the process (not a power cut, which a test fake does not need).
 
-`:memory:` uses `NullPersistence`: nothing is written, for benchmarks.
+`:memory:` uses `NullPersistence`, the same interface doing nothing, for benchmarks: callers
+record every change unconditionally and never ask whether the store is durable.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ import contextlib
 import json
 import os
 import sqlite3
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from fakegw.backend import LedgerRecord
+from fakegw.queue import Entry
+from fakegw.sending import SentMessage
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -87,23 +93,60 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+class Journal(Protocol):
+    """Where the in-memory queues write their changes: a SQLite file, or nowhere."""
+
+    def load(self) -> LoadedState:
+        """Read back the state a starting fakegw serves from."""
+        ...
+
+    async def start(self) -> None:
+        """Start writing (after `load`)."""
+        ...
+
+    async def close(self) -> None:
+        """Write everything recorded and close."""
+        ...
+
+    def record_enqueued(self, login: str, entries: Iterable[Entry]) -> None:
+        """New receipts in the queue (F1)."""
+        ...
+
+    def record_deliveries(self, entries: Iterable[Entry]) -> None:
+        """Delivery counts, so a redelivery after a restart still counts up (F6)."""
+        ...
+
+    def record_removed(self, seqs: Iterable[int]) -> None:
+        """Receipts that left the queue: acked (F5) or removed by retention (F16)."""
+        ...
+
+    def record_ledger(self, records: Iterable[LedgerRecord]) -> None:
+        """Ledger records, so the ledger survives a restart."""
+        ...
+
+    def record_sent(self, message: SentMessage) -> None:
+        """A registered sent message (F2, F3)."""
+        ...
+
+    def record_resolved(self, login: str, message_id: str) -> None:
+        """A sent message that had its result, or its deadline receipt (F3)."""
+        ...
+
+    def mark_dirty(self) -> None:
+        """Write what was recorded soon, without waiting for it."""
+        ...
+
+    async def commit(self) -> None:
+        """Return once everything recorded so far is written."""
+        ...
+
+
 class NullPersistence:
     """`--store :memory:`: keeps nothing, commits instantly."""
 
-    durable = False
-
-    def __init__(self) -> None:
-        self.pending = PendingChanges()
-
     def load(self) -> LoadedState:
+        """A fresh state with a new token key: nothing survives this process."""
         return LoadedState(hmac_key=os.urandom(32))
-
-    def mark_dirty(self) -> None:
-        # Nothing is ever written; drop what accumulated so memory stays flat.
-        self.pending = PendingChanges()
-
-    async def commit(self) -> None:
-        self.pending = PendingChanges()
 
     async def start(self) -> None:
         return None
@@ -111,11 +154,33 @@ class NullPersistence:
     async def close(self) -> None:
         return None
 
+    def record_enqueued(self, login: str, entries: Iterable[Entry]) -> None:
+        return None
+
+    def record_deliveries(self, entries: Iterable[Entry]) -> None:
+        return None
+
+    def record_removed(self, seqs: Iterable[int]) -> None:
+        return None
+
+    def record_ledger(self, records: Iterable[LedgerRecord]) -> None:
+        return None
+
+    def record_sent(self, message: SentMessage) -> None:
+        return None
+
+    def record_resolved(self, login: str, message_id: str) -> None:
+        return None
+
+    def mark_dirty(self) -> None:
+        return None
+
+    async def commit(self) -> None:
+        return None
+
 
 class SqlitePersistence:
     """A SQLite file (WAL) written in batches by one writer task on one dedicated thread."""
-
-    durable = True
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -154,6 +219,42 @@ class SqlitePersistence:
 
     async def start(self) -> None:
         self._writer = asyncio.create_task(self._write_loop(), name="fakegw-sqlite-writer")
+
+    def record_enqueued(self, login: str, entries: Iterable[Entry]) -> None:
+        """New receipts in the queue (F1)."""
+        self.pending.receipts_insert.extend(
+            (e.seq, login, dumps(e.fields), e.enqueued_at, e.delivery_count) for e in entries
+        )
+
+    def record_deliveries(self, entries: Iterable[Entry]) -> None:
+        """Delivery counts, so a redelivery after `kill -9` still counts up (F6)."""
+        self.pending.delivery_counts.extend((e.delivery_count, e.seq) for e in entries)
+
+    def record_removed(self, seqs: Iterable[int]) -> None:
+        """Receipts that left the queue: acked (F5) or removed by retention (F16)."""
+        self.pending.receipts_delete.extend((seq,) for seq in seqs)
+
+    def record_ledger(self, records: Iterable[LedgerRecord]) -> None:
+        """Ledger records, so the ledger survives a restart."""
+        self.pending.ledger_insert.extend(
+            (r.id, r.kind, r.login, r.seq, r.token, r.at, dumps(r.receipt)) for r in records
+        )
+
+    def record_sent(self, message: SentMessage) -> None:
+        """A registered sent message (F2, F3)."""
+        self.pending.sent_upsert.append(
+            (
+                message.login,
+                message.message_id,
+                dumps(message.to_json()),
+                message.sent_at,
+                int(message.resolved),
+            )
+        )
+
+    def record_resolved(self, login: str, message_id: str) -> None:
+        """A sent message that had its result, or its deadline receipt (F3)."""
+        self.pending.sent_resolve.append((login, message_id))
 
     def mark_dirty(self) -> None:
         """Tell the writer there are pending changes (it batches whatever piles up meanwhile)."""

@@ -1,6 +1,6 @@
 """The per-login receipt queue: lease, redelivery, window accounting, cap and retention.
 
-This is an in-memory index that owns the live state; fakegw.persistence makes it durable.
+This is the in-memory index behind fakegw.memory_backend; fakegw.persistence makes it durable.
 Each receipt is an `Entry` keyed by a sequence number. Waiting receipts sit in `ready` (a deque
 in hand-out order); delivered ones carry a `Holder` (the Subscribe stream or Pull that holds
 them) and a lease deadline. Expired leases and released streams append their receipts to the
@@ -9,10 +9,8 @@ back of `ready`, so redeliveries queue behind newer receipts (F6, F13).
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 
 class Holder:
@@ -61,24 +59,6 @@ class Entry:
         self.lease_generation = 0
 
 
-@dataclass
-class QueueCounters:
-    """Monotonic counters of one login's queue since this process started."""
-
-    enqueued: int = 0
-    delivered: int = 0
-    redelivered: int = 0
-    acked: int = 0
-    already_gone: int = 0
-    invalid_tokens: int = 0  # of already_gone: malformed, forged or another login's
-    dropped_at_cap: int = 0
-    removed_by_retention: int = 0
-    lease_expired: int = 0
-    released_on_stream_end: int = 0
-    deadline_unknown: int = 0
-    filtered_by_f2: int = 0
-
-
 class LoginQueue:
     """The durable queue of one login (F1), shared by all its readers (F12)."""
 
@@ -92,20 +72,7 @@ class LoginQueue:
         self.ready: deque[int] = deque()
         self._leases: deque[tuple[float, int, int]] = deque()  # (deadline, seq, generation)
         self.in_flight = 0
-        self.counters = QueueCounters()
         self.pull_holder = Holder()
-        self.streams = 0
-        self._changed = asyncio.Event()
-
-    # -- waking readers -------------------------------------------------------------------
-    def changed_event(self) -> asyncio.Event:
-        """An event set at the next change that may let a waiting reader proceed."""
-        return self._changed
-
-    def notify(self) -> None:
-        """Wake every reader waiting on this queue (new receipts, releases, acks)."""
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     # -- enqueue --------------------------------------------------------------------------
     def has_room(self) -> bool:
@@ -117,7 +84,6 @@ class LoginQueue:
         self.entries[entry.seq] = entry
         self.by_token[entry.token] = entry.seq
         self.ready.append(entry.seq)
-        self.counters.enqueued += 1
 
     # -- delivery -------------------------------------------------------------------------
     def take(self, limit: int, holder: Holder, now: float) -> list[Entry]:
@@ -140,13 +106,10 @@ class LoginQueue:
             entry.holder = holder
             entry.delivery_count += 1
             entry.lease_generation += 1
-            if entry.delivery_count > 1:
-                self.counters.redelivered += 1
             held.add(seq)
             leases.append((deadline, seq, entry.lease_generation))
             taken.append(entry)
         self.in_flight += len(taken)
-        self.counters.delivered += len(taken)
         return taken
 
     def _unlease(self, entry: Entry) -> None:
@@ -167,9 +130,6 @@ class LoginQueue:
                 self.ready.append(seq)
                 released += 1
         holder.held.clear()
-        self.counters.released_on_stream_end += released
-        if released:
-            self.notify()
         return released
 
     def expire_leases(self, now: float) -> int:
@@ -184,9 +144,6 @@ class LoginQueue:
             self._unlease(entry)
             self.ready.append(seq)
             expired += 1
-        self.counters.lease_expired += expired
-        if expired:
-            self.notify()
         return expired
 
     # -- ack and removal ------------------------------------------------------------------
@@ -213,7 +170,6 @@ class LoginQueue:
         for entry in removed:
             del self.entries[entry.seq]
             del self.by_token[entry.token]
-        self.counters.removed_by_retention += len(removed)
         return removed
 
     def restore(self, entries: Iterable[Entry]) -> None:
@@ -223,24 +179,6 @@ class LoginQueue:
             self.by_token[entry.token] = entry.seq
             self.ready.append(entry.seq)
 
-    def stats(self) -> dict[str, int]:
-        """The CONTRACT section 2 counters plus a few more, for `fakegw stats`."""
-        counters = self.counters
-        return {
-            "queued": len(self.entries) - self.in_flight,
-            "in_flight": self.in_flight,
-            "total": len(self.entries),
-            "acked": counters.acked,
-            "redelivered": counters.redelivered,
-            "dropped_at_cap": counters.dropped_at_cap,
-            "enqueued": counters.enqueued,
-            "delivered": counters.delivered,
-            "already_gone": counters.already_gone,
-            "invalid_tokens": counters.invalid_tokens,
-            "removed_by_retention": counters.removed_by_retention,
-            "lease_expired": counters.lease_expired,
-            "released_on_stream_end": counters.released_on_stream_end,
-            "deadline_unknown": counters.deadline_unknown,
-            "filtered_by_f2": counters.filtered_by_f2,
-            "streams": self.streams,
-        }
+    def sizes(self) -> tuple[int, int]:
+        """(waiting, leased) receipts."""
+        return len(self.entries) - self.in_flight, self.in_flight

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fakegw.wire import ReceiptFields
+
 Channel = Literal["grpc", "rest", "smpp"]
 _CHANNELS: frozenset[str] = frozenset({"grpc", "rest", "smpp"})
 
@@ -88,3 +90,14 @@ def parse_sent_message(login: str, body: Mapping[str, Any], now: float) -> SentM
 def smpp_date(epoch: float) -> str:
     """A receipt date as gateways write it, `YYMMDDhhmmss` in UTC."""
     return time.strftime("%y%m%d%H%M%S", time.gmtime(epoch))
+
+
+def deadline_receipt(message: SentMessage, now: float) -> ReceiptFields:
+    """F3: the last receipt of a message that reached the deadline without a result."""
+    return {
+        "id": message.message_id,
+        "level": 2,
+        "stat": "UNKNOWN",
+        "submit_date": smpp_date(message.sent_at),
+        "done_date": smpp_date(now),
+    }

@@ -1,5 +1,7 @@
 """`--shared-store`: SQLite as the authority, so several fakegw processes act as one gateway.
 
+This module is the SQL; fakegw.shared_backend puts the feed's interface on top of it.
+
 In the default mode each process owns an in-memory index and SQLite is only its journal. In
 this mode the store file itself holds queue membership, leases and acks, and every node (a
 fakegw process, or a FakeGateway instance) reads and changes it in short `BEGIN IMMEDIATE`
@@ -18,8 +20,10 @@ import asyncio
 import json
 import sqlite3
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from functools import partial
+from typing import TypeVar
 
 from fakegw.persistence import dumps
 from fakegw.tokens import TokenSigner
@@ -27,6 +31,9 @@ from fakegw.wire import ReceiptFields, encode_fields
 
 # One row per leased receipt: (seq, delivery_count, wire, token, queue_pos).
 LeasedRow = tuple[int, int, bytes, str, int]
+# One ledger row: (id, kind, login, seq, token, at, fields as JSON).
+LedgerRow = tuple[int, str, str, int, str, float, str]
+_Result = TypeVar("_Result")
 
 _COLUMNS = {
     "lease_owner": "TEXT",
@@ -53,7 +60,7 @@ class SharedStore:
         self.signer = signer
         # Lease owners are "<node>:<holder>", so a node's leases are told apart from others'.
         self.node = uuid.uuid4().hex[:12]
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fakegw-shared")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fakegw-shared")
         self._conn: sqlite3.Connection | None = None
         # Read-only probes (data_version, counts, ledger pages) on the event loop thread: WAL
         # readers never wait for writers, and these are single indexed reads.
@@ -95,15 +102,58 @@ class SharedStore:
 
     def close(self) -> None:
         """Close both connections and the thread (call after the last operation finished)."""
-        self.executor.shutdown(wait=True)
+        self._executor.shutdown(wait=True)
         for conn in (self._conn, self._reader):
             if conn is not None:
                 conn.close()
         self._conn = self._reader = None
 
-    async def run(self, function: Any, *args: Any) -> Any:
-        """Run one store operation on the store thread (one connection, one at a time)."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+    # -- the operations, each one transaction on the store thread --------------------------
+    async def _on_store_thread(self, operation: Callable[[], _Result]) -> _Result:
+        """Run one operation on the store thread (one connection, one at a time)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, operation)
+
+    async def enqueue(
+        self, login: str, all_fields: list[ReceiptFields], cap: int, now: float
+    ) -> tuple[int, int]:
+        """Append receipts for `login` below the cap (F15); returns (enqueued, dropped)."""
+        return await self._on_store_thread(partial(self._enqueue, login, all_fields, cap, now))
+
+    async def lease(
+        self, login: str, owner: str, limit: int, window: int | None, lease_until: float
+    ) -> list[LeasedRow]:
+        """Atomically lease up to `limit` waiting receipts to `owner`, in hand-out order.
+
+        With a `window` (Subscribe, F11) the owner's receipts still leased count against it,
+        wherever they were acked. Each leased receipt gets `delivery_count + 1` (F6).
+        """
+        return await self._on_store_thread(
+            partial(self._lease, login, owner, limit, window, lease_until)
+        )
+
+    def release_soon(self, owner: str) -> asyncio.Future[dict[str, int]]:
+        """F7: queue the release of `owner`'s leases on the store thread, without awaiting.
+
+        Every receipt leased to `owner` waits again, behind newer receipts (F13); the future
+        tells how many per login. Queued, not awaited, so a cancelled stream cannot skip it.
+        """
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, self._release, owner)
+
+    async def ack(self, login: str, tokens: list[str], now: float) -> tuple[list[bool], int]:
+        """F9: remove the receipts these tokens name; per token True = acked, False = gone.
+
+        Also returns how many tokens were malformed, forged or another login's (FD3).
+        """
+        return await self._on_store_thread(partial(self._ack, login, tokens, now))
+
+    async def expire(self, now: float) -> dict[str, int]:
+        """F6: receipts whose lease ran out (on any node, dead or alive) wait again."""
+        return await self._on_store_thread(partial(self._expire, now))
+
+    async def expire_retention(self, cutoff: float) -> dict[str, int]:
+        """F16: remove unread (not leased) receipts enqueued before `cutoff`; per login."""
+        return await self._on_store_thread(partial(self._expire_retention, cutoff))
 
     # -- change detection -----------------------------------------------------------------
     def _read_data_version(self) -> int:
@@ -119,7 +169,7 @@ class SharedStore:
         self._data_version = version
         return True
 
-    # -- transactions (run on the store thread) -------------------------------------------
+    # -- the transactions themselves (on the store thread) ---------------------------------
     def _transaction(self) -> sqlite3.Connection:
         conn = self._conn
         assert conn is not None
@@ -133,10 +183,9 @@ class SharedStore:
         conn.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (first + count,))
         return int(first)
 
-    def enqueue(
+    def _enqueue(
         self, login: str, all_fields: list[ReceiptFields], cap: int, now: float
     ) -> tuple[int, int]:
-        """Append receipts for `login` below the cap (F15); returns (enqueued, dropped)."""
         conn = self._transaction()
         try:
             (total,) = conn.execute(
@@ -169,14 +218,9 @@ class SharedStore:
             raise
         return len(accepted), len(all_fields) - len(accepted)
 
-    def lease(
+    def _lease(
         self, login: str, owner: str, limit: int, window: int | None, lease_until: float
     ) -> list[LeasedRow]:
-        """Atomically lease up to `limit` waiting receipts to `owner`, in hand-out order.
-
-        With a `window` (Subscribe, F11) the owner's receipts still leased count against it,
-        wherever they were acked. Each leased receipt gets `delivery_count + 1` (F6).
-        """
         conn = self._transaction()
         try:
             if window is not None:
@@ -184,7 +228,7 @@ class SharedStore:
                     "SELECT COUNT(*) FROM receipts WHERE lease_owner = ?", (owner,)
                 ).fetchone()
                 limit = min(limit, window - held)
-            rows: list[Any] = []
+            rows: list[tuple[int, int, bytes | None, str | None, int, str]] = []
             if limit > 0:
                 rows = conn.execute(
                     "UPDATE receipts SET lease_owner = ?, lease_until = ?,"
@@ -201,18 +245,16 @@ class SharedStore:
         rows.sort(key=lambda row: row[4])
         leased: list[LeasedRow] = []
         for seq, count, wire, token, position, fields_json in rows:
-            if wire is None:  # a row written by a non-shared process
+            if wire is None or token is None:  # a row written by a non-shared process
                 wire = encode_fields(json.loads(fields_json))
                 token = self.signer.issue(login, seq)
             leased.append((seq, count, wire, token, position))
         return leased
 
-    def release(self, owner: str) -> dict[str, int]:
-        """F7: every receipt leased to `owner` waits again, behind newer receipts (F13)."""
+    def _release(self, owner: str) -> dict[str, int]:
         return self._requeue("lease_owner = ?", (owner,))
 
-    def expire(self, now: float) -> dict[str, int]:
-        """F6: receipts whose lease ran out (on any node, dead or alive) wait again."""
+    def _expire(self, now: float) -> dict[str, int]:
         assert self._conn is not None
         if (
             self._conn.execute(
@@ -223,7 +265,7 @@ class SharedStore:
             return {}
         return self._requeue("lease_until < ?", (now,))
 
-    def _requeue(self, where: str, params: tuple[Any, ...]) -> dict[str, int]:
+    def _requeue(self, where: str, params: tuple[str | float, ...]) -> dict[str, int]:
         conn = self._transaction()
         counts: dict[str, int] = {}
         try:
@@ -246,11 +288,7 @@ class SharedStore:
             raise
         return counts
 
-    def ack(self, login: str, tokens: list[str], now: float) -> tuple[list[bool], int]:
-        """F9: remove the receipts these tokens name; per token True = acked, False = gone.
-
-        Also returns how many tokens were malformed, forged or another login's.
-        """
+    def _ack(self, login: str, tokens: list[str], now: float) -> tuple[list[bool], int]:
         verify = self.signer.verify
         seqs = [verify(login, token) for token in tokens]
         invalid = seqs.count(None)
@@ -278,8 +316,7 @@ class SharedStore:
         outcome = [seq is not None and removed.pop(seq, None) is not None for seq in seqs]
         return outcome, invalid
 
-    def expire_retention(self, cutoff: float) -> dict[str, int]:
-        """F16: remove unread (not leased) receipts enqueued before `cutoff`; per login."""
+    def _expire_retention(self, cutoff: float) -> dict[str, int]:
         assert self._conn is not None
         if (
             self._conn.execute(
@@ -313,9 +350,7 @@ class SharedStore:
         ).fetchone()
         return int(total) - int(leased), int(leased)
 
-    def ledger_page(
-        self, login: str | None, after: int, limit: int
-    ) -> list[tuple[int, str, str, int, str, float, str]]:
+    def ledger_page(self, login: str | None, after: int, limit: int) -> list[LedgerRow]:
         """Ledger rows of every node with id > `after` (of `login`, or all), oldest first."""
         assert self._reader is not None
         if login is None:

@@ -2,7 +2,7 @@
 
 A token names one receipt (its queue sequence number) of one login. The login is not written
 into the token: it is part of the signed message, so a token presented by another login fails
-verification and answers `already_gone` (spec "decided here"). The key lives in the store, so
+verification and answers `already_gone` (FD2, FD3). The key lives in the store, so
 every fakegw process that opens the same store accepts the same tokens (F9).
 """
 

@@ -1,4 +1,4 @@
-"""fakegw's feed over real loopback gRPC, one or more tests per rule of spec/feed.md."""
+"""fakegw's feed over real loopback gRPC, one or more tests per rule of docs/spec/feed.md."""
 
 from __future__ import annotations
 
@@ -362,7 +362,7 @@ async def test_f16_retention_removes_old_unread_receipts(gateway: GatewayFactory
         assert (await client.ack([leased[0].ack_token])).acked == 1
 
 
-# -- authentication (decided here) ----------------------------------------------------------
+# -- authentication (FD1) ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("login", "password"),
     [(LOGIN, "wrong"), ("nobody", PASSWORD), (OTHER_LOGIN, PASSWORD)],

@@ -1,4 +1,4 @@
-"""fakegw's ack tokens and wire bytes, without a server (F9, F4, spec "decided here")."""
+"""fakegw's ack tokens and wire bytes, without a server (F9, F4, FD2, FD3)."""
 
 from __future__ import annotations
 
