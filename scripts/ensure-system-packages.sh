@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the machine has the system programs the project runs against for real:
 # - PostgreSQL's server binaries (initdb, pg_ctl, postgres), for throwaway test/demo clusters;
-# - systemd-analyze, with which the tests verify and score the shipped systemd units.
+# - systemd-analyze, with which the tests verify and score the shipped systemd units;
+# - pgbouncer, the transaction pooler the integration tests run the daemon through.
 # Installs Debian's packages when they are absent and we may (root); otherwise says exactly
 # what is missing. Throwaway clusters themselves are started by scripts/pgcluster.py.
 set -euo pipefail
@@ -15,9 +16,12 @@ have_postgres() {
 
 have_systemd_analyze() { command -v systemd-analyze >/dev/null; }
 
+have_pgbouncer() { command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; }
+
 missing=()
 have_postgres || missing+=(postgresql)
 have_systemd_analyze || missing+=(systemd)
+have_pgbouncer || missing+=(pgbouncer)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -35,3 +39,4 @@ fi
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 have_postgres || { echo "postgresql installed but initdb still not found" >&2; exit 1; }
 have_systemd_analyze || { echo "systemd installed but systemd-analyze not found" >&2; exit 1; }
+have_pgbouncer || { echo "pgbouncer installed but its binary not found" >&2; exit 1; }

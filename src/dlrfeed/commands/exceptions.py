@@ -47,7 +47,7 @@ async def run(args: argparse.Namespace) -> int:
     database_url = required(args, "database_url")
     if args.resolve is not None and not (args.note or "").strip():
         raise ConfigError("--resolve needs --note saying why the exception is resolved")
-    conn = await connect(database_url)
+    conn = await connect(database_url, args.database_pooler)
     try:
         if args.resolve is not None:
             done = await resolve_exception(conn, args.resolve, args.note.strip())

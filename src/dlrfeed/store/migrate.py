@@ -2,7 +2,7 @@
 
 `migrations/NNNN_name.sql` files are applied in number order, each in its own transaction
 together with its row in `dlr.schema_version`. Two `dlrfeed migrate` running at once are safe:
-the second waits on the advisory lock, then finds nothing left to do.
+the second waits on the advisory lock each step takes, then finds nothing left to do.
 """
 
 from __future__ import annotations
@@ -54,12 +54,17 @@ async def current_version(conn: asyncpg.Connection) -> int:
 
 
 async def migrate(dsn: str) -> list[str]:
-    """Bring the database at `dsn` up to date; returns the names of the migrations applied."""
-    conn = await asyncpg.connect(dsn)
+    """Bring the database at `dsn` up to date; returns the names of the migrations applied.
+
+    Needs no session of its own, so it runs through a transaction pooler too: each step is one
+    transaction that takes the migration lock (transaction-scoped) and reads the version again
+    under it, and no named prepared statement is used.
+    """
+    conn = await asyncpg.connect(dsn, statement_cache_size=0)
     applied: list[str] = []
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK_KEY)
-        try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
             await conn.execute(
                 "CREATE SCHEMA IF NOT EXISTS dlr;"
                 "CREATE TABLE IF NOT EXISTS dlr.schema_version ("
@@ -67,20 +72,18 @@ async def migrate(dsn: str) -> list[str]:
                 " name text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            done = await current_version(conn)
-            for migration in available_migrations():
-                if migration.version <= done:
+        for migration in available_migrations():
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
+                if migration.version <= await current_version(conn):
                     continue
-                async with conn.transaction():
-                    await conn.execute(migration.sql)
-                    await conn.execute(
-                        "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
-                        migration.version,
-                        migration.name,
-                    )
-                applied.append(migration.name)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_KEY)
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
+            applied.append(migration.name)
     finally:
         await conn.close()
     return applied

@@ -13,7 +13,9 @@ from typing import Any
 
 import asyncpg
 
+from dlrfeed.config import Pooler
 from dlrfeed.errors import FatalError, StoreUnavailableError
+from dlrfeed.store.server import behind_transaction_pooler, connect_options
 
 JsonDict = dict[str, Any]
 
@@ -177,10 +179,14 @@ WHERE s.is_final AND e.done_at IS NOT NULL AND m.submitted_at IS NOT NULL
 """
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    """One connection for an operator command; an unreachable server is one clear line."""
+async def connect(dsn: str, pooler: Pooler = Pooler.AUTO) -> asyncpg.Connection:
+    """One connection for an operator command; an unreachable server is one clear line.
+
+    `pooler` as for Store.open: behind a transaction pooler, no named prepared statements.
+    """
     try:
-        return await asyncpg.connect(dsn)
+        through_pooler = await behind_transaction_pooler(dsn, pooler)
+        return await asyncpg.connect(dsn, **connect_options(through_pooler))
     except (OSError, asyncpg.PostgresError) as exc:
         raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
 
