@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,16 @@ from pgcluster import PgCluster
 
 REPO = Path(__file__).resolve().parents[2]
 
+
+def acked_when_primary_died(report: dict[str, Any]) -> int:
+    """The failover scenario's note of how many receipts were acked when the primary died."""
+    for note in report["notes"]:
+        found = re.match(r"primary killed with ([\d,]+) receipts acked", note)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    return 0
+
+
 # What each scenario must visibly have done, so that a pass is not a fault that never happened.
 FAULT_EVIDENCE: dict[str, Any] = {
     "daemon_kill9": lambda r: r["daemon_kills"] == 3,
@@ -39,6 +50,10 @@ FAULT_EVIDENCE: dict[str, Any] = {
     "slow_commit_lease": lambda r: r["redeliveries"] > 0 and r["repeats"] > 0,
     "three_process_race": lambda r: r["daemon_processes"] == 3 and r["conflicts"] > 0,
     "hostile_flood": lambda r: r["receipts"] > 600,
+    # The primary died mid-drain: receipts delivered but not acked came back (F6/F7).
+    "failover_sync": lambda r: (
+        any("primary killed" in n for n in r["notes"]) and r["gateway_redelivered"] > 0
+    ),
 }
 
 
