@@ -420,24 +420,34 @@ async def failover(rig: Rig, *, synchronous: bool) -> str:
     await rig.record(work)
     extra = ["--require-synchronous-commit"] if synchronous else []
     await rig.start_daemons(1, "--streams", "2", *extra)
+    cut_s = rig.rng.uniform(0.3, 0.8)
     outage_s = rig.rng.uniform(0.5, 1.5)
 
     async def crash_and_promote() -> None:
         await rig.wait_stored(len(work.receipts) // 4)
-        lag = await pair.replication_lag_bytes()
+        # Failovers come when things already go wrong: the standby is cut off first, and the
+        # primary dies before it is back.
+        receiver = await pair.cut_replication()
         async with rig.admin() as admin:
+            acked_at_cut = (await admin.stats())["acked"]
+            await asyncio.sleep(cut_s)
             acked = (await admin.stats())["acked"]
         await pair.kill9_primary()
+        pair.resume_standby(receiver)
         await asyncio.sleep(outage_s)
         await pair.promote_standby()
         rig.notes.append(
-            f"primary killed with {acked:,} receipts acked and {lag:,} bytes of WAL not yet "
-            f"flushed by the standby; standby promoted {outage_s:.1f} s later"
+            f"primary killed with {acked:,} receipts acked, {acked - acked_at_cut:,} of them in "
+            f"the {cut_s:.2f} s since the standby was cut off; standby promoted "
+            f"{outage_s:.1f} s after the kill"
         )
 
     await during(rig.feed(work.receipts, 4.0 if rig.full else 2.0), crash_and_promote)
     mode = "synchronous (synchronous_commit=on)" if synchronous else "asynchronous"
-    return f"{mode} streaming standby; kill -9 of the primary at 1/4 of the drain, promotion"
+    return (
+        f"{mode} streaming standby; at 1/4 of the drain the standby is cut off (WAL receiver "
+        "frozen, WAL sender ended), 0.3-0.8 s later kill -9 of the primary, then promotion"
+    )
 
 
 async def failover_sync(rig: Rig) -> str:

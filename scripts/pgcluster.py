@@ -319,18 +319,34 @@ class ReplicatedPair:
         finally:
             await conn.close()
 
-    async def replication_lag_bytes(self) -> int:
-        """WAL the primary has written that the standby has not yet flushed, in bytes."""
-        conn = await asyncpg.connect(self.primary.dsn)
+    async def cut_replication(self) -> int:
+        """Cut the standby off, as a network fault between the two would: its WAL receiver is
+        frozen (SIGSTOP, so it cannot reconnect) and the primary's WAL sender to it ended. The
+        standby keeps only what reached it; the primary streams to no one (asynchronous:
+        commits go on; synchronous: commits wait). Returns the receiver's pid for
+        `resume_standby`."""
+        standby = await asyncpg.connect(self.standby.dsn)
         try:
-            lag = await conn.fetchval(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)"
-                " FROM pg_stat_replication WHERE application_name = $1",
+            receiver = int(await standby.fetchval("SELECT pid FROM pg_stat_wal_receiver"))
+        finally:
+            await standby.close()
+        os.kill(receiver, signal.SIGSTOP)
+        primary = await asyncpg.connect(self.primary.dsn)
+        try:
+            await primary.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_replication"
+                " WHERE application_name = $1",
                 self.standby_name,
             )
         finally:
-            await conn.close()
-        return int(lag or 0)
+            await primary.close()
+        return receiver
+
+    @staticmethod
+    def resume_standby(receiver: int) -> None:
+        """Let the WAL receiver frozen by `cut_replication` run again."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(receiver, signal.SIGCONT)
 
     async def kill9_primary(self) -> None:
         await asyncio.to_thread(self.primary.kill9)
