@@ -144,14 +144,16 @@ class LayeredDefaults:
         }
 
 
-def add_database_url(parser: argparse.ArgumentParser) -> None:
-    """The `--database-url` option shared by every command that talks to PostgreSQL."""
+def add_database_url(parser: argparse.ArgumentParser, *, pooler: bool = True) -> None:
+    """The `--database-url` option shared by every command that talks to PostgreSQL, and
+    `--database-pooler` but for a command that works alike either way (`pooler=False`)."""
     parser.add_argument(
         "--database-url",
         metavar="URL",
         help="PostgreSQL URL, e.g. postgresql://dlrfeed@db.example/dlr (libpq style)",
     )
-    add_database_pooler(parser)
+    if pooler:
+        add_database_pooler(parser)
 
 
 def add_database_pooler(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -14,7 +14,7 @@ from dlrfeed.store.migrate import expected_version, migrate
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`dlrfeed migrate` takes only the database URL (of the owner role, docs/security.md)."""
-    add_database_url(parser)
+    add_database_url(parser, pooler=False)  # needs no session: runs through a pooler too
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import asyncpg
 import asyncpg.exceptions
+import asyncpg.exceptions._base as asyncpg_base  # where InternalClientError lives
 
 from dlrfeed.config import Pooler
 from dlrfeed.errors import ConfigError
@@ -65,7 +66,7 @@ async def _answers_as_pgbouncer(dsn: str) -> bool:
         )
     except asyncpg.exceptions.PostgresError as exc:
         return exc.sqlstate == _PGBOUNCER_SQLSTATE
-    except (OSError, TimeoutError, asyncpg.exceptions.InterfaceError):
+    except (OSError, TimeoutError, asyncpg_base.InterfaceError, asyncpg_base.InternalClientError):
         return False  # unreachable: the real connection that follows reports it
     await conn.close()
     return True
@@ -90,7 +91,7 @@ def connect_options(through_pooler: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class ServerFacts:
-    """What `check_server` found; logged by the daemon at start."""
+    """What `check_server` found (Store.server keeps it for the caller)."""
 
     synchronous_commit: str
     standby_names: str
