@@ -44,7 +44,7 @@ from fakegw.admin_client import AdminClient  # noqa: E402
 from fakegw.traffic import Scenario, TrafficMix, scenario  # noqa: E402
 from gateway.receipts.v1 import feed_pb2  # noqa: E402
 from invariants import check, read_ledger  # noqa: E402
-from pgcluster import PgCluster, free_port  # noqa: E402
+from pgcluster import PgCluster, ReplicatedPair, free_port  # noqa: E402
 
 TEMPLATE = "chaos_template"
 MiB = 1024 * 1024
@@ -165,6 +165,8 @@ class Rig:
     daemons: list[DaemonProcess] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extra_failures: list[str] = field(default_factory=list)
+    teardown: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Run after the checker: what a scenario started of its own (e.g. its database servers)."""
 
     def admin(self) -> AdminClient:
         return AdminClient(self.gateway.target, LOGIN, PASSWORD, timeout=10)
@@ -404,6 +406,60 @@ async def three_process_race(rig: Rig) -> str:
     return "3 processes x 2 streams on one login; 20 % repeats, 10 % conflicting finals"
 
 
+_ACKS_SETTLE_S = 0.25  # far longer than the test command line's 20 ms ack linger
+
+
+async def failover(rig: Rig, *, synchronous: bool) -> str:
+    """A primary and its streaming standby of their own (the rig's cluster is not used): the
+    daemon on a multi-host URL (target_session_attrs=read-write), kill -9 of the primary
+    mid-drain, promotion of the standby while the traffic goes on."""
+    receipts = 20_000 if rig.full else 4_000
+    pair = ReplicatedPair(rig.workdir / "replicated", synchronous=synchronous)
+    rig.teardown.append(pair.destroy)
+    await pair.start()
+    await migrate(pair.primary.dsn)  # the database `postgres` of the pair
+    rig.database_url = pair.url("postgres")
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    extra = ["--require-synchronous-commit"] if synchronous else []
+    await rig.start_daemons(1, "--streams", "2", *extra)
+    cut_s = rig.rng.uniform(0.3, 0.8)
+    outage_s = rig.rng.uniform(0.5, 1.5)
+
+    async def crash_and_promote() -> None:
+        await rig.wait_stored(len(work.receipts) // 4)
+        # Failovers come when things already go wrong: the standby is cut off first, and the
+        # primary dies before it is back.
+        receiver = await pair.cut_replication()
+        async with rig.admin() as admin:
+            # Acks of commits the standby confirmed before the cut are through by then.
+            await asyncio.sleep(_ACKS_SETTLE_S)
+            acked_at_cut = (await admin.stats())["acked"]
+            await asyncio.sleep(cut_s - _ACKS_SETTLE_S)
+            acked = (await admin.stats())["acked"]
+        await pair.kill9_primary()
+        pair.resume_standby(receiver)
+        await asyncio.sleep(outage_s)
+        await pair.promote_standby()
+        rig.notes.append(
+            f"primary killed with {acked:,} receipts acked, {acked - acked_at_cut:,} of them "
+            f"after the first {_ACKS_SETTLE_S} s of the {cut_s:.2f} s the standby was cut off; "
+            "standby promoted "
+            f"{outage_s:.1f} s after the kill"
+        )
+
+    await during(rig.feed(work.receipts, 4.0 if rig.full else 2.0), crash_and_promote)
+    mode = "synchronous (synchronous_commit=on)" if synchronous else "asynchronous"
+    return (
+        f"{mode} streaming standby; at 1/4 of the drain the standby is cut off (WAL receiver "
+        "frozen, WAL sender ended), 0.3-0.8 s later kill -9 of the primary, then promotion"
+    )
+
+
+async def failover_sync(rig: Rig) -> str:
+    return await failover(rig, synchronous=True)
+
+
 def hostile_bodies(rng: random.Random, count: int, megabyte_texts: int) -> list[dict[str, Any]]:
     """Receipts a hostile or broken network might send; each marked `connector: hostile`."""
     kinds: list[Callable[[int], dict[str, Any]]] = [
@@ -560,6 +616,16 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
         "and flagged (C4, C8), and the normal receipts around them drain as usual.",
         hostile_flood,
     ),
+    ScenarioSpec(
+        "failover_sync",
+        "failover to a synchronous standby",
+        "With synchronous replication a commit returns only once the standby has it, so no "
+        "ack precedes what the promoted standby holds: after kill -9 of the primary mid-drain "
+        "and promotion, the daemon (multi-host URL, target_session_attrs=read-write, "
+        "--require-synchronous-commit) finds the new primary by itself, nothing acked is "
+        "missing and nothing is applied twice (F8, C7).",
+        failover_sync,
+    ),
 )
 BY_NAME = {spec.name: spec for spec in SCENARIOS}
 
@@ -596,13 +662,15 @@ async def run_scenario(
                 drain_within_s = 0.0
         # drain_seconds: from the end of the faults (and of the traffic) to an empty queue.
         report = await check(
-            gateway.target, LOGIN, PASSWORD, database_url, wait_drain_s=drain_within_s
+            gateway.target, LOGIN, PASSWORD, rig.database_url, wait_drain_s=drain_within_s
         )
         exits = [await daemon.stop() for daemon in rig.daemons]
     finally:
         for daemon in rig.daemons:
             await daemon.stop()
         await gateway.stop()
+        for step in rig.teardown:
+            await step()
     report.update(
         scenario=spec.name,
         faults=faults,

@@ -3,6 +3,7 @@
 # - PostgreSQL's server binaries (initdb, pg_ctl, postgres), for throwaway test/demo clusters;
 # - systemd-analyze, with which the tests verify and score the shipped systemd units;
 # - promtool (Debian's prometheus package), with which the tests check the alert rules.
+# - pgbouncer, the transaction pooler the integration tests run the daemon through.
 # Installs Debian's packages when they are absent and we may (root); otherwise says exactly
 # what is missing. Throwaway clusters themselves are started by scripts/pgcluster.py.
 set -euo pipefail
@@ -17,11 +18,13 @@ have_postgres() {
 have_systemd_analyze() { command -v systemd-analyze >/dev/null; }
 
 have_promtool() { command -v promtool >/dev/null; }
+have_pgbouncer() { command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; }
 
 missing=()
 have_postgres || missing+=(postgresql)
 have_systemd_analyze || missing+=(systemd)
 have_promtool || missing+=(prometheus)
+have_pgbouncer || missing+=(pgbouncer)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -40,3 +43,4 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 have_postgres || { echo "postgresql installed but initdb still not found" >&2; exit 1; }
 have_systemd_analyze || { echo "systemd installed but systemd-analyze not found" >&2; exit 1; }
 have_promtool || { echo "prometheus installed but promtool not found" >&2; exit 1; }
+have_pgbouncer || { echo "pgbouncer installed but its binary not found" >&2; exit 1; }

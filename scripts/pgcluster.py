@@ -11,16 +11,18 @@ the daemon itself: production points `dlrfeed` at a real server with `--database
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -62,6 +64,8 @@ class PgCluster:
     root: Path
     port: int
     fsync: bool = False
+    settings: tuple[str, ...] = ()
+    """Extra `name=value` server settings, after (and so over) the defaults of `start`."""
 
     @property
     def datadir(self) -> Path:
@@ -123,6 +127,54 @@ class PgCluster:
             ]
         )
 
+    def _own_root(self) -> None:
+        """Create `root` and make it the cluster owner's, reachable down from `/`."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            return
+        owner = pwd.getpwnam(_RUN_AS_USER)
+        for parent in [self.root, *self.root.parents]:
+            if parent == Path("/"):
+                break
+            mode = parent.stat().st_mode
+            if not mode & 0o001:
+                parent.chmod(mode | 0o011)
+        os.chown(self.root, owner.pw_uid, owner.pw_gid)
+
+    def init_standby_of(self, primary: PgCluster, slot: str) -> None:
+        """A streaming standby of the running `primary`: pg_basebackup -R through a new
+        physical replication slot `slot`. Start it with `cluster_name` set in `settings`: the
+        standby reports that name to the primary (for synchronous_standby_names)."""
+        self._own_root()
+        self._run(
+            [
+                str(server_bindir() / "pg_basebackup"),
+                "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                "-D", str(self.datadir), "-R", "-C", "-S", slot, "-X", "stream",
+                "--no-sync", "-c", "fast",
+            ]
+        )  # fmt: skip
+
+    def promote(self) -> None:
+        """pg_ctl promote: a standby becomes a primary; returns once it accepts writes."""
+        self._run([str(server_bindir() / "pg_ctl"), "-D", str(self.datadir), "-w", "promote"])
+
+    def kill9(self) -> None:
+        """SIGKILL the postmaster and every process of the cluster at once, as a crash of its
+        host would: frozen first (SIGSTOP), so that none sends more WAL while the others die."""
+        pid = int((self.datadir / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(
+            ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        processes = [pid, *map(int, children)]
+        for signum in (signal.SIGSTOP, signal.SIGKILL):
+            for process in processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process, signum)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.02)
+
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         bindir = server_bindir()
@@ -135,6 +187,7 @@ class PgCluster:
             f"-c fsync={'on' if self.fsync else 'off'}",
             f"-c synchronous_commit={'on' if self.fsync else 'off'}",
             f"-c full_page_writes={'on' if self.fsync else 'off'}",
+            *(f"-c {setting}" for setting in self.settings),
         ]
         self._run(
             [
@@ -197,6 +250,122 @@ class PgCluster:
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@dataclass
+class ReplicatedPair:
+    """A primary and its streaming standby (two clusters under `root`), for failover drills.
+
+    The standby is made by pg_basebackup -R through a replication slot and connects as
+    `standby1`. With `synchronous`, the primary names it in synchronous_standby_names and
+    commits with synchronous_commit=on: a commit returns once the standby has flushed it.
+    Without, commits wait for the primary's own WAL flush only (synchronous_commit=local), as a
+    typical asynchronous setup does. Set it up with `start`, break it with `kill9_primary`,
+    fail over with `promote_standby`.
+    """
+
+    root: Path
+    synchronous: bool
+    standby_name: str = "standby1"
+    primary: PgCluster = field(init=False)
+    standby: PgCluster = field(init=False)
+
+    def __post_init__(self) -> None:
+        commit = "on" if self.synchronous else "local"
+        self.primary = PgCluster(
+            self.root / "primary", free_port(), settings=(f"synchronous_commit={commit}",)
+        )
+        self.standby = PgCluster(
+            self.root / "standby",
+            free_port(),
+            settings=(f"cluster_name={self.standby_name}", f"synchronous_commit={commit}"),
+        )
+
+    def url(self, database: str) -> str:
+        """A multi-host URL that finds whichever of the two accepts writes."""
+        return (
+            f"postgresql://postgres@127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
+            f"/{database}?target_session_attrs=read-write"
+        )
+
+    async def start(self, within_s: float = 60.0) -> None:
+        """Start the primary, clone and start the standby, and wait until it streams (and,
+        when synchronous, until the primary counts it as its synchronous standby)."""
+        await asyncio.to_thread(self.primary.init)
+        await asyncio.to_thread(self.primary.start)
+        await asyncio.to_thread(self.standby.init_standby_of, self.primary, self.standby_name)
+        await asyncio.to_thread(self.standby.start)
+        conn = await asyncpg.connect(self.primary.dsn)
+        try:
+            if self.synchronous:
+                # Only now: a base backup taken after this would carry the setting into the
+                # standby, whose commits would wait, once promoted, for a standby it lacks.
+                await conn.execute(
+                    f"ALTER SYSTEM SET synchronous_standby_names = '{self.standby_name}'"
+                )
+                await conn.execute("SELECT pg_reload_conf()")
+            wanted = "sync" if self.synchronous else "async"
+            deadline = time.monotonic() + within_s
+            while (
+                await conn.fetchval(
+                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = $1",
+                    self.standby_name,
+                )
+                != wanted
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the standby did not become {wanted} in {within_s} s")
+                await asyncio.sleep(0.05)
+        finally:
+            await conn.close()
+
+    async def cut_replication(self) -> int:
+        """Cut the standby off, as a network fault between the two would: its WAL receiver is
+        frozen (SIGSTOP, so it cannot reconnect) and the primary's WAL sender to it ended. The
+        standby keeps only what reached it; the primary streams to no one (asynchronous:
+        commits go on; synchronous: commits wait). Returns the receiver's pid for
+        `resume_standby`."""
+        standby = await asyncpg.connect(self.standby.dsn)
+        try:
+            receiver = int(await standby.fetchval("SELECT pid FROM pg_stat_wal_receiver"))
+        finally:
+            await standby.close()
+        os.kill(receiver, signal.SIGSTOP)
+        primary = await asyncpg.connect(self.primary.dsn)
+        try:
+            await primary.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_replication"
+                " WHERE application_name = $1",
+                self.standby_name,
+            )
+        finally:
+            await primary.close()
+        return receiver
+
+    @staticmethod
+    def resume_standby(receiver: int) -> None:
+        """Let the WAL receiver frozen by `cut_replication` run again."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(receiver, signal.SIGCONT)
+
+    async def kill9_primary(self) -> None:
+        await asyncio.to_thread(self.primary.kill9)
+
+    async def promote_standby(self) -> None:
+        await asyncio.to_thread(self.standby.promote)
+
+    async def destroy(self) -> None:
+        for cluster in (self.standby, self.primary):
+            await asyncio.to_thread(cluster.destroy)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie left to an init that does not reap it has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _port_file(root: Path) -> Path:

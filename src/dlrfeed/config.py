@@ -12,6 +12,7 @@ import argparse
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -20,6 +21,17 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
 
 ENV_PREFIX = "DLRFEED_"
+
+
+class Pooler(StrEnum):
+    """How dlrfeed connects: `--database-pooler`."""
+
+    AUTO = "auto"
+    """Ask the server: a PgBouncer answers on its admin database `pgbouncer`."""
+    NONE = "none"
+    """Straight to PostgreSQL (or a session pooler): named prepared statements are cached."""
+    TRANSACTION = "transaction"
+    """Through a transaction (or statement) pooler: no named prepared statements."""
 
 
 def env_name(dest: str) -> str:
@@ -132,12 +144,27 @@ class LayeredDefaults:
         }
 
 
-def add_database_url(parser: argparse.ArgumentParser) -> None:
-    """The `--database-url` option shared by every command that talks to PostgreSQL."""
+def add_database_url(parser: argparse.ArgumentParser, *, pooler: bool = True) -> None:
+    """The `--database-url` option shared by every command that talks to PostgreSQL, and
+    `--database-pooler` but for a command that works alike either way (`pooler=False`)."""
     parser.add_argument(
         "--database-url",
         metavar="URL",
         help="PostgreSQL URL, e.g. postgresql://dlrfeed@db.example/dlr (libpq style)",
+    )
+    if pooler:
+        add_database_pooler(parser)
+
+
+def add_database_pooler(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--database-pooler`: whether the database URL reaches PostgreSQL through a pooler."""
+    parser.add_argument(
+        "--database-pooler",
+        choices=list(Pooler),
+        default=Pooler.AUTO,
+        type=Pooler,
+        help="transaction: through PgBouncer-style transaction pooling (no named prepared "
+        "statements); none: straight to PostgreSQL; auto: ask for a PgBouncer at the URL",
     )
 
 

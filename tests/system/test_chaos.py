@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,18 @@ from pgcluster import PgCluster
 
 REPO = Path(__file__).resolve().parents[2]
 
+
+def failover_acks(report: dict[str, Any]) -> tuple[int, int]:
+    """From the failover scenario's note: receipts acked when the primary died, and how many
+    of those were acked after the standby had been cut off; (0, -1) without the note."""
+    for note in report["notes"]:
+        found = re.match(r"primary killed with ([\d,]+) receipts acked, ([\d,]+) of them", note)
+        if found:
+            acked, while_cut = (int(group.replace(",", "")) for group in found.groups())
+            return acked, while_cut
+    return 0, -1
+
+
 # What each scenario must visibly have done, so that a pass is not a fault that never happened.
 FAULT_EVIDENCE: dict[str, Any] = {
     "daemon_kill9": lambda r: r["daemon_kills"] == 3,
@@ -39,6 +52,9 @@ FAULT_EVIDENCE: dict[str, Any] = {
     "slow_commit_lease": lambda r: r["redeliveries"] > 0 and r["repeats"] > 0,
     "three_process_race": lambda r: r["daemon_processes"] == 3 and r["conflicts"] > 0,
     "hostile_flood": lambda r: r["receipts"] > 600,
+    # The primary died mid-drain (some receipts acked before, the rest only after promotion),
+    # and no commit returned while the synchronous standby was cut off.
+    "failover_sync": lambda r: 0 < failover_acks(r)[0] < r["receipts"] and failover_acks(r)[1] == 0,
 }
 
 

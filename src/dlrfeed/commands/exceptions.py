@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace) -> int:
         opened_before=now - args.older_than if args.older_than is not None else None,
         opened_after=now - args.newer_than if args.newer_than is not None else None,
     )
-    conn = await connect(database_url)
+    conn = await connect(database_url, args.database_pooler)
     try:
         if args.resolve is _MATCHING:
             return await _resolve_matching(conn, args, where)

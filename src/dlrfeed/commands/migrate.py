@@ -25,7 +25,7 @@ CHECK_BEHIND_EXIT = 3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The database URL (of the owner role, docs/security.md); --dry-run or --check."""
-    add_database_url(parser)
+    add_database_url(parser, pooler=False)  # needs no session: runs through a pooler too
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
         "--dry-run",

@@ -95,7 +95,12 @@ def _open(path: str) -> IO[str]:
 async def run(args: argparse.Namespace) -> int:
     """Read the file in batches of 1000 and record them; print one JSON summary line."""
     options = integration_options(args)
-    store = await Store.open(required(args, "database_url"), pool_size=1, options=options)
+    store = await Store.open(
+        required(args, "database_url"),
+        pool_size=1,
+        options=options,
+        pooler=args.database_pooler,
+    )
     totals = {"recorded": 0, "already_recorded": 0, "late_correlated_events": 0}
     stream = _open(args.file)
     try:

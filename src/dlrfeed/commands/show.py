@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     """Print the report; exit 1 when nothing at all is known of the id."""
-    conn = await connect(required(args, "database_url"))
+    conn = await connect(required(args, "database_url"), args.database_pooler)
     try:
         reports = await message_reports(conn, args.message_id, args.login)
     finally:

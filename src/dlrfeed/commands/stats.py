@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     """Print the totals."""
-    conn = await connect(required(args, "database_url"))
+    conn = await connect(required(args, "database_url"), args.database_pooler)
     try:
         totals = await statistics(conn, args.login)
     finally:

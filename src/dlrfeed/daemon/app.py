@@ -64,7 +64,11 @@ async def open_store(settings: DaemonSettings) -> DaemonStore:
     from dlrfeed.store import Store  # the adapter is imported only by the composition root
 
     return await Store.open(
-        settings.database_url, pool_size=settings.db_pool_size, options=settings.integration
+        settings.database_url,
+        pool_size=settings.db_pool_size,
+        options=settings.integration,
+        pooler=settings.database_pooler,
+        require_synchronous_commit=settings.require_synchronous_commit,
     )
 
 

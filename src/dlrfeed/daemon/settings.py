@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from dlrfeed.config import add_integration_options, integration_options
+from dlrfeed.config import (
+    Pooler,
+    add_database_pooler,
+    add_integration_options,
+    integration_options,
+)
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
 from dlrfeed.feed.channel import TlsSettings
@@ -103,6 +108,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=None,
         help="connections per process (default: streams + 1)",
+    )
+    add_database_pooler(store)
+    store.add_argument(
+        "--require-synchronous-commit",
+        action="store_true",
+        help="refuse to start unless each commit waits for a synchronous standby "
+        "(synchronous_commit on/remote_write/remote_apply, synchronous_standby_names set, "
+        "a sync standby connected), so no acked receipt can be lost in a failover",
     )
     work = parser.add_argument_group("workers")
     work.add_argument(
@@ -293,6 +306,8 @@ class DaemonSettings:
     """Set when the --password-file is open to group/others: the daemon warns at start."""
     integration: IntegrationOptions = field(default_factory=IntegrationOptions)
     """The integration-specific rules the store applies (P18; off by default)."""
+    database_pooler: Pooler = Pooler.AUTO
+    require_synchronous_commit: bool = False
 
     @classmethod
     def from_args(
@@ -364,6 +379,8 @@ class DaemonSettings:
             summary_interval=args.summary_interval,
             integration=integration_options(args),
             db_pool_size=args.db_pool_size or args.streams + 1,
+            database_pooler=args.database_pooler,
+            require_synchronous_commit=args.require_synchronous_commit,
             max_message_bytes=args.max_message_mb * 1024 * 1024,
             reader=ReaderSettings(
                 mode=mode,

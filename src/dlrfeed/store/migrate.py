@@ -2,8 +2,9 @@
 
 `migrations/NNNN_name.sql` files are applied in number order, each in its own transaction
 together with its row in `dlr.schema_version`. Two `dlrfeed migrate` running at once are safe:
-the second waits on the advisory lock, then finds nothing left to do. `migration_plan` spells
-out, without running anything, the very statements `migrate` would run (`--dry-run`).
+the second waits on the advisory lock each step takes, then finds nothing left to do.
+`migration_plan` spells out, without running anything, the very statements `migrate` would
+run (`--dry-run`).
 """
 
 from __future__ import annotations
@@ -65,22 +66,27 @@ async def current_version(conn: asyncpg.Connection) -> int:
 
 
 async def migrate(dsn: str) -> list[str]:
-    """Bring the database at `dsn` up to date; returns the names of the migrations applied."""
-    conn = await asyncpg.connect(dsn)
+    """Bring the database at `dsn` up to date; returns the names of the migrations applied.
+
+    Needs no session of its own, so it runs through a transaction pooler too: each step is one
+    transaction that takes the migration lock (transaction-scoped) and reads the version again
+    under it, and no named prepared statement is used.
+    """
+    conn = await asyncpg.connect(dsn, statement_cache_size=0)
     applied: list[str] = []
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK_KEY)
-        try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
             await conn.execute(_BOOTSTRAP)
-            done = await current_version(conn)
-            refuse_newer_schema(done)
-            for migration in pending_migrations(done):
-                async with conn.transaction():
-                    await conn.execute(migration.sql)
-                    await conn.execute(_RECORD_MIGRATION, migration.version, migration.name)
-                applied.append(migration.name)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_KEY)
+            refuse_newer_schema(await current_version(conn))
+        for migration in available_migrations():
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
+                if migration.version <= await current_version(conn):
+                    continue
+                await conn.execute(migration.sql)
+                await conn.execute(_RECORD_MIGRATION, migration.version, migration.name)
+            applied.append(migration.name)
     finally:
         await conn.close()
     return applied

@@ -14,8 +14,10 @@ from typing import Any
 
 import asyncpg
 
+from dlrfeed.config import Pooler
 from dlrfeed.errors import FatalError, StoreUnavailableError
 from dlrfeed.store.migrate import ensure_current
+from dlrfeed.store.server import behind_transaction_pooler, connect_options
 
 JsonDict = dict[str, Any]
 
@@ -218,14 +220,16 @@ WHERE s.is_final AND e.done_at IS NOT NULL AND m.submitted_at IS NOT NULL
 """
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
+async def connect(dsn: str, pooler: Pooler = Pooler.AUTO) -> asyncpg.Connection:
     """One connection for an operator command, to a schema of exactly this code's version.
 
     An unreachable server is one clear line; so is a schema behind this code (run `dlrfeed
     migrate`) or ahead of it (upgrade dlrfeed), whose tables these queries may misread.
+    `pooler` as for Store.open: behind a transaction pooler, no named prepared statements.
     """
     try:
-        conn = await asyncpg.connect(dsn)
+        through_pooler = await behind_transaction_pooler(dsn, pooler)
+        conn: asyncpg.Connection = await asyncpg.connect(dsn, **connect_options(through_pooler))
     except (OSError, asyncpg.PostgresError) as exc:
         raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
     try:

@@ -28,6 +28,7 @@ import asyncpg
 import asyncpg.exceptions
 import asyncpg.exceptions._base as asyncpg_base  # the client-side DataError lives only here
 
+from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, parse
 from dlrfeed.domain.receipt import Receipt
@@ -42,6 +43,13 @@ from dlrfeed.errors import (
 )
 from dlrfeed.store import copy_rows, queries
 from dlrfeed.store.migrate import ensure_current
+from dlrfeed.store.server import (
+    WRITABLE,
+    ServerFacts,
+    behind_transaction_pooler,
+    check_server,
+    connect_options,
+)
 from dlrfeed.store.submission import Submission, SubmissionResult
 
 # Errors that mean "this input cannot be stored" (C8): retrying the same rows fails the same way.
@@ -267,16 +275,39 @@ class Store:
     overlapping receipts give exactly-once effects (locks in sorted key order).
     """
 
-    def __init__(self, pool: asyncpg.Pool, options: IntegrationOptions) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        options: IntegrationOptions,
+        *,
+        through_pooler: bool = False,
+        server: ServerFacts | None = None,
+    ) -> None:
         self._pool = pool
         self.options = options
+        self.through_pooler = through_pooler
+        """Whether the pool does without named prepared statements (a transaction pooler)."""
+        self.server = server
+        """What `open` found of the server (its synchronous commit settings)."""
 
     @classmethod
     async def open(
-        cls, dsn: str, *, pool_size: int = 4, options: IntegrationOptions | None = None
+        cls,
+        dsn: str,
+        *,
+        pool_size: int = 4,
+        options: IntegrationOptions | None = None,
+        pooler: Pooler = Pooler.AUTO,
+        require_synchronous_commit: bool = False,
     ) -> Store:
-        """Connect a pool of up to `pool_size` connections; StoreUnavailableError if unreachable."""
+        """Connect a pool of up to `pool_size` connections and check the server (`check_server`).
+
+        StoreUnavailableError if unreachable; ConfigError (one line) if the server is read-only
+        or, with `require_synchronous_commit`, does not confirm synchronous replication.
+        `pooler` says whether `dsn` reaches PostgreSQL through a transaction pooler (server).
+        """
         try:
+            through_pooler = await behind_transaction_pooler(dsn, pooler)
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=1,
@@ -286,22 +317,44 @@ class Store:
                 # A server that stops answering must become StoreUnavailableError (so readers
                 # pause and, past --release-after, release their streams, F7), not a hang.
                 command_timeout=_STATEMENT_TIMEOUT_S,
+                **connect_options(through_pooler),
             )
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
-        return cls(pool, options or IntegrationOptions())
+        try:
+            async with pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
+                facts = await check_server(
+                    conn, require_synchronous_commit=require_synchronous_commit
+                )
+        except BaseException as exc:
+            await pool.close()
+            if isinstance(exc, _CONNECTION_ERRORS):
+                raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
+            raise
+        return cls(
+            pool, options or IntegrationOptions(), through_pooler=through_pooler, server=facts
+        )
 
     async def close(self) -> None:
         """Close every connection of the pool (waits for calls in progress)."""
         await self._pool.close()
 
     async def ping(self) -> None:
-        """One round trip to the server; StoreUnavailableError when it does not answer."""
+        """One round trip to the server; StoreUnavailableError when it does not answer or can
+        no longer take writes (a primary demoted, or failed over to while still a standby)."""
         try:
             async with self._pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
-                await conn.fetchval("SELECT 1", timeout=_CONNECT_TIMEOUT_S)
+                writable = await conn.fetchval(WRITABLE, timeout=_CONNECT_TIMEOUT_S)
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+        if not writable:
+            # The pooled connections stay on this server; new ones go through the host list of
+            # the URL again (target_session_attrs=read-write finds the new primary).
+            await self._pool.expire_connections()
+            raise StoreUnavailableError(
+                "PostgreSQL is read-only (a standby, or read-only mode): nothing is stored or "
+                "acked until a writable primary answers"
+            )
 
     async def check_schema(self) -> None:
         """SchemaOutOfDateError (one line naming `dlrfeed migrate`) unless the schema is current."""

@@ -1,0 +1,151 @@
+"""What the PostgreSQL server behind a `--database-url` is: a pooler or not, writable or not,
+and whether a commit waits for a synchronous standby.
+
+The store's statements need no session of their own (transaction-scoped advisory locks only, no
+SET, LISTEN, cursors or temporary tables; COPY runs inside the ingest transaction), so the one
+thing a transaction pooler such as PgBouncer breaks is asyncpg's cache of *named* prepared
+statements: a later transaction may run on another server connection that never saw the
+statement. Behind a pooler the cache is off and every statement is an unnamed one, parsed, bound
+and executed before the Sync that lets the pooler switch connections.
+
+The checks at start are one line each (ConfigError, exit 78): a read-only server is a standby
+or a server in read-only mode, not an outage to retry; `--require-synchronous-commit` refuses a
+primary whose commits do not wait for a synchronous standby (an ack would then precede what a
+failover keeps, F8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import asyncpg
+import asyncpg.exceptions
+import asyncpg.exceptions._base as asyncpg_base  # where InternalClientError lives
+
+from dlrfeed.config import Pooler
+from dlrfeed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+# PgBouncer sends this SQLSTATE (protocol_violation) for every error of its own; PostgreSQL
+# never answers a startup with it ("database does not exist" is 3D000, auth failures 28xxx).
+_PGBOUNCER_SQLSTATE = "08P01"
+_PGBOUNCER_ADMIN_DATABASE = "pgbouncer"
+_PROBE_TIMEOUT_S = 10.0
+# The settings under which a commit returns only once a synchronous standby has the WAL.
+SYNCHRONOUS_COMMIT_LEVELS = ("on", "remote_write", "remote_apply")
+# asyncpg's default cache size, kept for direct connections.
+_STATEMENT_CACHE_SIZE = 100
+
+_SERVER_FACTS = """
+SELECT pg_is_in_recovery() AS in_recovery,
+       current_setting('transaction_read_only') = 'on' AS read_only,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('synchronous_standby_names') AS standby_names
+"""
+# sync_state is NULL for a role that may not see replication details (pg_read_all_stats).
+_SYNC_STANDBYS = """
+SELECT count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) AS synchronous,
+       count(*) FILTER (WHERE sync_state IS NULL) AS hidden
+FROM pg_stat_replication
+"""
+WRITABLE = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on')"
+
+
+async def _answers_as_pgbouncer(dsn: str) -> bool:
+    """True when the host of `dsn` is a PgBouncer: its admin console `pgbouncer` either lets
+    us in or refuses us with PgBouncer's own SQLSTATE; PostgreSQL has no such database."""
+    try:
+        conn = await asyncpg.connect(
+            dsn,
+            database=_PGBOUNCER_ADMIN_DATABASE,
+            statement_cache_size=0,
+            timeout=_PROBE_TIMEOUT_S,
+        )
+    except asyncpg.exceptions.PostgresError as exc:
+        return exc.sqlstate == _PGBOUNCER_SQLSTATE
+    except (OSError, TimeoutError, asyncpg_base.InterfaceError, asyncpg_base.InternalClientError):
+        return False  # unreachable: the real connection that follows reports it
+    await conn.close()
+    return True
+
+
+async def behind_transaction_pooler(dsn: str, pooler: Pooler) -> bool:
+    """Whether statements to `dsn` must do without named prepared statements.
+
+    `auto` probes for PgBouncer (one short extra connection; PostgreSQL logs the probe as a
+    connection to a database that does not exist) and treats any PgBouncer as a transaction
+    pooler: its pool mode is a server-side setting a client cannot read without admin rights.
+    """
+    if pooler is Pooler.AUTO:
+        return await _answers_as_pgbouncer(dsn)
+    return pooler is Pooler.TRANSACTION
+
+
+def connect_options(through_pooler: bool) -> dict[str, Any]:
+    """asyncpg connection arguments for a server reached directly or through a pooler."""
+    return {"statement_cache_size": 0 if through_pooler else _STATEMENT_CACHE_SIZE}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """What `check_server` found (Store.server keeps it for the caller)."""
+
+    synchronous_commit: str
+    standby_names: str
+    synchronous_standbys: int | None
+    """Connected synchronous standbys; None when not asked (no --require-synchronous-commit)."""
+
+
+async def check_server(
+    conn: asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record],
+    *,
+    require_synchronous_commit: bool,
+) -> ServerFacts:
+    """ConfigError (one line, exit 78) unless the server behind `conn` can take writes and,
+    when required, confirms that each commit waits for a synchronous standby.
+
+    Confirmed means all three: `synchronous_commit` of this session is on, remote_write or
+    remote_apply; `synchronous_standby_names` is not empty; and at least one standby is
+    connected as synchronous (sync or quorum) in pg_stat_replication right now. Without the
+    last, commits would wait for a standby that is not there, so the daemon would hang.
+    """
+    facts = cast("asyncpg.Record", await conn.fetchrow(_SERVER_FACTS))  # one row, always
+    if facts["in_recovery"]:
+        raise ConfigError(
+            "the database server is a standby (in recovery, read-only): point --database-url at "
+            "the primary, or list every host with target_session_attrs=read-write"
+        )
+    if facts["read_only"]:
+        raise ConfigError(
+            "the database server is read-only (default_transaction_read_only is on for this "
+            "role or database): dlrfeed must write; use a writable primary"
+        )
+    synchronous: int | None = None
+    if require_synchronous_commit:
+        level, names = facts["synchronous_commit"], facts["standby_names"].strip()
+        if level not in SYNCHRONOUS_COMMIT_LEVELS:
+            raise ConfigError(
+                f"--require-synchronous-commit: synchronous_commit is {level!r} for this role, "
+                "so commits do not wait for a standby (need on, remote_write or remote_apply)"
+            )
+        if not names:
+            raise ConfigError(
+                "--require-synchronous-commit: synchronous_standby_names is empty on the "
+                "primary, commits do not wait for any standby"
+            )
+        standbys = cast("asyncpg.Record", await conn.fetchrow(_SYNC_STANDBYS))
+        if standbys["hidden"]:
+            raise ConfigError(
+                "--require-synchronous-commit: this role may not see pg_stat_replication; "
+                "GRANT pg_read_all_stats TO it (docs/systemd.md)"
+            )
+        synchronous = int(standbys["synchronous"])
+        if synchronous == 0:
+            raise ConfigError(
+                f"--require-synchronous-commit: no synchronous standby is connected "
+                f"(synchronous_standby_names = {names!r}): commits would wait for none"
+            )
+    return ServerFacts(facts["synchronous_commit"], facts["standby_names"], synchronous)
