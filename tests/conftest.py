@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pgcluster import PgCluster, free_port
+from pgcluster import PgCluster, start_on_a_free_port
 
 # Hypothesis profiles. `make test` ("default") draws the same examples on every run: derandomized
 # (a seed from each test's name), no example database, so a commit always gets one verdict.
@@ -60,11 +61,13 @@ _db_numbers = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
-    """A real PostgreSQL server on a free loopback port for the whole session."""
-    cluster = PgCluster(tmp_path_factory.mktemp("pg"), free_port())
-    cluster.init()
-    cluster.start()
+def pg_cluster() -> Iterator[PgCluster]:
+    """A real PostgreSQL server on a free loopback port for the whole session.
+
+    Its directory is not under pytest's temporary root: every pytest that starts as the same
+    user resets that root to 0700, which would cut the server's own user off from its files
+    while it runs (it then fails, PANIC, mid-test)."""
+    cluster = start_on_a_free_port(Path(tempfile.mkdtemp(prefix="dlrfeed-test-pg-")))
     try:
         yield cluster
     finally:
