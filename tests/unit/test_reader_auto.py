@@ -7,6 +7,7 @@ The reader runs against a scripted stream and a clock the test moves; no gRPC, n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -39,9 +40,11 @@ class ScriptedStream:
         self._clock = clock
         self._arrivals = [clock.now + at for at in arrivals]
         self.cancelled_by_us = False
+        self.exhausted = asyncio.Event()  # all read, and the reader waits for more: it stayed
 
     async def read(self) -> Receipt:
         if not self._arrivals:
+            self.exhausted.set()
             await asyncio.Event().wait()
         self._clock.now = self._arrivals.pop(0)
         return RECEIPT
@@ -86,11 +89,19 @@ async def switches_to_pull(
     sink = Sink()
     reader = FeedReader("r0", client, sink, ReaderSettings(mode=Mode.AUTO, auto_pull_rate=rate))
     run_subscribe: Any = reader._run_subscribe  # the policy under test, without reconnects
-    try:
-        await asyncio.wait_for(run_subscribe(), timeout=1.0)
-    except TimeoutError:
+    # Decided by what the reader does, not by a timer: it either leaves (the loop returns) or
+    # reads past the last scripted receipt (it stays on the stream).
+    subscribing = asyncio.create_task(run_subscribe())
+    stayed = asyncio.create_task(stream.exhausted.wait())
+    await asyncio.wait({subscribing, stayed}, return_when=asyncio.FIRST_COMPLETED)
+    stayed.cancel()
+    if not subscribing.done():
+        subscribing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await subscribing
         assert not sink.drained
         return False
+    subscribing.result()  # raises what the loop raised
     assert sink.drained  # F7: what it holds is committed and acked before the stream closes
     return True
 
