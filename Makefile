@@ -55,7 +55,8 @@ chaos: install
 	$(PY) scripts/chaos.py --full --out docs/reliability.md
 
 fuzz: install
-	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests -m fuzz --timeout=0 --durations=0 -q
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest tests -m fuzz --timeout=0 --durations=0 -q \
+	  --hypothesis-show-statistics
 
 clean:
 	rm -rf $(VENV) .run

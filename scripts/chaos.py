@@ -379,10 +379,14 @@ async def slow_commit_lease(rig: Rig) -> str:
     )  # fmt: skip
 
     async def locker() -> None:
+        # The first hold starts once the daemons store, not a fixed second after the start:
+        # daemons slow to start (a loaded machine) would otherwise find the lock already gone.
+        await rig.wait_stored(1)
         conn = await asyncpg.connect(rig.database_url)
         try:
-            for _ in range(holds):
-                await asyncio.sleep(1.0)
+            for hold in range(holds):
+                if hold:
+                    await asyncio.sleep(1.0)
                 # Every ingest touching a status waits on this lock: commit takes > the 2 s
                 # lease, the gateway redelivers the batch to the other worker (F6).
                 async with conn.transaction():

@@ -368,6 +368,26 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def start_on_a_free_port(root: Path, *, attempts: int = 5) -> PgCluster:
+    """init and start a cluster in `root` on a free loopback port. `free_port` can only say
+    what is free now: when another process binds the port before the server does, the start
+    is tried again on another port (up to `attempts` times) instead of failing."""
+    for _ in range(attempts):
+        cluster = PgCluster(root, free_port())
+        cluster.init()
+        logged = cluster.logfile.stat().st_size if cluster.logfile.exists() else 0
+        try:
+            cluster.start()
+        except RuntimeError:
+            with cluster.logfile.open("rb") as log:
+                log.seek(logged)
+                if b"Address already in use" not in log.read():
+                    raise
+        else:
+            return cluster
+    raise RuntimeError(f"PostgreSQL found no free port in {attempts} tries")
+
+
 def _port_file(root: Path) -> Path:
     return root / "port"
 

@@ -8,39 +8,66 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator, Iterator
+import tempfile
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pgcluster import PgCluster, free_port
+from pgcluster import PgCluster, start_on_a_free_port
 
-# Hypothesis profiles: CI runs each property >= 500 examples (issue 3); `make fuzz` runs more.
-settings.register_profile(
-    "default",
-    max_examples=500,
+# Hypothesis profiles. `make test` ("default") draws the same examples on every run: derandomized
+# (a seed from each test's name), no example database, so a commit always gets one verdict.
+# `make fuzz` ("fuzz") explores at random, ten thousand examples a property by default, and
+# keeps found failures in .hypothesis/ so the next `make fuzz` replays them first. Both print
+# a failure's blob (@reproduce_failure) and, below, the case as an @example to paste.
+_COMMON = settings(
     deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile(
-    "fuzz",
-    max_examples=10_000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    "default", parent=_COMMON, max_examples=500, derandomize=True, database=None
 )
+settings.register_profile("fuzz", parent=_COMMON, max_examples=10_000, derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+_FAILING_CASE = "Failing test case: "  # how hypothesis notes the case it shrank to
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    call: pytest.CallInfo[None],
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """For a failed hypothesis test, add the shrunk case as a ready-to-paste `@example(...)`
+    to the report, so that the case found by `make fuzz` can be pinned in `make test`."""
+    report: pytest.TestReport = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    errors = list(error.exceptions) if isinstance(error, BaseExceptionGroup) else [error]
+    pasted = [
+        "@example" + note[note.index("(") :]
+        for each in errors
+        for note in getattr(each, "__notes__", [])
+        if note.startswith(_FAILING_CASE) and "(" in note
+    ]
+    if report.failed and pasted:
+        report.sections.append(("to pin in make test, paste above the test", "\n".join(pasted)))
+    return report
+
 
 TEMPLATE_DB = "dlrfeed_template"
 _db_numbers = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
-    """A real PostgreSQL server on a free loopback port for the whole session."""
-    cluster = PgCluster(tmp_path_factory.mktemp("pg"), free_port())
-    cluster.init()
-    cluster.start()
+def pg_cluster() -> Iterator[PgCluster]:
+    """A real PostgreSQL server on a free loopback port for the whole session.
+
+    Its directory is not under pytest's temporary root: every pytest that starts as the same
+    user resets that root to 0700, which would cut the server's own user off from its files
+    while it runs (it then fails, PANIC, mid-test)."""
+    cluster = start_on_a_free_port(Path(tempfile.mkdtemp(prefix="dlrfeed-test-pg-")))
     try:
         yield cluster
     finally:

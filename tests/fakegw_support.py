@@ -91,8 +91,9 @@ def start_fakegw_process(*extra_args: str) -> tuple[subprocess.Popen[str], str]:
     return process, str(announced["target"])
 
 
-async def wait_until(predicate: Callable[[], bool], within_seconds: float = 5.0) -> None:
-    """Poll `predicate` until true; fail the test after `within_seconds`."""
+async def wait_until(predicate: Callable[[], bool], within_seconds: float = 30.0) -> None:
+    """Poll `predicate` until true; fail the test after `within_seconds` (generous: a loaded
+    machine is slow, and a condition met returns at once)."""
     give_up = time.monotonic() + within_seconds
     while not predicate():
         assert time.monotonic() < give_up, "condition not reached in time"

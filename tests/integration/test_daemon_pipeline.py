@@ -83,7 +83,12 @@ async def test_reopens_are_capped_per_reader(database_url: str) -> None:
         daemon = Daemon(settings)
         with capture_logs() as logs:
             task = asyncio.create_task(daemon.run(), name="daemon-under-test")
-            await asyncio.sleep(3.0)
+
+            async def capped() -> bool:
+                return any(e["event"] == "reopen_capped" for e in logs)
+
+            # Until the cap is hit, not for a fixed time: a slow start would leave none.
+            await wait_until(capped, 30, "a reopen to be capped")
             daemon.stop()
             assert await asyncio.wait_for(task, 15) == 0
     opened = [e for e in logs if e["event"] == "reader_up"]

