@@ -4,9 +4,10 @@ under racing writers, the follower, named cursors and the effect + cursor transa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import asyncpg
 import pytest
@@ -82,6 +83,21 @@ async def _all_changes(conn: asyncpg.Connection) -> list[StatusChange]:
     return found
 
 
+async def _held_statuses(conn: asyncpg.Connection) -> dict[str, str]:
+    rows = await conn.fetch("SELECT message_id, status FROM dlr.message_status")
+    return {r["message_id"]: r["status"] for r in rows}
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], seconds: float = 30.0) -> None:
+    """Wait for `condition` with a generous bound (polled: it is a database state)."""
+    deadline = time.monotonic() + seconds
+    for _ in itertools.count():
+        if await condition():
+            return
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 async def _record(store: Store, *message_ids: str) -> None:
     await store.record_submissions(
         [Submission(login=LOGIN, message_id=m, destination="+34600000001") for m in message_ids]
@@ -106,11 +122,12 @@ async def test_first_status_then_a_real_change_then_repeats_that_write_nothing(
     status = await db.fetchrow(
         "SELECT status, reason, supporting_event_id FROM dlr.message_status WHERE message_id = 'm1'"
     )
+    assert status is not None
     assert (changes[-1].status, changes[-1].reason, changes[-1].supporting_event_id) == tuple(
-        status
+        status.values()
     )
     assert changes[1].previous_reason == changes[0].reason
-    assert changes[0].rules_version and changes[0].changed_at is not None
+    assert changes[0].rules_version
 
 
 async def test_late_correlation_writes_its_change_too(store: Store, db: asyncpg.Connection) -> None:
@@ -215,9 +232,7 @@ async def test_three_racing_writers_and_a_follower_see_every_change_once_in_orde
                     await conn.execute("SELECT pg_current_xact_id()")  # take an xid early
                     await asyncio.sleep(local.random() * 0.01)
                     for message_id in sorted(local.sample(messages, 3)):
-                        await conn.execute(
-                            _STATUS_ROW, LOGIN, message_id, local.choice(statuses)
-                        )
+                        await conn.execute(_STATUS_ROW, LOGIN, message_id, local.choice(statuses))
                     await asyncio.sleep(local.random() * 0.01)
         finally:
             await conn.close()
@@ -225,9 +240,11 @@ async def test_three_racing_writers_and_a_follower_see_every_change_once_in_orde
     following = asyncio.create_task(follower(), name="follower")
     await asyncio.gather(*(writer(rng.randrange(1 << 30)) for _ in range(3)))
     reread = await _all_changes(db)
-    async with asyncio.timeout(30):
-        while len(followed) < len(reread):
-            await asyncio.sleep(0.02)
+
+    async def caught_up() -> bool:
+        return len(followed) >= len(reread)
+
+    await _until(caught_up)
     stop.set()
     await following
     assert followed == reread
@@ -238,7 +255,7 @@ async def test_three_racing_writers_and_a_follower_see_every_change_once_in_orde
         before = last.get(change.message_id)
         assert change.previous_status == (before.status if before else None), change
         last[change.message_id] = change
-    held = dict(await db.fetch("SELECT message_id, status FROM dlr.message_status"))
+    held = await _held_statuses(db)
     assert {m: c.status for m, c in last.items()} == held
 
 
@@ -269,7 +286,7 @@ async def test_three_racing_stores_nothing_missed_or_repeated(database_url: str)
     conn = await asyncpg.connect(database_url)
     try:
         changes = await _all_changes(conn)
-        held = dict(await conn.fetch("SELECT message_id, status FROM dlr.message_status"))
+        held = await _held_statuses(conn)
     finally:
         await conn.close()
     last: dict[str, StatusChange] = {}
@@ -353,28 +370,30 @@ async def test_follower_is_woken_by_the_commit_not_by_its_poll(
     await _record(store, "w1")
     stop = asyncio.Event()
     got: list[tuple[float, StatusChange]] = []
-    ready = asyncio.Event()
+    ready, arrived = asyncio.Event(), asyncio.Event()
 
     async def follower() -> None:
         timing = FollowTiming(listen_poll=60, fallback_poll=60)
         ready.set()
         async for batch in follow_changes(database_url, 0, stop=stop, timing=timing):
             got.extend((time.perf_counter(), c) for c in batch)
+            arrived.set()
 
     task = asyncio.create_task(follower(), name="follower")
     await ready.wait()
     probe = await asyncpg.connect(database_url)
     try:  # until the follower has read, found nothing, and waits (its last query is idle)
-        async with asyncio.timeout(20):
-            while not await probe.fetchval(_FOLLOWER_WAITING):
-                await asyncio.sleep(0.01)
+
+        async def waiting() -> bool:
+            return bool(await probe.fetchval(_FOLLOWER_WAITING))
+
+        await _until(waiting)
     finally:
         await probe.close()
     committed = time.perf_counter()
     await store.ingest(LOGIN, [receipt("w1")])
     async with asyncio.timeout(20):
-        while not got:
-            await asyncio.sleep(0.005)
+        await arrived.wait()
     stop.set()
     await task
     print(f"commit -> follower: {1000 * (got[0][0] - committed):.1f} ms")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -256,13 +256,13 @@ class _Wakeups:
             return
         self.listening = True
 
-    async def wait(self, timeout: float, stop: asyncio.Event | None) -> None:
-        """Until a notification, `stop`, or `timeout` seconds."""
+    async def wait(self, seconds: float, stop: asyncio.Event | None) -> None:
+        """Until a notification, `stop`, or `seconds`."""
         waits = [asyncio.ensure_future(self.event.wait())]
         if stop is not None:
             waits.append(asyncio.ensure_future(stop.wait()))
         try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waits:
                 waiter.cancel()
@@ -287,7 +287,7 @@ async def follow_changes(
     limit: int = 1000,
     stop: asyncio.Event | None = None,
     timing: FollowTiming | None = None,
-) -> AsyncIterator[list[StatusChange]]:
+) -> AsyncGenerator[list[StatusChange], None]:
     """Every change after `after`, as batches of up to `limit`, in position order, forever.
 
     Keeps one connection of its own: LISTENs on the change channel when it can (a commit
