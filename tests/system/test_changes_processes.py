@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ def _assert_chains(changes: Sequence[dict[str, Any]], statuses: dict[str, str]) 
 
 
 @pytest.fixture
-async def recorded(database_url: str) -> AsyncIterator[list[dict[str, Any]]]:
+async def recorded(database_url: str) -> list[dict[str, Any]]:
     """Receipt bodies for 1,500 messages (10 of them with a conflicting final), their
     messages recorded, plus 20 receipts of unknown ids."""
     bodies = receipt_bodies(3_000, conflicting=10)

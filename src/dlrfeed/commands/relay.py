@@ -168,17 +168,41 @@ async def run(args: argparse.Namespace) -> int:
     if metrics_address is not None:
 
         async def health() -> tuple[bool, str]:
-            up = metrics.up._value.get() == 1  # prometheus_client has no public getter
+            up = _is_up(metrics)
             return up, "relaying" if up else "not running"
 
         server = MetricsServer(metrics.registry, health)
         await server.start(*metrics_address)
     notifier = SystemdNotifier()
     notifier.notify(READY="1", STATUS=f"relaying to {urlsplit(url).hostname}")
+    watchdog = asyncio.create_task(_ping_watchdog(notifier, metrics, stop), name="watchdog")
     try:
         await relay.run(stop)
     finally:
         notifier.notify(STOPPING="1")
+        watchdog.cancel()
+        await asyncio.gather(watchdog, return_exceptions=True)
         if server is not None:
             await server.close()
     return 0
+
+
+async def _ping_watchdog(
+    notifier: SystemdNotifier, metrics: RelayMetrics, stop: asyncio.Event
+) -> None:
+    """WATCHDOG=1 at half the unit's WatchdogSec while the relay's loop is up: a hung event
+    loop stops the pings and systemd restarts the unit."""
+    if notifier.watchdog_interval is None:
+        return
+    while not stop.is_set():
+        if _is_up(metrics):
+            notifier.notify(WATCHDOG="1")
+        try:
+            async with asyncio.timeout(notifier.watchdog_interval):
+                await stop.wait()
+        except TimeoutError:
+            pass
+
+
+def _is_up(metrics: RelayMetrics) -> bool:
+    return bool(metrics.up._value.get() == 1)  # prometheus_client has no public getter
