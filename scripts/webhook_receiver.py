@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,44 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return entries
+
+
+def delivery_problems(
+    entries: Sequence[Mapping[str, Any]],
+    logged: Sequence[Mapping[str, Any]],
+    statuses: Mapping[tuple[str, str], str],
+) -> list[str]:
+    """What is wrong with a relay's deliveries (empty when nothing): `entries` as read_log
+    gives them, `logged` every change of dlr.status_changes (position, login, message_id,
+    status), `statuses` each message's status in dlr.message_status. Checks every signature,
+    that every change arrived (duplicates allowed: the receiver dedupes by position) and
+    nothing else did, that first arrivals follow the positions, and that each message's last
+    delivered change is its status."""
+    problems = []
+    invalid = sum(1 for e in entries if not e["signature_valid"])
+    if invalid:
+        problems.append(f"relay: {invalid} request(s) with an invalid signature")
+    received = [c for e in entries for c in e["changes"]]
+    positions = {c["position"] for c in received}
+    expected = {c["position"] for c in logged}
+    if expected - positions:
+        problems.append(f"relay: {len(expected - positions)} change(s) never delivered")
+    if positions - expected:
+        problems.append(f"relay: {len(positions - expected)} delivered change(s) not in the log")
+    first_seen = list(dict.fromkeys(c["position"] for c in received))
+    if first_seen != sorted(first_seen):
+        problems.append("relay: changes first arrived out of position order")
+    last: dict[tuple[str, str], str] = {}
+    for change in sorted({c["position"]: c for c in received}.values(), key=_position):
+        last[(change["login"], change["message_id"])] = change["status"]
+    if last != dict(statuses):
+        wrong = sum(1 for key, status in statuses.items() if last.get(key) != status)
+        problems.append(f"relay: {wrong} message(s) whose last delivered change is not its status")
+    return problems
+
+
+def _position(change: Mapping[str, Any]) -> int:
+    return int(change["position"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,7 @@ FAULT_EVIDENCE: dict[str, Any] = {
     "slow_commit_lease": lambda r: r["redeliveries"] > 0 and r["repeats"] > 0,
     "three_process_race": lambda r: r["daemon_processes"] == 3 and r["conflicts"] > 0,
     "hostile_flood": lambda r: r["receipts"] > 600,
+    "relay_kill9": lambda r: any(n.startswith("relay:") and "2 kills" in n for n in r["notes"]),
 }
 
 
