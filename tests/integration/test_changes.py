@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
 import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
 
 import asyncpg
 import pytest
+import structlog
 
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.store import Store, Submission
@@ -24,6 +33,7 @@ from dlrfeed.store.changes import (
     save_cursor,
 )
 from gateway.receipts.v1 import feed_pb2
+from pgcluster import PgCluster, free_port
 
 LOGIN = "acme"
 
@@ -398,3 +408,121 @@ async def test_follower_is_woken_by_the_commit_not_by_its_poll(
     await task
     print(f"commit -> follower: {1000 * (got[0][0] - committed):.1f} ms")
     assert got[0][1].message_id == "w1"
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def _changes_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlrfeed.cli", "changes", "--database-url", database_url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DLRFEED_")},
+    )
+
+
+async def test_changes_command_after_limit_json_and_a_named_consumer(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    """`dlrfeed changes`: JSON lines with the contract's keys; --limit, --after; --consumer
+    resumes where the last run of that consumer stopped and records its place."""
+    await _record(store, "c1", "c2", "c3")
+    for message_id in ("c1", "c2", "c3"):
+        await store.ingest(LOGIN, [receipt(message_id)])
+    full = _changes_cli(database_url, "--json")
+    assert full.returncode == 0, full.stderr
+    lines = [json.loads(line) for line in full.stdout.splitlines()]
+    assert [line["message_id"] for line in lines] == ["c1", "c2", "c3"]
+    assert set(lines[0]) >= {
+        "position", "login", "message_id", "status", "is_final", "previous_status", "reason",
+        "changed_at",
+    }  # fmt: skip
+    limited = _changes_cli(database_url, "--json", "--limit", "2").stdout.splitlines()
+    assert [json.loads(line) for line in limited] == lines[:2]
+    after = _changes_cli(database_url, "--json", "--after", str(lines[0]["position"]))
+    assert [json.loads(line) for line in after.stdout.splitlines()] == lines[1:]
+    first = _changes_cli(database_url, "--consumer", "ops", "--limit", "2").stdout.splitlines()
+    assert len(first) == 2
+    assert "-> DELIVERED (final)" in first[0]
+    rest = _changes_cli(database_url, "--json", "--consumer", "ops").stdout.splitlines()
+    assert [json.loads(line) for line in rest] == lines[2:]
+    assert await load_cursor(db, "ops") == lines[-1]["position"]
+
+
+# -- through a transaction pooler --------------------------------------------------------------
+
+
+@pytest.fixture
+def transaction_pooler(pg_cluster: PgCluster, database_url: str) -> Iterator[str]:
+    """PgBouncer in transaction mode in front of the test database; yields its DSN."""
+    pgbouncer = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(pgbouncer).exists():
+        pytest.fail("pgbouncer not found: install Debian's `pgbouncer` package")
+    workdir = Path(tempfile.mkdtemp(prefix="dlrfeed-pgbouncer-"))
+    workdir.chmod(0o755)  # pgbouncer runs as the postgres user
+    port = free_port()
+    database = database_url.rsplit("/", 1)[1]
+    (workdir / "users.txt").write_text('"postgres" ""\n')
+    (workdir / "pgbouncer.ini").write_text(
+        f"[databases]\n{database} = host=127.0.0.1 port={pg_cluster.port} dbname={database}\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
+        f"auth_file = {workdir}/users.txt\npool_mode = transaction\nunix_socket_dir =\n"
+        "default_pool_size = 2\nignore_startup_parameters = extra_float_digits\n"
+    )
+    for path in workdir.iterdir():
+        path.chmod(0o644)
+    with (workdir / "pgbouncer.err").open("wb") as errors:
+        process = subprocess.Popen(
+            [pgbouncer, "-u", "postgres", str(workdir / "pgbouncer.ini")],
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert process.poll() is None, (workdir / "pgbouncer.err").read_text()
+            assert time.monotonic() < deadline, "pgbouncer did not listen"
+            time.sleep(0.05)
+        yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def test_follower_through_a_transaction_pooler_polls_and_says_so_once(
+    store: Store, transaction_pooler: str
+) -> None:
+    """Through PgBouncer in transaction mode LISTEN cannot deliver: the follower logs one
+    `changes_listen_unavailable` line, polls, and still sees every commit."""
+    await _record(store, "p1", "p2")
+    stop = asyncio.Event()
+    got: list[StatusChange] = []
+    arrived = asyncio.Event()
+
+    async def follower() -> None:
+        timing = FollowTiming(listen_poll=60, fallback_poll=0.05)
+        async for batch in follow_changes(transaction_pooler, 0, stop=stop, timing=timing):
+            got.extend(batch)
+            if len(got) >= 2:
+                arrived.set()
+
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(follower(), name="follower")
+        await store.ingest(LOGIN, [receipt("p1")])
+        await asyncio.sleep(0.3)
+        await store.ingest(LOGIN, [receipt("p2")])
+        async with asyncio.timeout(30):
+            await arrived.wait()
+        stop.set()
+        await task
+    assert [c.message_id for c in got] == ["p1", "p2"]
+    unavailable = [e for e in logs if e["event"] == "changes_listen_unavailable"]
+    assert len(unavailable) == 1
+    assert unavailable[0]["mode"] == "polling"
