@@ -92,9 +92,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics and /healthz here")
     parser.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default="info"
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="debug adds one event per delivered batch",
     )
-    parser.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    parser.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="auto: a human renderer on a terminal, JSON lines otherwise",
+    )
 
 
 def _read_secret(path: Path, what: str) -> bytes:
