@@ -452,6 +452,20 @@ async def test_changes_command_after_limit_json_and_a_named_consumer(
     assert await load_cursor(db, "ops") == lines[-1]["position"]
 
 
+async def test_changes_on_a_database_never_migrated_is_one_line_exit_78(
+    pg_cluster: PgCluster,
+) -> None:
+    dsn = await pg_cluster.create_database(f"unmigrated_{os.getpid()}")
+    try:
+        result = _changes_cli(dsn)
+    finally:
+        await pg_cluster.drop_database(f"unmigrated_{os.getpid()}")
+    assert result.returncode == 78
+    assert result.stderr.strip().splitlines() == [
+        "dlrfeed: the change log is missing: run `dlrfeed migrate`"
+    ]
+
+
 # -- through a transaction pooler --------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ import asyncpg
 import structlog
 
 from dlrfeed.backoff import backoff_delay
-from dlrfeed.errors import FatalError, StoreUnavailableError
+from dlrfeed.errors import ConfigError, FatalError, SchemaOutOfDateError, StoreUnavailableError
 
 log = structlog.get_logger("dlrfeed.changes")
 
@@ -128,10 +128,12 @@ def _change(record: asyncpg.Record) -> StatusChange:
 
 def _translated(exc: BaseException) -> BaseException:
     """asyncpg/OS errors as the project's own (STYLE: translate errors at the boundary)."""
-    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
-        return FatalError(f"PostgreSQL refused: {exc}")
+    if isinstance(
+        exc, asyncpg.InsufficientPrivilegeError | asyncpg.InvalidAuthorizationSpecificationError
+    ):
+        return ConfigError(f"PostgreSQL refused: {exc} (docs/changes.md, Roles)")
     if isinstance(exc, asyncpg.UndefinedTableError):
-        return FatalError("the change log is missing: run `dlrfeed migrate`")
+        return SchemaOutOfDateError("the change log is missing: run `dlrfeed migrate`")
     return StoreUnavailableError(f"PostgreSQL: {exc}")
 
 
@@ -324,7 +326,10 @@ async def follow_changes(
                     continue
                 held = await changes_held_back(conn, position)
                 await wakeups.wait(timing.held_back_retry if held else idle, stop)
-        except StoreUnavailableError as exc:
+        except (StoreUnavailableError, *_DRIVER_ERRORS) as exc:
+            translated = exc if isinstance(exc, StoreUnavailableError) else _translated(exc)
+            if isinstance(translated, FatalError):
+                raise translated from exc
             attempt += 1
             log.warning("changes_reconnect", attempt=attempt, error=str(exc))
             await _sleep(backoff_delay(attempt, 0.2, 10.0), stop)
