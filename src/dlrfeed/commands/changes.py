@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 
@@ -92,8 +93,18 @@ def _print(change: StatusChange, as_json: bool) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    """Print the changes; with --consumer the cursor moves only after each line is flushed
-    (at least once: a crash between the two repeats that one line on the next run)."""
+    """Print the changes; with --consumer the cursor moves only after each batch is flushed
+    (at least once: a crash between the two prints that batch again on the next run). A reader
+    that closes the pipe (`| head`) ends the command quietly, its last batch not recorded."""
+    try:
+        return await _print_changes(args)
+    except BrokenPipeError:
+        # Python's docs: point stdout at /dev/null so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+async def _print_changes(args: argparse.Namespace) -> int:
     configure_logging("warning", "auto")
     dsn = required(args, "database_url")
     if args.consumer is not None and not args.consumer.strip():
