@@ -67,7 +67,7 @@ class RelayMetrics:
         )
         self.pending = Gauge(
             "dlrfeed_relay_pending_changes",
-            "Changes committed after the relay's cursor",
+            "Changes committed after the relay's cursor (counted up to 1,000,000)",
             registry=self.registry,
         )
         self.delivered = Counter(

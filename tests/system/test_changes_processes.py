@@ -188,7 +188,11 @@ def _received_positions(tmp_path: Path) -> list[int]:
 
 
 async def _metrics(port: int) -> dict[str, float]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    """The relay's metrics; empty while its server is not (yet) listening."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return {}
     writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
     raw = (await reader.read()).decode()
     writer.close()
@@ -238,6 +242,14 @@ async def test_relay_survives_503_timeouts_and_kill9_of_itself_and_the_endpoint(
             return _retries(tmp_path) > retries_before
 
         await _wait_until(refused_while_down, 60, "the relay to meet the dead endpoint")
+
+        async def lagging_in_metrics() -> bool:  # the backlog shows while the endpoint is down
+            metrics = await _metrics(metrics_port)
+            return metrics.get("dlrfeed_relay_pending_changes", 0) > 0 and (
+                metrics.get("dlrfeed_relay_lag_seconds", 0) > 0
+            )
+
+        await _wait_until(lagging_in_metrics, 20, "the lag and pending gauges to rise")
         receiver = await _receiver(port, tmp_path)
 
         conn = await asyncpg.connect(database_url)
@@ -256,7 +268,7 @@ async def test_relay_survives_503_timeouts_and_kill9_of_itself_and_the_endpoint(
             await conn.close()
 
         async def caught_up_in_metrics() -> bool:  # the gauges refresh every second
-            return (await _metrics(metrics_port))["dlrfeed_relay_pending_changes"] == 0
+            return (await _metrics(metrics_port)).get("dlrfeed_relay_pending_changes") == 0
 
         await _wait_until(caught_up_in_metrics, 10, "the pending gauge to reach 0")
         metrics = await _metrics(metrics_port)

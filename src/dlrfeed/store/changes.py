@@ -59,11 +59,16 @@ SELECT EXISTS (SELECT 1 FROM dlr.status_changes WHERE position > $1 AND position
 """
 
 # -- name: backlog
-# Everything committed after $1, exposed or not: what a consumer still has to handle.
-BACKLOG = """
-SELECT count(*) AS pending, min(changed_at) AS oldest
-FROM dlr.status_changes
-WHERE position > $1
+# Everything committed after $1, exposed or not: what a consumer still has to handle. Bounded
+# so that a relay refreshing its gauges every second never scans a huge backlog: the count
+# stops at BACKLOG_COUNT_CAP, and the oldest is the first by position (one index probe; the
+# writing transactions' times follow their ids closely).
+BACKLOG_COUNT_CAP = 1_000_000
+BACKLOG = f"""
+SELECT (SELECT count(*) FROM (SELECT 1 FROM dlr.status_changes WHERE position > $1
+                              LIMIT {BACKLOG_COUNT_CAP}) AS capped) AS pending,
+       (SELECT changed_at FROM dlr.status_changes WHERE position > $1
+        ORDER BY position LIMIT 1) AS oldest
 """
 
 LOAD_CURSOR = "SELECT position FROM dlr.change_cursors WHERE consumer = $1"
@@ -164,7 +169,8 @@ async def changes_held_back(conn: asyncpg.Connection, after: int) -> bool:
 
 
 async def backlog(conn: asyncpg.Connection, after: int) -> tuple[int, datetime | None]:
-    """(how many changes are committed after `after`, when the oldest of them was made)."""
+    """(how many changes are committed after `after`, at most BACKLOG_COUNT_CAP; when the
+    first of them was made)."""
     try:
         row = await conn.fetchrow(BACKLOG, after)
     except _DRIVER_ERRORS as exc:
