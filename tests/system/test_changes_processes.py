@@ -286,6 +286,7 @@ async def test_relay_survives_503_timeouts_and_kill9_of_itself_and_the_endpoint(
     assert first_seen == sorted(first_seen)  # in order, and so per message in order
     assert metrics["dlrfeed_relay_up"] == 1
     assert metrics["dlrfeed_relay_attempt_failures_total"] >= 1
+    assert metrics["dlrfeed_relay_delivered_total"] > 0
     assert metrics["dlrfeed_relay_pending_changes"] == 0
     assert metrics["dlrfeed_relay_lag_seconds"] == 0
     relay_log = (tmp_path / "relay.log").read_text()
