@@ -43,8 +43,9 @@ from dlrfeed.store.submission import Submission  # noqa: E402
 from fakegw.admin_client import AdminClient  # noqa: E402
 from fakegw.traffic import Scenario, TrafficMix, scenario  # noqa: E402
 from gateway.receipts.v1 import feed_pb2  # noqa: E402
-from invariants import check, read_ledger  # noqa: E402
+from invariants import check, read_ledger, wait_for_drain  # noqa: E402
 from pgcluster import PgCluster, ReplicatedPair, free_port  # noqa: E402
+from webhook_receiver import delivery_problems, read_log  # noqa: E402
 
 TEMPLATE = "chaos_template"
 MiB = 1024 * 1024
@@ -553,6 +554,134 @@ async def _hostile_unflagged(rig: Rig) -> str:
     return f"hostile receipts: {len(hostile)} enqueued, {len(hostile) - unflagged} flagged"
 
 
+# The relay scenario: `dlrfeed relay` and its webhook endpoint beside the daemons, both killed -9
+# while traffic flows; after the drain, every change must reach the endpoint, validly signed,
+# in position order (scripts/webhook_receiver.py `delivery_problems`).
+
+
+class RelayRig:
+    """`dlrfeed relay` and `scripts/webhook_receiver.py`, each killable and restartable."""
+
+    def __init__(self, workdir: Path, database_url: str) -> None:
+        self.workdir = workdir
+        self.database_url = database_url
+        self.port = free_port()
+        self.secret_file = workdir / "relay-secret"
+        self.received = workdir / "received.jsonl"
+        self.relay: asyncio.subprocess.Process | None = None
+        self.receiver: asyncio.subprocess.Process | None = None
+        self.kills = 0
+
+    async def _spawn(self, log_name: str, *args: str) -> asyncio.subprocess.Process:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DLRFEED_", "NOTIFY_"))}
+        with (self.workdir / log_name).open("ab") as log:
+            return await asyncio.create_subprocess_exec(
+                sys.executable, *args, env=env, stdout=log, stderr=log, cwd=REPO
+            )
+
+    async def start_receiver(self) -> None:
+        self.receiver = await self._spawn(
+            "receiver.log", str(REPO / "scripts" / "webhook_receiver.py"),
+            "--port", str(self.port), "--secret-file", str(self.secret_file),
+            "--log", str(self.received), "--script", "503,slow,503", "--slow-seconds", "2",
+        )  # fmt: skip
+
+    async def start_relay(self) -> None:
+        self.relay = await self._spawn(
+            "relay.log", "-m", "dlrfeed.cli", "relay",
+            "--url", f"http://127.0.0.1:{self.port}/hook", "--secret-file", str(self.secret_file),
+            "--database-url", self.database_url, "--consumer", "chaos", "--timeout", "1",
+            "--retry-max", "1", "--log-format", "json",
+        )  # fmt: skip
+
+    async def start(self) -> None:
+        self.secret_file.write_bytes(os.urandom(16).hex().encode())
+        self.secret_file.chmod(0o600)
+        await self.start_receiver()
+        await self.start_relay()
+
+    async def kill9(self, which: str) -> None:
+        process = self.relay if which == "relay" else self.receiver
+        assert process is not None
+        process.kill()
+        await process.wait()
+        self.kills += 1
+
+    async def stop(self) -> None:
+        for process in (self.relay, self.receiver):
+            if process is not None and process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(process.wait(), 20)
+                except TimeoutError:
+                    process.kill()
+                    await process.wait()
+
+    async def problems(self, within_s: float) -> tuple[list[str], int]:
+        """Wait until the relay's cursor reaches the last change, then check the deliveries;
+        (problems, changes in the log)."""
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            deadline = time.monotonic() + within_s
+            logged = [dict(r) for r in await conn.fetch(_RELAY_LOG)]
+            last = int(logged[-1]["position"]) if logged else 0
+            while int(await conn.fetchval(_RELAY_CURSOR) or 0) < last:
+                if time.monotonic() > deadline:
+                    return [f"relay: not caught up within {within_s:.0f} s"], len(logged)
+                await asyncio.sleep(0.1)
+            statuses = {
+                (r["login"], r["message_id"]): r["status"]
+                for r in await conn.fetch(
+                    "SELECT login, message_id, status FROM dlr.message_status"
+                )
+            }
+        finally:
+            await conn.close()
+        for change in logged:
+            change["position"] = int(change["position"])
+        return delivery_problems(read_log(self.received), logged, statuses), len(logged)
+
+
+_RELAY_LOG = "SELECT position, login, message_id, status FROM dlr.status_changes ORDER BY position"
+_RELAY_CURSOR = "SELECT position FROM dlr.change_cursors WHERE consumer = 'chaos'"
+
+
+async def relay_kill9(rig: Rig) -> str:
+    kills = 6 if rig.full else 2
+    receipts = 20_000 if rig.full else 3_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    await rig.start_daemons(2, "--streams", "2")
+    relay = RelayRig(rig.workdir, rig.database_url)
+    await relay.start()
+    span = kills * 1.5
+
+    async def breaker() -> None:
+        for n in range(kills):
+            await asyncio.sleep(rig.rng.uniform(0.5, 1.5))
+            if n % 2 == 0:
+                await relay.kill9("relay")
+                await relay.start_relay()
+            else:
+                await relay.kill9("receiver")
+                await asyncio.sleep(0.5)  # refused connections meanwhile
+                await relay.start_receiver()
+
+    try:
+        await during(rig.feed(work.receipts, span), breaker)
+        async with rig.admin() as admin:
+            await wait_for_drain(admin, 120)
+        problems, changes = await relay.problems(90)
+    finally:
+        await relay.stop()
+    rig.extra_failures.extend(problems)
+    rig.notes.append(f"relay: {changes} changes, {relay.kills} kills, delivered and checked")
+    return (
+        f"2 daemons; `dlrfeed relay` and its endpoint killed -9 {kills} times in turn; "
+        "the endpoint also answers 503 and too slowly"
+    )
+
+
 SCENARIOS: tuple[ScenarioSpec, ...] = (
     ScenarioSpec(
         "daemon_kill9",
@@ -629,6 +758,14 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
         "--require-synchronous-commit) finds the new primary by itself, nothing acked is "
         "missing and nothing is applied twice (F8, C7).",
         failover_sync,
+    ),
+    ScenarioSpec(
+        "relay_kill9",
+        "kill -9 of the relay and of its endpoint",
+        "Every status change reaches the webhook endpoint, validly signed, first in position "
+        "order (so per message in order), although the relay and the endpoint die mid-batch "
+        "and the endpoint answers 503 and too slowly: the cursor moves only after a 2xx.",
+        relay_kill9,
     ),
 )
 BY_NAME = {spec.name: spec for spec in SCENARIOS}

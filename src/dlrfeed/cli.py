@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "show": "show",
     "exceptions": "exceptions",
     "stats": "stats",
+    "changes": "changes",
+    "relay": "relay",
 }
 
 

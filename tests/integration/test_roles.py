@@ -29,6 +29,7 @@ from dlrfeed.errors import ConfigError
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission
 from dlrfeed.store import queries as store_queries
+from dlrfeed.store.changes import load_cursor, read_changes, save_cursor
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.reports import list_exceptions, message_reports, resolve_exception, statistics
 from gateway.receipts.v1 import feed_pb2
@@ -427,3 +428,36 @@ async def test_resolving_by_filter_needs_the_operator_role(roles_db: RoleDatabas
         _cli, "exceptions", "--login", "acme", "--json", "--database-url", roles_db.reader
     )
     assert json.loads(left.stdout)["exceptions"] == []
+
+
+async def test_change_log_written_only_by_the_trigger_read_by_reader_cursors_by_operator(
+    roles_db: RoleDatabase,
+) -> None:
+    """Migration 0009: the writer's ingest logs its changes through the trigger but cannot
+    write the log itself; the reader reads it and cannot keep a cursor; the operator can."""
+    await (await _seed(roles_db)).close()
+    for statement in (
+        "INSERT INTO dlr.status_changes (position, login, message_id, status, is_final, reason,"
+        " supporting_event_id, rules_version) VALUES (1, 'a', 'b', 'S', true, 'r', 1, 'v')",
+        "UPDATE dlr.status_changes SET status = 'DELIVERED'",
+        "SELECT nextval('dlr.status_changes_tick')",
+    ):
+        assert "permission denied" in await _refused(roles_db.writer, statement)
+    reader = await asyncpg.connect(roles_db.reader)
+    try:
+        changes = await read_changes(reader)
+        assert changes, "the writer's ingest wrote no change"
+    finally:
+        await reader.close()
+    assert "permission denied" in await _refused(
+        roles_db.reader, "INSERT INTO dlr.change_cursors (consumer) VALUES ('x')"
+    )
+    operator = await asyncpg.connect(roles_db.operator)
+    try:
+        await save_cursor(operator, "hooks", changes[-1].position)
+        assert await load_cursor(operator, "hooks") == changes[-1].position
+    finally:
+        await operator.close()
+    assert "permission denied" in await _refused(
+        roles_db.operator, "UPDATE dlr.status_changes SET status = 'DELIVERED'"
+    )

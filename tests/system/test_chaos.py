@@ -55,6 +55,7 @@ FAULT_EVIDENCE: dict[str, Any] = {
     # The primary died mid-drain (some receipts acked before, the rest only after promotion),
     # and no commit returned while the synchronous standby was cut off.
     "failover_sync": lambda r: 0 < failover_acks(r)[0] < r["receipts"] and failover_acks(r)[1] == 0,
+    "relay_kill9": lambda r: any(n.startswith("relay:") and "2 kills" in n for n in r["notes"]),
 }
 
 

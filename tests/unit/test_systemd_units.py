@@ -22,7 +22,12 @@ from dlrfeed.errors import AuthenticationError, ConfigError, SchemaOutOfDateErro
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 INSTALLED_EXECUTABLE = "/opt/dlrfeed/venv/bin/dlrfeed"
-UNITS = ["dlrfeed.service", "dlrfeed@.service", "dlrfeed-migrate.service"]
+UNITS = [
+    "dlrfeed.service",
+    "dlrfeed@.service",
+    "dlrfeed-migrate.service",
+    "dlrfeed-relay.service",
+]
 DAEMON_UNITS = ["dlrfeed.service", "dlrfeed@.service"]
 MAX_EXPOSURE = 1.5
 # `dlrfeed run --shutdown-timeout` default (issue 4 §7); TimeoutStopSec= must outlast it.
@@ -224,6 +229,7 @@ def _example_keys(name: str) -> set[str]:
     [
         ("run", ["dlrfeed.env.example"]),
         ("migrate", ["migrate.env.example"]),
+        ("relay", ["relay.env.example"]),
     ],
 )
 def test_example_env_files_name_real_options(command: str, files: list[str]) -> None:
@@ -235,4 +241,26 @@ def test_example_env_files_name_real_options(command: str, files: list[str]) -> 
         shown |= _example_keys(name)
     if command == "run":
         shown.add("DLRFEED_PASSWORD_FILE")  # set by the daemon units themselves
+    if command == "relay":
+        shown.add("DLRFEED_SECRET_FILE")  # set by the relay unit itself
     assert shown - known == set()
+
+
+def test_relay_unit_takes_its_secret_as_a_credential_and_restarts_like_the_daemon() -> None:
+    """dlrfeed-relay.service: the HMAC secret is a credential file, never environment text;
+    Type=notify with the watchdog; fatal exits are not restarted; its env file is required."""
+    unit = _unit("dlrfeed-relay.service")
+    assert _values(unit, "Service", "LoadCredential") == ["relay-secret:/etc/dlrfeed/relay-secret"]
+    environment = " ".join(_values(unit, "Service", "Environment")).split()
+    assert "DLRFEED_SECRET_FILE=%d/relay-secret" in environment
+    assert not any(item.startswith("DLRFEED_RELAY_SECRET=") for item in environment)
+    assert _only(unit, "Service", "ExecStart") == f"{INSTALLED_EXECUTABLE} relay"
+    assert _only(unit, "Service", "Type") == "notify"
+    assert _seconds(_only(unit, "Service", "WatchdogSec")) == 30
+    assert _only(unit, "Service", "Restart") == "on-failure"
+    assert {int(c) for c in _only(unit, "Service", "RestartPreventExitStatus").split()} == {
+        ConfigError.exit_code,
+        AuthenticationError.exit_code,
+    }
+    assert _values(unit, "Service", "EnvironmentFile") == ["/etc/dlrfeed/relay.env"]
+    assert "DLRFEED_RELAY_SECRET" not in _example_keys("relay.env.example")

@@ -1,0 +1,216 @@
+"""Push the status-change log to an HTTP endpoint as signed JSON, in order, at least once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import structlog
+
+from dlrfeed.config import add_database_url, required
+from dlrfeed.daemon.http import MetricsServer
+from dlrfeed.daemon.logsetup import configure_logging
+from dlrfeed.daemon.sdnotify import SystemdNotifier
+from dlrfeed.daemon.settings import exposed_mode, host_port
+from dlrfeed.errors import ConfigError
+from dlrfeed.relay import Relay, RelayMetrics, RelaySettings
+
+log = structlog.get_logger("dlrfeed.relay")
+
+SECRET_ENV = "DLRFEED_RELAY_SECRET"  # noqa: S105 - the name of a variable, not a secret
+SECRET_CREDENTIAL = "relay-secret"  # noqa: S105 - the name of a credential, not a secret
+REFUSED_ON_ARGV = (
+    "refused: the relay secret is never accepted on the command line (ps, shell history); "
+    f"use --secret-file FILE, {SECRET_ENV} or the systemd credential `{SECRET_CREDENTIAL}`"
+)
+
+
+class _RefuseSecretOnArgv(argparse.Action):
+    """`--secret` exists only to be refused without echoing the value."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        raise argparse.ArgumentError(self, REFUSED_ON_ARGV)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(f"must be above 0, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--url, --secret-file, --consumer, --batch-size, --timeout, --metrics, logging."""
+    parser.allow_abbrev = False  # no `--secret` → --secret-file guessing
+    parser.add_argument("--url", metavar="URL", help="the endpoint to POST changes to")
+    parser.add_argument(
+        "--secret-file",
+        metavar="FILE",
+        help=f"file holding the HMAC secret (else {SECRET_ENV}, else "
+        f"$CREDENTIALS_DIRECTORY/{SECRET_CREDENTIAL}); never accepted on the command line",
+    )
+    parser.add_argument(
+        "--secret", action=_RefuseSecretOnArgv, nargs="?", metavar="-", help=REFUSED_ON_ARGV
+    )
+    add_database_url(parser)
+    parser.add_argument(
+        "--consumer",
+        default="relay",
+        metavar="NAME",
+        help="the durable cursor this relay keeps (one per endpoint)",
+    )
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=100, help="changes per POST (at most)"
+    )
+    parser.add_argument(
+        "--timeout", type=_positive_float, default=10.0, help="seconds per POST attempt"
+    )
+    parser.add_argument(
+        "--retry-max",
+        type=_positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="longest wait between two attempts of one batch (backoff from 0.5 s, jittered)",
+    )
+    parser.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics and /healthz here")
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="debug adds one event per delivered batch",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="auto: a human renderer on a terminal, JSON lines otherwise",
+    )
+
+
+def _read_secret(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    secret = data.rstrip(b"\r\n")
+    if not secret:
+        raise ConfigError(f"{what} {path} is empty")
+    return secret
+
+
+def resolve_secret(secret_file: str | None, environ: Mapping[str, str]) -> tuple[bytes, str]:
+    """(secret, where it came from): --secret-file, DLRFEED_RELAY_SECRET, systemd credential."""
+    if secret_file:
+        return _read_secret(Path(secret_file), "--secret-file"), f"file {secret_file}"
+    if environ.get(SECRET_ENV):
+        return environ[SECRET_ENV].encode(), f"env {SECRET_ENV}"
+    credentials = environ.get("CREDENTIALS_DIRECTORY")
+    if credentials and (Path(credentials) / SECRET_CREDENTIAL).exists():
+        path = Path(credentials) / SECRET_CREDENTIAL
+        return _read_secret(path, "systemd credential"), f"systemd credential {SECRET_CREDENTIAL}"
+    raise ConfigError(
+        f"no relay secret: give --secret-file FILE, {SECRET_ENV}, or the systemd credential "
+        f"`{SECRET_CREDENTIAL}` (LoadCredential={SECRET_CREDENTIAL}:FILE)"
+    )
+
+
+def _endpoint(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ConfigError(f"--url: expected an http:// or https:// URL, got {url!r}")
+    if parts.password is not None:
+        raise ConfigError("--url: no credentials in the URL (they would reach logs)")
+    return url
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Validate, then relay until SIGTERM/SIGINT (exit 0), serving metrics when asked."""
+    configure_logging(args.log_level, args.log_format)
+    if getattr(args, "_sources", {}).get("secret") == "config":
+        raise ConfigError("the config file sets `secret`: keep it in a --secret-file")
+    url = _endpoint(required(args, "url"))
+    secret, source = resolve_secret(args.secret_file, os.environ)
+    try:
+        metrics_address = host_port(args.metrics) if args.metrics else None
+    except ValueError as exc:
+        raise ConfigError(f"--metrics: {exc}") from None
+    if not args.consumer.strip():
+        raise ConfigError("--consumer: the name must not be empty")
+    settings = RelaySettings(
+        database_url=required(args, "database_url"),
+        url=url,
+        secret=secret,
+        consumer=args.consumer,
+        batch_size=args.batch_size,
+        timeout=args.timeout,
+        retry_max=args.retry_max,
+    )
+    if args.secret_file and (mode := exposed_mode(Path(args.secret_file))) is not None:
+        log.warning("secret_file_exposed", mode=oct(mode), fix="chmod 600")
+    log.info("relay_secret", source=source)
+    metrics = RelayMetrics()
+    relay = Relay(settings, metrics)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    server: MetricsServer | None = None
+    if metrics_address is not None:
+
+        async def health() -> tuple[bool, str]:
+            up = _is_up(metrics)
+            return up, "relaying" if up else "not running"
+
+        server = MetricsServer(metrics.registry, health)
+        await server.start(*metrics_address)
+    notifier = SystemdNotifier()
+    notifier.notify(READY="1", STATUS=f"relaying to {urlsplit(url).hostname}")
+    watchdog = asyncio.create_task(_ping_watchdog(notifier, metrics, stop), name="watchdog")
+    try:
+        await relay.run(stop)
+    finally:
+        notifier.notify(STOPPING="1")
+        watchdog.cancel()
+        await asyncio.gather(watchdog, return_exceptions=True)
+        if server is not None:
+            await server.close()
+    return 0
+
+
+async def _ping_watchdog(
+    notifier: SystemdNotifier, metrics: RelayMetrics, stop: asyncio.Event
+) -> None:
+    """WATCHDOG=1 at half the unit's WatchdogSec while the relay's loop is up: a hung event
+    loop stops the pings and systemd restarts the unit."""
+    if notifier.watchdog_interval is None:
+        return
+    while not stop.is_set():
+        if _is_up(metrics):
+            notifier.notify(WATCHDOG="1")
+        try:
+            async with asyncio.timeout(notifier.watchdog_interval):
+                await stop.wait()
+        except TimeoutError:
+            pass
+
+
+def _is_up(metrics: RelayMetrics) -> bool:
+    return bool(metrics.up._value.get() == 1)  # prometheus_client has no public getter

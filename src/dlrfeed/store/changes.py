@@ -1,0 +1,364 @@
+"""The status-change log (migration 0009, docs/changes.md): read it, follow it, keep a place.
+
+`dlr.status_changes` gets one row per change of a message's computed status, written by
+triggers in the very transaction that wrote the status. Readers see only positions below the
+horizon of the oldest transaction still running, which makes "changes after P" gap-free: a
+change that commits later always gets a larger position than any change already shown (the
+proof is in the migration). So a reader that keeps the last position it handled never misses a
+change and never sees one twice.
+
+- `read_changes(conn, after, limit)`: the next changes after a position, in position order.
+- `follow_changes(dsn, after)`: an async iterator of batches, woken by LISTEN/NOTIFY within
+  milliseconds of a commit, polling where LISTEN is unavailable (a transaction pooler).
+- `load_cursor` / `save_cursor`: durable named cursors (`dlr.change_cursors`).
+- `consume_changes(conn, consumer, handler)`: exactly-once for a consumer whose effect lives in
+  the same PostgreSQL: its effect and its cursor commit in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import structlog
+
+from dlrfeed.backoff import Backoff
+from dlrfeed.errors import ConfigError, FatalError, SchemaOutOfDateError, StoreUnavailableError
+
+log = structlog.get_logger("dlrfeed.changes")
+
+RECONNECT_BACKOFF = Backoff(0.2, 10.0)
+"""Between a follower's attempts to reach PostgreSQL again."""
+
+CHANNEL = "dlr_status_changes"
+"""The NOTIFY channel the log's trigger signals at every commit that wrote changes."""
+
+# The exposure horizon: positions below the oldest running transaction's id (migration 0009).
+_HORIZON = "pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19"
+
+_COLUMNS = """position, login, message_id, status, is_final, reason, previous_status,
+    previous_is_final, previous_reason, supporting_event_id, rules_version, changed_at"""
+
+# -- name: read_changes
+# One index range scan of the primary key, (position, changed_at).
+READ_CHANGES = f"""
+SELECT {_COLUMNS}
+FROM dlr.status_changes
+WHERE position > $1 AND position < {_HORIZON}
+ORDER BY position
+LIMIT $2
+"""
+
+# -- name: changes_held_back
+# Committed changes after $1 not yet exposed (an older transaction still runs): worth a quick
+# second look rather than the full idle wait.
+CHANGES_HELD_BACK = f"""
+SELECT EXISTS (SELECT 1 FROM dlr.status_changes WHERE position > $1 AND position >= {_HORIZON})
+"""
+
+# -- name: backlog
+# Everything committed after $1, exposed or not: what a consumer still has to handle. Bounded
+# so that a relay refreshing its gauges every second never scans a huge backlog: the count
+# stops at BACKLOG_COUNT_CAP, and the oldest is the first by position (one index probe; the
+# writing transactions' times follow their ids closely).
+BACKLOG_COUNT_CAP = 1_000_000
+BACKLOG = f"""
+SELECT (SELECT count(*) FROM (SELECT 1 FROM dlr.status_changes WHERE position > $1
+                              LIMIT {BACKLOG_COUNT_CAP}) AS capped) AS pending,
+       (SELECT changed_at FROM dlr.status_changes WHERE position > $1
+        ORDER BY position LIMIT 1) AS oldest
+"""
+
+LOAD_CURSOR = "SELECT position FROM dlr.change_cursors WHERE consumer = $1"
+
+# A cursor only moves forward: a consumer restarted with an old --after cannot rewind another
+# instance's progress by accident.
+SAVE_CURSOR = """
+INSERT INTO dlr.change_cursors AS c (consumer, position) VALUES ($1, $2)
+ON CONFLICT (consumer) DO UPDATE
+    SET position = greatest(c.position, EXCLUDED.position), updated_at = now()
+"""
+
+# Locks the consumer's row (created at 0 when new, CREATE_CURSOR) so that two instances of
+# one consumer take turns: each batch is handled by exactly one of them.
+CREATE_CURSOR = """
+INSERT INTO dlr.change_cursors (consumer) VALUES ($1) ON CONFLICT (consumer) DO NOTHING
+"""
+LOCK_CURSOR = "SELECT position FROM dlr.change_cursors WHERE consumer = $1 FOR UPDATE"
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    """One change of a message's computed status, as the log recorded it."""
+
+    position: int
+    login: str
+    message_id: str
+    status: str
+    is_final: bool
+    reason: str
+    previous_status: str | None
+    previous_is_final: bool | None
+    previous_reason: str | None
+    supporting_event_id: int
+    rules_version: str
+    changed_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """The change as a JSON-ready dict (the `dlrfeed changes --json` line, the relay's
+        items): every field, `changed_at` in ISO 8601."""
+        return {
+            "position": self.position,
+            "login": self.login,
+            "message_id": self.message_id,
+            "status": self.status,
+            "is_final": self.is_final,
+            "reason": self.reason,
+            "previous_status": self.previous_status,
+            "previous_is_final": self.previous_is_final,
+            "previous_reason": self.previous_reason,
+            "supporting_event_id": self.supporting_event_id,
+            "rules_version": self.rules_version,
+            "changed_at": self.changed_at.isoformat(),
+        }
+
+
+def _change(record: asyncpg.Record) -> StatusChange:
+    values = dict(record.items())
+    values["position"] = int(values["position"])
+    return StatusChange(**values)
+
+
+def _translated(exc: BaseException) -> BaseException:
+    """asyncpg/OS errors as the project's own (STYLE: translate errors at the boundary)."""
+    if isinstance(
+        exc, asyncpg.InsufficientPrivilegeError | asyncpg.InvalidAuthorizationSpecificationError
+    ):
+        return ConfigError(f"PostgreSQL refused: {exc} (docs/changes.md, Roles)")
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        return SchemaOutOfDateError("the change log is missing: run `dlrfeed migrate`")
+    return StoreUnavailableError(f"PostgreSQL: {exc}")
+
+
+_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+async def read_changes(
+    conn: asyncpg.Connection, after: int = 0, limit: int = 1000
+) -> list[StatusChange]:
+    """The first `limit` changes with a position above `after`, in position order.
+
+    Only changes that can no longer be preceded by another are returned (the horizon of the
+    oldest running transaction), so calling again with the last position returned never skips
+    a change and never repeats one, however many writers run at once.
+    """
+    try:
+        return [_change(r) for r in await conn.fetch(READ_CHANGES, after, limit)]
+    except _DRIVER_ERRORS as exc:
+        raise _translated(exc) from exc
+
+
+async def changes_held_back(conn: asyncpg.Connection, after: int) -> bool:
+    """True when changes after `after` have committed but wait for an older transaction."""
+    try:
+        return bool(await conn.fetchval(CHANGES_HELD_BACK, after))
+    except _DRIVER_ERRORS as exc:
+        raise _translated(exc) from exc
+
+
+async def backlog(conn: asyncpg.Connection, after: int) -> tuple[int, datetime | None]:
+    """(how many changes are committed after `after`, at most BACKLOG_COUNT_CAP; when the
+    first of them was made)."""
+    try:
+        row = await conn.fetchrow(BACKLOG, after)
+    except _DRIVER_ERRORS as exc:
+        raise _translated(exc) from exc
+    assert row is not None
+    return int(row["pending"]), row["oldest"]
+
+
+async def load_cursor(conn: asyncpg.Connection, consumer: str) -> int:
+    """The last position `consumer` handled (0, the beginning, for a new consumer)."""
+    try:
+        position = await conn.fetchval(LOAD_CURSOR, consumer)
+    except _DRIVER_ERRORS as exc:
+        raise _translated(exc) from exc
+    return 0 if position is None else int(position)
+
+
+async def save_cursor(conn: asyncpg.Connection, consumer: str, position: int) -> None:
+    """Record that `consumer` has handled everything up to `position` (never moves back)."""
+    try:
+        await conn.execute(SAVE_CURSOR, consumer, position)
+    except _DRIVER_ERRORS as exc:
+        raise _translated(exc) from exc
+
+
+ChangeHandler = Callable[[asyncpg.Connection, Sequence[StatusChange]], Awaitable[None]]
+
+
+async def consume_changes(
+    conn: asyncpg.Connection, consumer: str, handler: ChangeHandler, limit: int = 1000
+) -> int:
+    """Hand the next changes of `consumer` to `handler`, effect and cursor in one transaction.
+
+    Opens a transaction on `conn`, locks the consumer's cursor row, reads up to `limit` changes
+    after it, awaits `handler(conn, changes)` — which writes its effect through `conn` — and
+    moves the cursor to the last change, then commits. Either the effect and the new cursor
+    both commit or neither does, so each change takes effect exactly once, even across
+    crashes and with several instances of the same consumer. Returns how many were handled
+    (0: nothing new; the handler is not called).
+    """
+    try:
+        async with conn.transaction():
+            await conn.execute(CREATE_CURSOR, consumer)
+            after = int(await conn.fetchval(LOCK_CURSOR, consumer))
+            changes = await read_changes(conn, after, limit)
+            if changes:
+                await handler(conn, changes)
+                await save_cursor(conn, consumer, changes[-1].position)
+    except _DRIVER_ERRORS as exc:
+        raise _translated(exc) from exc
+    return len(changes)
+
+
+class _Wakeups:
+    """LISTEN on the change channel when notifications reach this client; otherwise nothing
+    to wait on and the follower polls. The probe is sent from a second connection, as a
+    writer's would be: through a transaction pooler LISTEN succeeds, but a notification sent
+    from another client never reaches this one (the listening server session is back in the
+    pool), and a probe sent from our own session could be answered on that same session."""
+
+    PROBE_TIMEOUT = 2.0
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.listening = False
+
+    def _on_notification(self, *_: object) -> None:
+        self.event.set()
+
+    async def start(self, conn: asyncpg.Connection, dsn: str) -> None:
+        probe = f"{CHANNEL}_probe_{os.getpid()}_{id(self)}"
+        arrived = asyncio.Event()
+
+        def on_probe(*_: object) -> None:
+            arrived.set()
+
+        try:
+            await conn.add_listener(CHANNEL, self._on_notification)
+            await conn.add_listener(probe, on_probe)
+            sender = await asyncpg.connect(dsn, statement_cache_size=0)
+            try:
+                await sender.execute("SELECT pg_notify($1, '')", probe)
+            finally:
+                await _close_quietly(sender)
+            async with asyncio.timeout(self.PROBE_TIMEOUT):
+                await arrived.wait()
+            await conn.remove_listener(probe, on_probe)
+        except (TimeoutError, asyncpg.PostgresError) as exc:
+            reason = "no notification arrived" if isinstance(exc, TimeoutError) else str(exc)
+            log.warning("changes_listen_unavailable", reason=reason, mode="polling")
+            return
+        self.listening = True
+
+    async def wait(self, seconds: float, stop: asyncio.Event | None) -> None:
+        """Until a notification, `stop`, or `seconds`."""
+        waits = [asyncio.ensure_future(self.event.wait())]
+        if stop is not None:
+            waits.append(asyncio.ensure_future(stop.wait()))
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        self.event.clear()
+
+
+@dataclass(frozen=True)
+class FollowTiming:
+    """How a follower waits. With LISTEN a commit wakes it at once and `listen_poll` is only
+    a safety net; without, it polls every `fallback_poll` seconds. `held_back_retry` is the
+    quick second look when committed changes wait behind an older transaction."""
+
+    listen_poll: float = 5.0
+    fallback_poll: float = 0.1
+    held_back_retry: float = 0.02
+
+
+async def follow_changes(
+    dsn: str,
+    after: int = 0,
+    *,
+    limit: int = 1000,
+    stop: asyncio.Event | None = None,
+    timing: FollowTiming | None = None,
+) -> AsyncGenerator[list[StatusChange], None]:
+    """Every change after `after`, as batches of up to `limit`, in position order, forever.
+
+    Keeps one connection of its own: LISTENs on the change channel when it can (a commit
+    wakes it within milliseconds), polls when it cannot (`changes_listen_unavailable` is
+    logged once per connection). Reconnects with backoff when the server goes away, resuming
+    after the last position yielded. Ends when `stop` is set. A caller that must survive its
+    own restarts stores the last position it handled (`save_cursor`) and passes it back.
+    """
+    timing = timing or FollowTiming()
+    position = after
+    attempt = 0
+    while stop is None or not stop.is_set():
+        try:
+            # No statement cache: the follower may go through a transaction pooler.
+            conn = await asyncpg.connect(dsn, statement_cache_size=0)
+        except _DRIVER_ERRORS as exc:
+            translated = _translated(exc)
+            if isinstance(translated, FatalError):
+                raise translated from exc
+            attempt += 1
+            log.warning("changes_reconnect", attempt=attempt, error=str(exc))
+            await _sleep(RECONNECT_BACKOFF.delay(attempt), stop)
+            continue
+        try:
+            wakeups = _Wakeups()
+            await wakeups.start(conn, dsn)
+            attempt = 0
+            idle = timing.listen_poll if wakeups.listening else timing.fallback_poll
+            while stop is None or not stop.is_set():
+                batch = await read_changes(conn, position, limit)
+                if batch:
+                    position = batch[-1].position
+                    yield batch
+                    continue
+                held = await changes_held_back(conn, position)
+                await wakeups.wait(timing.held_back_retry if held else idle, stop)
+        except (StoreUnavailableError, *_DRIVER_ERRORS) as exc:
+            translated = exc if isinstance(exc, StoreUnavailableError) else _translated(exc)
+            if isinstance(translated, FatalError):
+                raise translated from exc
+            attempt += 1
+            log.warning("changes_reconnect", attempt=attempt, error=str(exc))
+            await _sleep(RECONNECT_BACKOFF.delay(attempt), stop)
+        finally:
+            await _close_quietly(conn)
+
+
+async def _sleep(seconds: float, stop: asyncio.Event | None) -> None:
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return
+    try:
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+    except TimeoutError:
+        pass
+
+
+async def _close_quietly(conn: asyncpg.Connection) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), timeout=2)
+    except (*_DRIVER_ERRORS, TimeoutError):
+        conn.terminate()
