@@ -157,7 +157,7 @@ async def test_p13_migrated_by_the_owner_login_every_object_belongs_to_the_owner
     try:
         owners = await conn.fetch(
             "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c "
-            "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'S')"
+            "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'p', 'S')"
         )
         schema_owner = await conn.fetchval(
             "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'dlr'"
