@@ -29,13 +29,12 @@ from daemon_harness import (
 )
 from dlrfeed.cli import main as dlrfeed_main
 from dlrfeed.daemon.app import Daemon
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import ConfigError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import message_reports, statistics
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from gateway.receipts.v1 import feed_pb2
+from retention_support import receipt
 
 DAY = timedelta(days=1)
 # The content of every reception, in id order (to compare an archive with its source).
@@ -44,32 +43,6 @@ ROW_TEXT = "SELECT md5(string_agg(r::text, ',' ORDER BY r.id)) FROM {table} AS r
 
 def today() -> datetime:
     return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-
-
-def receipt(message_id: str, received_at: float, *, delivery_count: int = 1) -> Receipt:
-    """A final receipt with its real serialized proto, received at `received_at`."""
-    wire = feed_pb2.Receipt(id=message_id, level=2, stat="DELIVRD", ack_token=f"t-{message_id}")
-    wire.err = "000"
-    wire.delivery_count = delivery_count
-    return Receipt(
-        message_id=MessageId(message_id),
-        level=2,
-        stat="DELIVRD",
-        err="000",
-        sub=None,
-        dlvrd=None,
-        submit_date=None,
-        done_date=None,
-        text=None,
-        source_addr=None,
-        destination_addr=None,
-        smsc_message_id=None,
-        connector=None,
-        delivery_count=delivery_count,
-        ack_token=AckToken(wire.ack_token),
-        raw=wire.SerializeToString(),
-        received_at=received_at,
-    )
 
 
 @pytest.fixture
