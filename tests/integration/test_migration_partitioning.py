@@ -67,6 +67,7 @@ async def installed_store(pg_cluster: PgCluster) -> AsyncIterator[str]:
     await pg_cluster.drop_database(name)
 
 
+@pytest.mark.slow  # 40-80 s on a shared machine, most of it filling the million rows
 async def test_a_populated_store_migrates_in_place_keeping_every_row(installed_store: str) -> None:
     conn = await asyncpg.connect(installed_store)
     try:
