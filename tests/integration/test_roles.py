@@ -219,6 +219,11 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "CREATE TABLE public.shadow (x int)",
         "CREATE FUNCTION dlr.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
         "ALTER TABLE dlr.receptions OWNER TO t_writer",
+        # Day partitions (migration 0010): only the owner creates, reads directly or drops them.
+        "DROP TABLE dlr_partitions.receptions_default",
+        "SELECT count(*) FROM dlr_partitions.receptions_default",
+        "ALTER TABLE dlr.receptions DETACH PARTITION dlr_partitions.receptions_default",
+        "SELECT dlr.create_reception_partitions(now() + interval '30 days')",
     ],
 )
 async def test_p13_writer_cannot_rewrite_evidence_or_change_the_schema(
