@@ -9,7 +9,7 @@ grows. For each configuration of PostgreSQL (its own throwaway cluster, fsync on
   machine is shared: CPU is the steadier measure);
 - batch latency p50/p99 of `Store.ingest` (~525 receptions a batch);
 - `record_submissions` of 5,000 ids (every 20 batches; 2 % of them recorded late, after their
-  receipts, so the call also correlates): p50/p99/max;
+  receipts, so the call also correlates): p50/p99/max wall, and the most server CPU one took;
 - WAL bytes per reception over the step, disk bytes per reception stored (database size).
 It measures and reports; it never asserts a time. Writes a Markdown report (`--out`) and prints
 the same figures as JSON.
@@ -76,6 +76,7 @@ class Step:
     wal_bytes: int = 0
     batch_ms: list[float] = field(default_factory=list)
     submissions_ms: list[float] = field(default_factory=list)
+    submissions_cpu_ms: list[float] = field(default_factory=list)  # the server's, during each
     database_bytes: int = 0  # growth of the database since it was freshly migrated
     checkpoints: int = 0
 
@@ -92,6 +93,7 @@ class Step:
             "submissions_p50_ms": round(_quantile(submissions, 0.5), 1),
             "submissions_p99_ms": round(_quantile(submissions, 0.99), 1),
             "submissions_max_ms": round(max(submissions, default=0.0), 1),
+            "submissions_server_cpu_max_ms": round(max(self.submissions_cpu_ms, default=0.0), 1),
             "wal_bytes_per_reception": round(self.wal_bytes / self.receptions),
             "disk_bytes_per_reception": round(self.database_bytes / self.stored),
             "checkpoints": self.checkpoints,
@@ -226,9 +228,10 @@ async def grow(
         checkpoints0, started = await _checkpoints(conn), time.monotonic()
         while stored < receipts:
             submissions = traffic.submissions()
-            t0 = time.perf_counter()
+            t0, server0 = time.perf_counter(), server_cpu_seconds(cluster)
             await store.record_submissions(submissions)
             current.submissions_ms.append(1000 * (time.perf_counter() - t0))
+            current.submissions_cpu_ms.append(1000 * (server_cpu_seconds(cluster) - server0))
             for index in range(BATCHES_PER_ROUND):
                 batch = traffic.batch(index)
                 t0 = time.perf_counter()
@@ -312,6 +315,9 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         ),
         "disk_bytes_per_reception": last["disk_bytes_per_reception"],
         "max_record_submissions_ms": max(s["submissions_max_ms"] for s in steps),
+        "max_record_submissions_server_cpu_ms": max(
+            s["submissions_server_cpu_max_ms"] for s in steps
+        ),
     }
 
 
@@ -342,6 +348,7 @@ def markdown(report: dict[str, Any]) -> str:
         ("submissions_p50_ms", "5k subs p50 ms"),
         ("submissions_p99_ms", "p99"),
         ("submissions_max_ms", "max"),
+        ("submissions_server_cpu_max_ms", "server CPU max ms"),
         ("wal_bytes_per_reception", "WAL B/rec"),
         ("disk_bytes_per_reception", "disk B/rec"),
         ("checkpoints", "checkpoints"),
