@@ -30,7 +30,7 @@ from daemon_harness import (
 from dlrfeed.cli import main as dlrfeed_main
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.domain.status import Outcome
-from dlrfeed.errors import ConfigError
+from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import message_reports, statistics
 from dlrfeed.store.retention import RetentionPolicy, maintain
@@ -192,3 +192,39 @@ async def test_a_day_is_dropped_while_the_daemon_ingests(
     # Everything the gateway gave was stored and nothing of the old day is left.
     assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == len(bodies)
     assert await db.fetchval("SELECT count(*) FROM dlr.events") == len(bodies) + 200
+
+
+async def test_receptions_of_a_missing_day_land_in_the_default_and_move_to_their_day(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Nothing is refused when maintain has not run: the reception waits in the default
+    partition, maintain says so, and the procedure of docs/retention.md moves it."""
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        far = (today() + 20 * DAY).timestamp() + 60  # beyond the week the migration created
+        result = await store.ingest(LOGIN, [receipt("future", far)])
+    finally:
+        await store.close()
+    assert result.outcomes == [Outcome.UNCORRELATED]
+    assert await db.fetchval("SELECT count(*) FROM dlr_partitions.receptions_default") == 1
+    with pytest.raises(FatalError, match="receptions_default"):
+        await maintain(database_url, RetentionPolicy(days_ahead=30))
+    await db.execute(
+        """
+        BEGIN;
+        ALTER TABLE dlr.receptions DETACH PARTITION dlr_partitions.receptions_default;
+        SELECT dlr.create_reception_partitions(now() + interval '30 days');
+        INSERT INTO dlr.receptions SELECT * FROM dlr_partitions.receptions_default;
+        ALTER TABLE dlr_partitions.receptions_default RENAME TO receptions_default_moved;
+        ALTER INDEX dlr_partitions.receptions_default_pkey RENAME TO receptions_default_moved_pkey;
+        CREATE TABLE dlr_partitions.receptions_default PARTITION OF dlr.receptions DEFAULT;
+        ALTER TABLE dlr_partitions.receptions_default
+            ADD CONSTRAINT receptions_default_pkey PRIMARY KEY (login, message_id, id);
+        COMMIT;
+        DROP TABLE dlr_partitions.receptions_default_moved;
+        """
+    )
+    report = await maintain(database_url, RetentionPolicy(days_ahead=30))
+    assert not report.default_partition_holds_rows
+    day = (today() + 20 * DAY).strftime("%Y%m%d")
+    assert await db.fetchval(f"SELECT count(*) FROM dlr_partitions.receptions_{day}") == 1
