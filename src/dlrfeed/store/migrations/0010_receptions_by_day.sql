@@ -9,9 +9,9 @@
 -- An installed store is moved without copying a row: the existing table becomes the first
 -- partition, `receptions_before_YYYYMMDD`, holding everything received before that day (the
 -- day after the newest reception, or today on an empty store). Its one index is kept as it is;
--- the migration scans the table once to prove the partition bound (~1 s per million receptions
--- on a quiet machine, docs/retention.md), under a lock that holds ingest back meanwhile: stop
--- the daemons before migrating (docs/systemd.md).
+-- the migration reads the table twice (its newest received_at, then the proof of the partition
+-- bound; 1-5 s per million receptions measured, docs/retention.md) under a lock that holds
+-- ingest back meanwhile: stop the daemons before migrating (docs/systemd.md).
 --
 -- No index on the partitioned parent: PostgreSQL would want the partition key in it, i.e.
 -- rebuilding the existing table's index under the lock. Each partition gets its own index on
