@@ -9,12 +9,13 @@ PROTO   := protos/gateway/receipts/v1/feed.proto
 DURATION ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-packages proto lint test run bench chaos fuzz clean
+.PHONY: help install system-packages proto lint test run bench bench-growth chaos fuzz clean
 
 help:
 	@echo "make run     local demo: PostgreSQL + fake gateway + traffic + dlrfeed, live view (DURATION=s to stop by itself)"
 	@echo "make test    lint + the whole test suite against real PostgreSQL and real gRPC"
 	@echo "make bench   benchmarks; writes docs/benchmarks.md"
+	@echo "make bench-growth  a store grown to RECEIPTS (20 M) receptions; writes docs/benchmarks-growth.md"
 	@echo "make chaos   the full fault-injection matrix; writes docs/reliability.md"
 	@echo "make fuzz    long property-based fuzzing of parse + ingest"
 	@echo "make lint    ruff + mypy --strict"
@@ -50,6 +51,12 @@ run: install
 bench: install
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) scripts/bench.py --out docs/benchmarks.md
+
+# Hours at the default size; RECEIPTS=1000000 STEP=200000 for a smaller run.
+RECEIPTS ?= 20000000
+STEP ?= 1000000
+bench-growth: install
+	$(PY) scripts/bench_growth.py --receipts $(RECEIPTS) --step $(STEP) --out docs/benchmarks-growth.md
 
 chaos: install
 	$(PY) scripts/chaos.py --full --out docs/reliability.md

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "stats": "stats",
     "changes": "changes",
     "relay": "relay",
+    "maintain": "maintain",
 }
 
 

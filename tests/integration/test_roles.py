@@ -158,7 +158,7 @@ async def test_p13_migrated_by_the_owner_login_every_object_belongs_to_the_owner
     try:
         owners = await conn.fetch(
             "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c "
-            "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'S')"
+            "WHERE c.relnamespace = 'dlr'::regnamespace AND c.relkind IN ('r', 'p', 'S')"
         )
         schema_owner = await conn.fetchval(
             "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'dlr'"
@@ -220,6 +220,11 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "CREATE TABLE public.shadow (x int)",
         "CREATE FUNCTION dlr.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
         "ALTER TABLE dlr.receptions OWNER TO t_writer",
+        # Day partitions (migration 0010): only the owner creates, reads directly or drops them.
+        "DROP TABLE dlr_partitions.receptions_default",
+        "SELECT count(*) FROM dlr_partitions.receptions_default",
+        "ALTER TABLE dlr.receptions DETACH PARTITION dlr_partitions.receptions_default",
+        "SELECT dlr.create_reception_partitions(now() + interval '30 days')",
     ],
 )
 async def test_p13_writer_cannot_rewrite_evidence_or_change_the_schema(

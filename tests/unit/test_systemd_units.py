@@ -27,6 +27,7 @@ UNITS = [
     "dlrfeed@.service",
     "dlrfeed-migrate.service",
     "dlrfeed-relay.service",
+    "dlrfeed-maintain.service",
 ]
 DAEMON_UNITS = ["dlrfeed.service", "dlrfeed@.service"]
 MAX_EXPOSURE = 1.5
@@ -230,6 +231,7 @@ def _example_keys(name: str) -> set[str]:
         ("run", ["dlrfeed.env.example"]),
         ("migrate", ["migrate.env.example"]),
         ("relay", ["relay.env.example"]),
+        ("maintain", ["migrate.env.example", "maintain.env.example"]),
     ],
 )
 def test_example_env_files_name_real_options(command: str, files: list[str]) -> None:
@@ -264,3 +266,38 @@ def test_relay_unit_takes_its_secret_as_a_credential_and_restarts_like_the_daemo
     }
     assert _values(unit, "Service", "EnvironmentFile") == ["/etc/dlrfeed/relay.env"]
     assert "DLRFEED_RELAY_SECRET" not in _example_keys("relay.env.example")
+
+
+def test_maintain_runs_as_the_owner_daily_writing_only_its_state_directory(
+    systemd_analyze: str, tmp_path: Path
+) -> None:
+    """Retention (docs/retention.md): the timer starts the oneshot daily and catches up a missed
+    run; the service takes the owner's URL, and archives may go only to its state directory."""
+    service = _unit("dlrfeed-maintain.service")
+    assert _only(service, "Service", "Type") == "oneshot"
+    assert _only(service, "Service", "ExecStart") == f"{INSTALLED_EXECUTABLE} maintain"
+    assert "/etc/dlrfeed/migrate.env" in _values(service, "Service", "EnvironmentFile")
+    assert _only(service, "Service", "StateDirectory") == "dlrfeed-maintain"
+    assert _only(service, "Service", "User") == _only(
+        _unit("dlrfeed-migrate.service"), "Service", "User"
+    )  # peer authentication maps the same system user to the owner role
+    timer = _parse_unit((SYSTEMD_DIR / "dlrfeed-maintain.timer").read_text())
+    assert _only(timer, "Timer", "Unit") == "dlrfeed-maintain.service"
+    assert _only(timer, "Timer", "Persistent") == "yes"
+    assert _only(timer, "Timer", "OnCalendar").startswith("*-*-* ")
+    assert _only(timer, "Install", "WantedBy") == "timers.target"
+    _stage("dlrfeed-maintain.service", tmp_path)
+    staged_timer = tmp_path / "dlrfeed-maintain.timer"
+    staged_timer.write_text((SYSTEMD_DIR / "dlrfeed-maintain.timer").read_text())
+    result = subprocess.run(
+        [systemd_analyze, "verify", "--man=no", "--generators=no", str(staged_timer)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    complaints = [
+        line for line in (result.stdout + result.stderr).splitlines() if str(tmp_path) in line
+    ]
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert complaints == []

@@ -1,0 +1,99 @@
+"""The schema owner's upkeep: partitions created ahead, whole old days archived and dropped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import asyncpg
+import asyncpg.exceptions
+
+from dlrfeed.config import add_database_url, required
+from dlrfeed.errors import FatalError, StoreUnavailableError
+from dlrfeed.store.retention import (
+    DEFAULT_DAYS_AHEAD,
+    DEFAULT_REDELIVERY_HORIZON_DAYS,
+    PARTITION_SCHEMA,
+    RetentionPolicy,
+    maintain,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--retention-days, --archive-dir, --redelivery-horizon-days, --days-ahead, --json."""
+    add_database_url(parser)
+    parser.add_argument(
+        "--retention-days",
+        type=int,
+        metavar="N",
+        help="drop the days of evidence older than N days (default: keep everything)",
+    )
+    parser.add_argument(
+        "--archive-dir",
+        type=Path,
+        metavar="DIR",
+        help="write each day to DIR (binary COPY, gzip, with a manifest) before dropping it",
+    )
+    parser.add_argument(
+        "--redelivery-horizon-days",
+        type=int,
+        default=DEFAULT_REDELIVERY_HORIZON_DAYS,
+        metavar="N",
+        help="how long the gateway may redeliver (F16); a shorter retention is refused",
+    )
+    parser.add_argument(
+        "--days-ahead",
+        type=int,
+        default=DEFAULT_DAYS_AHEAD,
+        metavar="N",
+        help="create the partitions of the next N days",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document")
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Run one upkeep; print what was created, archived and dropped. Exit 1 (after doing the
+    rest) when receptions sit in the default partition: a day was missing when they came."""
+    policy = RetentionPolicy(
+        retention_days=args.retention_days,
+        redelivery_horizon_days=args.redelivery_horizon_days,
+        days_ahead=args.days_ahead,
+    )
+    try:
+        report = await maintain(
+            required(args, "database_url"), policy, archive_dir=args.archive_dir
+        )
+    except (OSError, asyncpg.exceptions.PostgresConnectionError) as exc:
+        raise StoreUnavailableError(f"cannot reach PostgreSQL: {exc}") from exc
+    except asyncpg.PostgresError as exc:
+        # e.g. run by a role that does not own the schema: retrying cannot help.
+        raise FatalError(f"maintain failed: {exc}") from exc
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "created": report.created,
+                    "archived": [
+                        {"partition": a.partition, "rows": a.rows, "file": str(a.data_file)}
+                        for a in report.archived
+                    ],
+                    "dropped": report.dropped,
+                    "default_partition_holds_rows": report.default_partition_holds_rows,
+                }
+            )
+        )
+    else:
+        for name in report.created:
+            print(f"created {PARTITION_SCHEMA}.{name}")
+        for archived in report.archived:
+            print(f"archived {archived.partition}: {archived.rows} rows to {archived.data_file}")
+        for name in report.dropped:
+            print(f"dropped {PARTITION_SCHEMA}.{name}")
+    if report.default_partition_holds_rows:
+        print(
+            f"dlrfeed: receptions sit in {PARTITION_SCHEMA}.receptions_default (a day had no "
+            "partition when they came): see docs/retention.md"
+        )
+        return 1
+    return 0

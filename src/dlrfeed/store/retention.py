@@ -1,0 +1,255 @@
+"""Retention of the evidence by whole days: partitions created ahead, old ones archived and dropped.
+
+dlr.receptions is partitioned by UTC day of `received_at` (migration 0010). The schema owner
+runs `maintain` (the `dlrfeed maintain` command, daily from a systemd timer): it creates the
+partitions of the days ahead, and - only when a retention is given - drops each partition whose
+whole day lies further back than the retention, after writing it to an archive file when asked.
+Evidence is never deleted row by row (P13): a day goes as one `DROP TABLE`. The dedup keys live
+in dlr.events, which is not partitioned, so a redelivery of a receipt whose first delivery's day
+was dropped is still a repeat (P14); a retention shorter than the gateway's redelivery horizon
+(F16) is refused all the same, so that the evidence of every delivery the gateway may still
+repeat is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TypeVar
+
+import asyncpg
+import asyncpg.exceptions
+
+from dlrfeed.errors import ConfigError, FatalError
+
+# F16: the fake gateway keeps an unacked receipt 7 days (fakegw --retention-seconds 604800).
+DEFAULT_REDELIVERY_HORIZON_DAYS = 7
+DEFAULT_DAYS_AHEAD = 7
+PARTITION_SCHEMA = "dlr_partitions"
+ARCHIVE_FORMAT = "PostgreSQL COPY binary, gzip"
+
+# DDL on a partition needs a moment of ACCESS EXCLUSIVE on dlr.receptions: wait at most this
+# long for the ingest transactions in flight (milliseconds each), so that the daemon's next
+# batches queue behind us only that long, then try again.
+_LOCK_TIMEOUT = "2s"
+_LOCK_ATTEMPTS = 30
+
+_T = TypeVar("_T")
+
+_PARTITIONS_TO_DROP = """
+SELECT partition_name, lower_bound, upper_bound
+FROM dlr.day_partitions
+WHERE parent_table = 'receptions' AND NOT is_default AND upper_bound <= $1
+ORDER BY upper_bound
+"""
+
+_COLUMNS = """
+SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type
+FROM pg_attribute AS a
+WHERE a.attrelid = 'dlr.receptions'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """What `maintain` keeps: every day when `retention_days` is None, else that many days back.
+
+    ConfigError (exit 78) when the retention is shorter than the redelivery horizon (F16), or
+    when a count is below one.
+    """
+
+    retention_days: int | None = None
+    redelivery_horizon_days: int = DEFAULT_REDELIVERY_HORIZON_DAYS
+    days_ahead: int = DEFAULT_DAYS_AHEAD
+
+    def __post_init__(self) -> None:
+        if self.days_ahead < 1:
+            raise ConfigError(f"--days-ahead must be at least 1, got {self.days_ahead}")
+        if self.redelivery_horizon_days < 1:
+            raise ConfigError(
+                f"--redelivery-horizon-days must be at least 1, got {self.redelivery_horizon_days}"
+            )
+        if self.retention_days is not None and self.retention_days < self.redelivery_horizon_days:
+            raise ConfigError(
+                f"--retention-days {self.retention_days} is shorter than the gateway's redelivery"
+                f" horizon of {self.redelivery_horizon_days} days (F16): refused"
+            )
+
+
+@dataclass(frozen=True)
+class ArchivedPartition:
+    """One partition written out before its drop: the data file and its manifest."""
+
+    partition: str
+    rows: int
+    data_file: Path
+    manifest_file: Path
+
+
+@dataclass
+class MaintenanceReport:
+    """What one `maintain` did, in order."""
+
+    created: list[str] = field(default_factory=list)
+    archived: list[ArchivedPartition] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    default_partition_holds_rows: bool = False
+
+
+async def maintain(
+    dsn: str,
+    policy: RetentionPolicy,
+    *,
+    archive_dir: Path | None = None,
+    now: datetime | None = None,
+) -> MaintenanceReport:
+    """Create the partitions of the next `policy.days_ahead` days; with a retention, archive
+    (when `archive_dir` is given) and drop every partition whose day ended more than
+    `retention_days` before `now`. Run as the schema owner; safe to run again at any time (a
+    partition already created or dropped is not touched again)."""
+    moment = now or datetime.now(UTC)
+    report = MaintenanceReport()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f"SET lock_timeout = '{_LOCK_TIMEOUT}'")
+        today = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        through = today + timedelta(days=policy.days_ahead + 1)
+        try:
+            report.created = await _with_lock_retries(
+                lambda: _created(conn, through),
+            )
+        except asyncpg.exceptions.CheckViolationError as exc:
+            raise FatalError(
+                f"cannot create the partitions ahead: {exc}; receptions of those days sit in "
+                f"{PARTITION_SCHEMA}.receptions_default (docs/retention.md)"
+            ) from exc
+        if policy.retention_days is not None:
+            cutoff = moment - timedelta(days=policy.retention_days)
+            for row in await conn.fetch(_PARTITIONS_TO_DROP, cutoff):
+                name = str(row["partition_name"])
+                if archive_dir is not None:
+                    report.archived.append(
+                        await archive_partition(
+                            conn, name, row["lower_bound"], row["upper_bound"], archive_dir
+                        )
+                    )
+                await _with_lock_retries(functools.partial(_drop, conn, name))
+                report.dropped.append(name)
+        report.default_partition_holds_rows = bool(
+            await conn.fetchval(
+                f"SELECT EXISTS (SELECT 1 FROM {PARTITION_SCHEMA}.receptions_default)"
+            )
+        )
+    finally:
+        await conn.close()
+    return report
+
+
+async def _drop(conn: asyncpg.Connection, partition: str) -> None:
+    await conn.execute(f'DROP TABLE {PARTITION_SCHEMA}."{partition}"')
+
+
+async def _created(conn: asyncpg.Connection, through: datetime) -> list[str]:
+    async with conn.transaction():
+        rows = await conn.fetch("SELECT dlr.create_reception_partitions($1) AS name", through)
+    return [str(r["name"]) for r in rows]
+
+
+async def _with_lock_retries(action: Callable[[], Awaitable[_T]]) -> _T:
+    """Run `action`, again after a lock timeout (the ingest held the table), a bounded number
+    of times; the last timeout is raised as FatalError."""
+    for attempt in range(1, _LOCK_ATTEMPTS + 1):
+        try:
+            return await action()
+        except asyncpg.exceptions.LockNotAvailableError as exc:
+            if attempt == _LOCK_ATTEMPTS:
+                raise FatalError(
+                    f"dlr.receptions stayed locked through {_LOCK_ATTEMPTS} attempts: {exc}"
+                ) from exc
+            await asyncio.sleep(0.1 * attempt)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+async def archive_partition(
+    conn: asyncpg.Connection,
+    partition: str,
+    lower_bound: datetime | None,
+    upper_bound: datetime,
+    archive_dir: Path,
+) -> ArchivedPartition:
+    """Write one partition to `archive_dir` as `<partition>.copy.gz` (binary COPY, gzip) and
+    `<partition>.manifest.json` (bounds, row count, columns, SHA-256, how to load it back), each
+    durably (fsync) before it is named, so a drop never follows a half-written archive."""
+    partial = await asyncio.to_thread(_partial_file, archive_dir, partition)
+    # One snapshot for the count and the copy (the day is over: nothing is added to it anyway).
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = int(await conn.fetchval(f'SELECT count(*) FROM {PARTITION_SCHEMA}."{partition}"'))
+        columns = [(str(r["name"]), str(r["type"])) for r in await conn.fetch(_COLUMNS)]
+        with partial.open("wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as packed:
+
+                async def write(chunk: bytes) -> None:
+                    packed.write(chunk)
+
+                await conn.copy_from_table(
+                    partition, schema_name=PARTITION_SCHEMA, output=write, format="binary"
+                )
+            raw.flush()
+            os.fsync(raw.fileno())
+    manifest = {
+        "table": "dlr.receptions",
+        "partition": partition,
+        "received_from": lower_bound.isoformat() if lower_bound else None,
+        "received_before": upper_bound.isoformat(),
+        "rows": rows,
+        "format": ARCHIVE_FORMAT,
+        "data_file": f"{partition}.copy.gz",
+        "columns": [{"name": name, "type": kind} for name, kind in columns],
+        "load_back": [
+            "CREATE TABLE restored_receptions (LIKE dlr.receptions);",
+            f"gunzip -c {partition}.copy.gz | psql -d DATABASE -c "
+            '"\\copy restored_receptions FROM STDIN (FORMAT binary)"',
+        ],
+        "archived_at": datetime.now(UTC).isoformat(),
+    }
+    data_file, manifest_file = await asyncio.to_thread(_seal, partial, manifest)
+    return ArchivedPartition(partition, rows, data_file, manifest_file)
+
+
+def _partial_file(archive_dir: Path, partition: str) -> Path:
+    archive_dir.mkdir(parents=True, exist_ok=True)
+    return archive_dir / f"{partition}.copy.gz.partial"
+
+
+def _seal(partial: Path, manifest: Mapping[str, object]) -> tuple[Path, Path]:
+    """Name the written data file, then write its manifest (with the file's SHA-256) beside it;
+    each is fsynced before its rename, and the directory after both."""
+    digest = hashlib.sha256()
+    with partial.open("rb") as written:
+        for block in iter(lambda: written.read(1 << 20), b""):
+            digest.update(block)
+    data_file = partial.with_name(str(manifest["data_file"]))
+    partial.replace(data_file)
+    manifest_file = data_file.with_name(f"{manifest['partition']}.manifest.json")
+    staged = manifest_file.with_name(manifest_file.name + ".partial")
+    with staged.open("w", encoding="utf-8") as out:
+        json.dump({**manifest, "sha256": digest.hexdigest()}, out, indent=2)
+        out.write("\n")
+        out.flush()
+        os.fsync(out.fileno())
+    staged.replace(manifest_file)
+    directory = os.open(data_file.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the renames themselves survive a crash before the drop
+    finally:
+        os.close(directory)
+    return data_file, manifest_file
