@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -25,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgcluster import free_port
+from pgcluster import free_port, give_to_server_user
 
 _RUN_AS_USER = "postgres"
 _ADMIN_USER = "postgres"
@@ -93,10 +92,7 @@ class PgBouncer:
             # drivers configured by hand may; they must not be refused.
             "ignore_startup_parameters = extra_float_digits,search_path\n"
         )
-        if os.geteuid() == 0:
-            owner = pwd.getpwnam(_RUN_AS_USER)
-            for path in (self.root, self.ini, auth_file):
-                os.chown(path, owner.pw_uid, owner.pw_gid)
+        give_to_server_user(self.root, self.ini, auth_file)
 
     def start(self, timeout: float = 30.0) -> None:
         """Write the config, start PgBouncer as a daemon and wait until it accepts clients."""

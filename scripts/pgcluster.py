@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,31 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def scratch_directory(name: str) -> Path:
+    """A new directory for a server run as the server user (a cluster, a pooler), outside
+    pytest's temporary root: every pytest that starts as the same user resets that root to
+    0700, which would cut a running server off from its files (it then fails, PANIC, mid-run).
+    Whoever made it removes it (`PgCluster.destroy`, `ReplicatedPair.destroy`, ...)."""
+    return Path(tempfile.mkdtemp(prefix=f"dlrfeed-{name}-"))
+
+
+def give_to_server_user(directory: Path, *owned: Path) -> None:
+    """When we are root, make `directory` (and `owned`) the server user's and open the path
+    down to it for traversal: PostgreSQL and PgBouncer refuse to run as root, so they run as
+    that user and must reach their files."""
+    if os.geteuid() != 0:
+        return
+    owner = pwd.getpwnam(_RUN_AS_USER)
+    for parent in [directory, *directory.parents]:
+        if parent == Path("/"):
+            break
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            parent.chmod(mode | 0o011)
+    for path in (directory, *owned):
+        os.chown(path, owner.pw_uid, owner.pw_gid)
 
 
 @dataclass
@@ -98,17 +124,7 @@ class PgCluster:
         if (self.datadir / "PG_VERSION").exists():
             return
         self.datadir.mkdir(exist_ok=True)
-        if os.geteuid() == 0:
-            owner = pwd.getpwnam(_RUN_AS_USER)
-            # The owner must be able to reach the directory: open the path down to it.
-            for parent in [self.root, *self.root.parents]:
-                if parent == Path("/"):
-                    break
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    parent.chmod(mode | 0o011)
-            for path in (self.root, self.datadir):
-                os.chown(path, owner.pw_uid, owner.pw_gid)
+        give_to_server_user(self.root, self.datadir)
         self.datadir.chmod(0o700)
         bindir = server_bindir()
         self._run(
@@ -130,16 +146,7 @@ class PgCluster:
     def _own_root(self) -> None:
         """Create `root` and make it the cluster owner's, reachable down from `/`."""
         self.root.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() != 0:
-            return
-        owner = pwd.getpwnam(_RUN_AS_USER)
-        for parent in [self.root, *self.root.parents]:
-            if parent == Path("/"):
-                break
-            mode = parent.stat().st_mode
-            if not mode & 0o001:
-                parent.chmod(mode | 0o011)
-        os.chown(self.root, owner.pw_uid, owner.pw_gid)
+        give_to_server_user(self.root)
 
     def init_standby_of(self, primary: PgCluster, slot: str) -> None:
         """A streaming standby of the running `primary`: pg_basebackup -R through a new
@@ -357,6 +364,7 @@ class ReplicatedPair:
     async def destroy(self) -> None:
         for cluster in (self.standby, self.primary):
             await asyncio.to_thread(cluster.destroy)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
-from pgcluster import PgCluster, start_on_a_free_port
+from pgcluster import PgCluster, scratch_directory, start_on_a_free_port
 
 # Hypothesis profiles. `make test` ("default") draws the same examples on every run: derandomized
 # (a seed from each test's name), no example database, so a commit always gets one verdict.
@@ -56,6 +56,16 @@ def pytest_runtest_makereport(
     return report
 
 
+@pytest.fixture(autouse=True)
+def _structlog_defaults_after_each_test() -> Iterator[None]:
+    """Commands run in-process (`cli.main`) configure structlog to write to the sys.stderr of
+    that moment, which is pytest's capture of that one test and is closed after it: without
+    this, any later test that logs would write to a closed file, so a test's verdict would
+    depend on which tests ran before it."""
+    yield
+    structlog.reset_defaults()
+
+
 TEMPLATE_DB = "dlrfeed_template"
 _db_numbers = itertools.count(1)
 
@@ -67,7 +77,7 @@ def pg_cluster() -> Iterator[PgCluster]:
     Its directory is not under pytest's temporary root: every pytest that starts as the same
     user resets that root to 0700, which would cut the server's own user off from its files
     while it runs (it then fails, PANIC, mid-test)."""
-    cluster = start_on_a_free_port(Path(tempfile.mkdtemp(prefix="dlrfeed-test-pg-")))
+    cluster = start_on_a_free_port(scratch_directory("pg"))
     try:
         yield cluster
     finally:

@@ -11,6 +11,7 @@ import asyncio
 import csv
 import io
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,16 +32,16 @@ from dlrfeed.cli import main
 from dlrfeed.config import Pooler
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.store import Store, Submission
-from dlrfeed.store.migrate import current_version, expected_version
+from dlrfeed.store.migrate import available_migrations, current_version, expected_version
 from dlrfeed.store.server import behind_transaction_pooler
 from pgbouncer import PgBouncer
-from pgcluster import PgCluster, free_port, server_bindir
+from pgcluster import PgCluster, free_port, scratch_directory, server_bindir
 
 WRITER = "dlrfeed_bouncer_writer"  # a role that is no PgBouncer admin
 
 
 @pytest.fixture(scope="module")
-def bouncer(pg_cluster: PgCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgBouncer]:
+def bouncer(pg_cluster: PgCluster) -> Iterator[PgBouncer]:
     """PgBouncer in transaction mode with two server connections per database and user."""
 
     async def create_writer() -> None:
@@ -52,7 +53,7 @@ def bouncer(pg_cluster: PgCluster, tmp_path_factory: pytest.TempPathFactory) -> 
 
     asyncio.run(create_writer())
     pooler = PgBouncer(
-        tmp_path_factory.mktemp("pgbouncer"),
+        scratch_directory("pgbouncer"),
         free_port(),
         pg_cluster.port,
         pool_size=2,
@@ -63,6 +64,7 @@ def bouncer(pg_cluster: PgCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         yield pooler
     finally:
         pooler.stop()
+        shutil.rmtree(pooler.root, ignore_errors=True)
 
 
 def through(bouncer: PgBouncer, database_url: str) -> str:
@@ -204,6 +206,6 @@ async def test_migrate_through_pgbouncer_needs_no_session(
             rows = await conn.fetchval("SELECT count(*) FROM dlr.schema_version")
         finally:
             await conn.close()
-        assert rows == expected_version()
+        assert rows == len(available_migrations())
     finally:
         await pg_cluster.drop_database(name)

@@ -17,16 +17,16 @@ from daemon_harness import PASSWORD, run_args
 from dlrfeed.errors import ConfigError
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import migrate
-from pgcluster import ReplicatedPair
+from pgcluster import ReplicatedPair, scratch_directory
 
 REPO = Path(__file__).resolve().parents[2]
 MONITOR = "dlrfeed_failover_monitor"
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedPair]:
+def pair() -> Iterator[ReplicatedPair]:
     """A migrated primary with its synchronous standby streaming."""
-    replicated = ReplicatedPair(tmp_path_factory.mktemp("replicated"), synchronous=True)
+    replicated = ReplicatedPair(scratch_directory("replicated"), synchronous=True)
 
     async def start() -> None:
         await replicated.start()
