@@ -902,10 +902,9 @@ def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: f
         "",
         "## Findings",
         "",
-        "- **Bug found and fixed (store):** ids were cut to 512 characters for the `(login, "
-        "message_id, level)` key, so two different ids sharing their first 512 characters "
-        "became ONE logical event (the checker counted the second as lost). An id altered to be "
-        "storable now keeps a digest of the raw id (`dlrfeed.domain.parse.storable_id`); "
+        "- **Long ids (store):** two different ids that share their first 512 characters stay "
+        "two logical events (P14): an id cut to be storable for the `(login, message_id, level)` "
+        "key keeps a digest of the raw id (`dlrfeed.domain.parse.storable_id`); "
         "`tests/system/test_chaos.py::test_two_long_ids_with_one_prefix_are_two_logical_events` "
         "guards it.",
         "- **Pull after kill -9:** receipts a killed process had pulled stay leased until the "

@@ -1,4 +1,4 @@
-"""Issue 4 §5, §8, §9: metrics, /healthz, sd_notify, fatal credentials, no secret anywhere."""
+"""Metrics, /healthz, sd_notify, fatal credentials (FD1), no secret anywhere."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ async def test_metrics_healthz_and_sd_notify_without_secrets(
 ) -> None:
     """/metrics carries the documented series, /healthz is ready with readers up and the DB
     answering, systemd gets READY/WATCHDOG/STOPPING, and neither the gateway password nor the
-    database password appears in logs or metrics (§9)."""
+    database password appears in logs or metrics."""
     notify_path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as systemd:
         systemd.bind(notify_path)
@@ -114,7 +114,7 @@ async def test_metrics_healthz_and_sd_notify_without_secrets(
 async def test_healthz_is_not_ready_while_the_database_is_down(
     pg_cluster: PgCluster, database_url: str
 ) -> None:
-    """§8: /healthz answers 503 when the database does not answer."""
+    """/healthz answers 503 when the database does not answer."""
     async with running_gateway() as gateway:
         settings = settings_for(gateway.target, database_url, "--metrics", "127.0.0.1:0")
         daemon = Daemon(settings)
@@ -137,7 +137,7 @@ async def test_healthz_is_not_ready_while_the_database_is_down(
 
 
 async def test_wrong_password_is_fatal_with_one_line(database_url: str) -> None:
-    """§5: UNAUTHENTICATED stops the daemon (exit 77) with one line that names the fix and
+    """FD1: UNAUTHENTICATED stops the daemon (exit 77) with one line that names the fix and
     not the password."""
     gateway = FakeGateway({LOGIN: "another-password"})
     async with gateway.running():
