@@ -86,6 +86,7 @@ async def test_metrics_healthz_and_sd_notify_without_secrets(
                 status, metrics = await http_get(daemon.metrics_port, "/metrics")
                 assert status == 200
                 assert (await http_get(daemon.metrics_port, "/nope"))[0] == 404
+                bound_port = daemon.metrics_port
                 daemon.stop()
                 assert await asyncio.wait_for(task, 15) == 0
             datagrams = []
@@ -108,6 +109,10 @@ async def test_metrics_healthz_and_sd_notify_without_secrets(
     assert "dbsecret" not in everything
     events = {entry["event"] for entry in logs}
     assert {"daemon_starting", "daemon_ready", "reader_up", "batch_committed"} <= events
+    # Asked for port 0: the port really bound is what both lines report.
+    ready = next(entry for entry in logs if entry["event"] == "daemon_ready")
+    listening = next(entry for entry in logs if entry["event"] == "metrics_listening")
+    assert ready["metrics_port"] == listening["port"] == bound_port != 0
     assert {"shutdown_clean", "daemon_stopped"} <= events
 
 
