@@ -161,6 +161,19 @@ def _listening_target(log: Path, offset: int) -> str | None:
     return None
 
 
+def _metrics_address(log: Path, offset: int) -> str | None:
+    """HOST:PORT from the `metrics_listening` line dlrfeed logs once it serves (after `offset`):
+    it binds port 0 and says what it got, so no port is picked before it is used."""
+    with log.open("rb") as stream:
+        stream.seek(offset)
+        for line in stream:
+            if line.startswith(b"{") and line.endswith(b"\n"):  # a line still being written waits
+                entry = json.loads(line)
+                if entry.get("event") == "metrics_listening":
+                    return f"{entry['host']}:{entry['port']}"
+    return None
+
+
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As PostgreSQL binds: connections of the last run in TIME_WAIT do not count.
@@ -438,17 +451,20 @@ class Demo:
         )
 
     def start_daemon(self) -> None:
-        self.metrics = f"127.0.0.1:{free_port()}"
+        log = self.layout.logs / "dlrfeed.log"
         child = Child.start(
             "dlrfeed",
             [
                 _venv_command("dlrfeed"), "run", "--gateway", self.gateway, "--login", LOGIN,
                 "--database-url", self.database_url, "--streams", str(self.args.streams),
-                "--metrics", self.metrics, "--log-format", "json",
+                "--metrics", "127.0.0.1:0", "--log-format", "json",
             ],
-            self.layout.logs / "dlrfeed.log", self.env,
+            log, self.env,
         )  # fmt: skip
         self.children["dlrfeed"] = child
+        self.metrics = _wait_for(
+            "starting", lambda: _metrics_address(log, child.log_offset), child, timeout=30
+        )
         _wait_for(
             "becoming healthy", lambda: http_get(self.metrics, "/healthz", 1) is not None, child, 30
         )
