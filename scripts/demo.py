@@ -37,6 +37,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakegw.admin_client import SyncAdminClient
+from logged_ports import logged_metrics_address
 from pgcluster import PgCluster, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,19 +159,6 @@ def _listening_target(log: Path, offset: int) -> str | None:
         for line in stream:
             if line.startswith(b'{"event": "listening"'):
                 return str(json.loads(line)["target"])
-    return None
-
-
-def _metrics_address(log: Path, offset: int) -> str | None:
-    """HOST:PORT from the `metrics_listening` line dlrfeed logs once it serves (after `offset`):
-    it binds port 0 and says what it got, so no port is picked before it is used."""
-    with log.open("rb") as stream:
-        stream.seek(offset)
-        for line in stream:
-            if line.startswith(b"{") and line.endswith(b"\n"):  # a line still being written waits
-                entry = json.loads(line)
-                if entry.get("event") == "metrics_listening":
-                    return f"{entry['host']}:{entry['port']}"
     return None
 
 
@@ -462,9 +450,10 @@ class Demo:
             log, self.env,
         )  # fmt: skip
         self.children["dlrfeed"] = child
-        self.metrics = _wait_for(
-            "starting", lambda: _metrics_address(log, child.log_offset), child, timeout=30
+        host, port = _wait_for(
+            "starting", lambda: logged_metrics_address(log, child.log_offset), child, timeout=30
         )
+        self.metrics = f"{host}:{port}"
         _wait_for(
             "becoming healthy", lambda: http_get(self.metrics, "/healthz", 1) is not None, child, 30
         )

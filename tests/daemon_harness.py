@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -143,21 +141,6 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], within_s: float, 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
-
-
-def logged_metrics_port(log: Path, offset: int = 0) -> int | None:
-    """The port a `dlrfeed run` or `dlrfeed relay` process started with `--metrics HOST:0`
-    logged in its `metrics_listening` line (JSON logs, read from byte `offset`); None until it
-    has. Servers bind port 0 and say what they got: a port picked free beforehand can be taken
-    by another process before the server binds it."""
-    with log.open("rb") as stream:
-        stream.seek(offset)
-        for line in stream:
-            if line.startswith(b"{") and line.endswith(b"\n"):  # a line still being written waits
-                entry = json.loads(line)
-                if entry.get("event") == "metrics_listening":
-                    return int(entry["port"])
-    return None
 
 
 async def drained(gateway: FakeGateway) -> bool:
