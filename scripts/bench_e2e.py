@@ -1,4 +1,4 @@
-"""End-to-end throughput of `dlrfeed run`: fakegw → dlrfeed → PostgreSQL → Ack (issue 4 §12).
+"""End-to-end throughput of `dlrfeed run`: fakegw → dlrfeed → PostgreSQL → Ack.
 
 Everything runs as separate processes on this machine: fakegw (in-memory queue), PostgreSQL
 (a throwaway cluster, fsync on by default), and the daemon under test. For each mode the
@@ -10,7 +10,7 @@ gateway counts every receipt acked. In the same run two ceilings are measured:
 - store-only: `Store.ingest` of the same receipts in batches, as many concurrent batches as
   the daemon has readers, on a fresh database.
 
-The ratio end-to-end / min(feed-only, store-only) is the figure issue 4 asks for (≥ 0.7).
+The ratio end-to-end / min(feed-only, store-only) says what the pipeline costs (target ≥ 0.7).
 Peak RSS is VmHWM of every daemon worker process, read just before it is stopped.
 
     python scripts/bench_e2e.py [--receipts 50000] [--no-fsync]   # prints one JSON object

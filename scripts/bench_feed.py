@@ -1,4 +1,4 @@
-"""Measure fakegw's feed throughput against a null consumer that only acks (issue 2, item 5).
+"""Measure fakegw's feed throughput against a null consumer that only acks.
 
 The server (fakegw with `--store :memory:`, or a bare grpc.aio streamer for the ceiling) runs in
 its own process; this process is the consumer, so the figures are honest on 2 cores. Each mode

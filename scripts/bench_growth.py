@@ -304,7 +304,7 @@ async def run_config(
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets, as measured (first step vs last step)."""
+    """The growth targets (docs/benchmarks-growth.md), as measured (first step vs last step)."""
     steps = result["steps"]
     first, last = steps[0], steps[-1]
     return {

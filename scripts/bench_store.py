@@ -8,7 +8,7 @@ full_page_writes on), records the sent messages, then measures in the same run:
 Each repetition uses a fresh database of the same cluster; the machine is shared and noisy, so
 the figures are the medians over repetitions (each ratio is taken within its own repetition),
 with every run and the load average beside them. Prints one JSON object. Measures only; never
-asserts a time (issue 3, point 10).
+asserts a time.
 
     python scripts/bench_store.py [--receipts 60000] [--batch-size 500] [--naive 3000] [--repeat 3]
 """

@@ -44,6 +44,7 @@ from fakegw.admin_client import AdminClient  # noqa: E402
 from fakegw.traffic import Scenario, TrafficMix, scenario  # noqa: E402
 from gateway.receipts.v1 import feed_pb2  # noqa: E402
 from invariants import check, read_ledger, wait_for_drain  # noqa: E402
+from logged_ports import logged_receiver_port  # noqa: E402
 from pgcluster import PgCluster, ReplicatedPair, free_port  # noqa: E402
 from webhook_receiver import delivery_problems, read_log  # noqa: E402
 
@@ -565,7 +566,7 @@ class RelayRig:
     def __init__(self, workdir: Path, database_url: str) -> None:
         self.workdir = workdir
         self.database_url = database_url
-        self.port = free_port()
+        self.port = 0  # the receiver's first start picks it; its restarts keep it (--url)
         self.secret_file = workdir / "relay-secret"
         self.received = workdir / "received.jsonl"
         self.relay: asyncio.subprocess.Process | None = None
@@ -580,11 +581,20 @@ class RelayRig:
             )
 
     async def start_receiver(self) -> None:
-        self.receiver = await self._spawn(
+        """Start the endpoint (on `port` once it has one) and wait until it listens."""
+        log = self.workdir / "receiver.log"
+        offset = log.stat().st_size if log.exists() else 0
+        self.receiver = receiver = await self._spawn(
             "receiver.log", str(REPO / "scripts" / "webhook_receiver.py"),
             "--port", str(self.port), "--secret-file", str(self.secret_file),
             "--log", str(self.received), "--script", "503,slow,503", "--slow-seconds", "2",
         )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while (port := logged_receiver_port(log, offset)) is None:
+            if receiver.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the webhook receiver did not listen; see {log}")
+            await asyncio.sleep(0.05)
+        self.port = port
 
     async def start_relay(self) -> None:
         self.relay = await self._spawn(
@@ -902,10 +912,9 @@ def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: f
         "",
         "## Findings",
         "",
-        "- **Bug found and fixed (store):** ids were cut to 512 characters for the `(login, "
-        "message_id, level)` key, so two different ids sharing their first 512 characters "
-        "became ONE logical event (the checker counted the second as lost). An id altered to be "
-        "storable now keeps a digest of the raw id (`dlrfeed.domain.parse.storable_id`); "
+        "- **Long ids (store):** two different ids that share their first 512 characters stay "
+        "two logical events (P14): an id cut to be storable for the `(login, message_id, level)` "
+        "key keeps a digest of the raw id (`dlrfeed.domain.parse.storable_id`); "
         "`tests/system/test_chaos.py::test_two_long_ids_with_one_prefix_are_two_logical_events` "
         "guards it.",
         "- **Pull after kill -9:** receipts a killed process had pulled stay leased until the "

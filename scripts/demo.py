@@ -37,6 +37,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakegw.admin_client import SyncAdminClient
+from logged_ports import logged_metrics_address
 from pgcluster import PgCluster, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -438,17 +439,21 @@ class Demo:
         )
 
     def start_daemon(self) -> None:
-        self.metrics = f"127.0.0.1:{free_port()}"
+        log = self.layout.logs / "dlrfeed.log"
         child = Child.start(
             "dlrfeed",
             [
                 _venv_command("dlrfeed"), "run", "--gateway", self.gateway, "--login", LOGIN,
                 "--database-url", self.database_url, "--streams", str(self.args.streams),
-                "--metrics", self.metrics, "--log-format", "json",
+                "--metrics", "127.0.0.1:0", "--log-format", "json",
             ],
-            self.layout.logs / "dlrfeed.log", self.env,
+            log, self.env,
         )  # fmt: skip
         self.children["dlrfeed"] = child
+        host, port = _wait_for(
+            "starting", lambda: logged_metrics_address(log, child.log_offset), child, timeout=30
+        )
+        self.metrics = f"{host}:{port}"
         _wait_for(
             "becoming healthy", lambda: http_get(self.metrics, "/healthz", 1) is not None, child, 30
         )

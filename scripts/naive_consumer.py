@@ -1,4 +1,4 @@
-"""The consumer most teams write first, as a benchmark baseline (issue 7 (d)).
+"""The consumer most teams write first, as a benchmark baseline (`make bench`'s (d)).
 
 One Subscribe stream; for each receipt, one INSERT in autocommit (so one COMMIT) and then one
 Ack of that receipt's token. It is honest, not sabotaged: it is idempotent (ON CONFLICT on

@@ -7,6 +7,7 @@ acknowledged batch. `--script` scripts the answers of the first requests, comma-
 `503` answers 503 Service Unavailable; `slow` records the batch, then waits `--slow-seconds`
 (longer than the relay's timeout) before answering 200, so the relay sends it again: a
 duplicate the receiver dedupes by position; `ok` answers 200. Requests after the script get 200.
+`--port 0` binds a free port; the first line printed, `listening PORT`, says which.
 
     python scripts/webhook_receiver.py --port N --secret-file FILE --log FILE [--script 503,slow]
 """
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     secret = Path(args.secret_file).read_bytes().rstrip(b"\r\n")
     script = [s for s in args.script.split(",") if s]
     server = Receiver(args.port, secret, Path(args.log), script, args.slow_seconds)
-    print(f"listening {args.port}", flush=True)
+    print(f"listening {server.server_address[1]}", flush=True)  # the port bound, for --port 0
     server.serve_forever()
     return 0
 

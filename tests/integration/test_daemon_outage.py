@@ -1,4 +1,4 @@
-"""Issue 4 §6: a PostgreSQL outage mid-run — real server stopped and started again — and a
+"""A PostgreSQL outage mid-run — real server stopped and started again — and a
 schema changed under the running daemon."""
 
 from __future__ import annotations

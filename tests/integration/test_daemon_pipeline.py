@@ -47,7 +47,7 @@ async def test_survives_stream_cuts_and_duplicates(database_url: str) -> None:
 
 
 async def test_auto_falls_back_to_pull_when_subscribe_is_unimplemented(database_url: str) -> None:
-    """Issue 4 §4: Subscribe answers UNIMPLEMENTED → auto mode drains through Pull."""
+    """F11/F10: Subscribe answers UNIMPLEMENTED → auto mode drains through Pull."""
     async with running_gateway(faults=Faults(no_subscribe=True)) as gateway:
         await gateway.inject(LOGIN, receipt_bodies(1000))
         daemon = Daemon(settings_for(gateway.target, database_url, "--mode", "auto"))
@@ -57,7 +57,7 @@ async def test_auto_falls_back_to_pull_when_subscribe_is_unimplemented(database_
 
 
 async def test_auto_moves_to_pull_when_streams_keep_failing(database_url: str) -> None:
-    """Issue 4 §4/§5: streams cut every 50 receipts → after 3 failures auto mode drains through
+    """F7: streams cut every 50 receipts → after 3 failures auto mode drains through
     Pull for the cool-down; reopens stay under the cap."""
     async with running_gateway(faults=Faults(cut_stream_every=50)) as gateway:
         await gateway.inject(LOGIN, receipt_bodies(3000))
@@ -72,7 +72,7 @@ async def test_auto_moves_to_pull_when_streams_keep_failing(database_url: str) -
 
 
 async def test_reopens_are_capped_per_reader(database_url: str) -> None:
-    """Issue 4 §5: a stream cut after every receipt does not turn into a reconnect storm:
+    """A stream cut after every receipt does not turn into a reconnect storm:
     at most --max-reopens opens per reader per 10 s."""
     async with running_gateway(faults=Faults(cut_stream_every=1)) as gateway:
         await gateway.inject(LOGIN, receipt_bodies(200))
@@ -99,7 +99,7 @@ async def test_reopens_are_capped_per_reader(database_url: str) -> None:
 async def test_auto_drains_a_backlog_through_pull_then_returns_to_subscribe(
     database_url: str,
 ) -> None:
-    """Issue 4 §12: auto starts on Subscribe, moves to Pull as soon as batches keep closing full
+    """Auto starts on Subscribe, moves to Pull as soon as batches keep closing full
     (a backlog: Pull costs far less CPU per receipt), and returns to Subscribe once caught up.
 
     Here the in-process gateway is the slower side, so batches close on linger and the stream's

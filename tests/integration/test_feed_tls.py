@@ -1,4 +1,4 @@
-"""Issue 4 §10: TLS to the gateway — a private CA, mTLS, and a wrong CA as a clear fatal error.
+"""TLS to the gateway — a private CA, mTLS, and a wrong CA as a clear fatal error.
 
 Certificates are made by the openssl CLI for each test session (no test dependency).
 """
@@ -151,7 +151,7 @@ async def test_daemon_without_client_certificate_names_mtls_while_it_waits(
 
 
 async def test_wrong_ca_stops_the_daemon_with_one_clear_line(pki: Pki, database_url: str) -> None:
-    """Issue 4 §10: a wrong CA is a fatal configuration error (exit 78), said in one line that
+    """A wrong CA is a fatal configuration error (exit 78), said in one line that
     names the options to fix, without the password."""
     async with tls_gateway(pki) as gateway:
         settings = settings_for(

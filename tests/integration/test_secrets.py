@@ -22,7 +22,7 @@ import pytest
 
 from daemon_harness import LOGIN, drained, receipt_bodies, run_args, wait_until
 from fakegw.server import FakeGateway
-from pgcluster import free_port
+from logged_ports import logged_metrics_address
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "Gw-pa55-7f3Kq9zT"  # distinctive, so a leak anywhere is found by plain search
@@ -68,7 +68,6 @@ async def test_password_is_in_no_argv_title_environment_log_or_metric(
     """A working daemon (it drains real receipts): every place an observer can look is clean;
     the 0644 password file is reported by `password_file_exposed`."""
     password_file = _password_file(tmp_path, SECRET, 0o644)
-    metrics_port = free_port()
     log = tmp_path / "daemon.log"
     gateway = FakeGateway({LOGIN: SECRET})
     async with gateway.running():
@@ -79,21 +78,25 @@ async def test_password_is_in_no_argv_title_environment_log_or_metric(
             "--password-file",
             str(password_file),
             "--metrics",
-            f"127.0.0.1:{metrics_port}",
+            "127.0.0.1:0",
         )
         try:
             await wait_until(lambda: drained(gateway), 30, "the daemon draining the queue")
+
+            async def metrics_listening() -> bool:
+                return logged_metrics_address(log) is not None
+
+            await wait_until(metrics_listening, 30, "the daemon to serve its metrics")
+            address = logged_metrics_address(log)
+            assert address is not None
+            metrics_url = f"http://{address[0]}:{address[1]}"
             proc = Path(f"/proc/{process.pid}")
             looked_at = {
                 "argv": (proc / "cmdline").read_bytes(),
                 "environ": (proc / "environ").read_bytes(),
                 "title": (proc / "comm").read_bytes() + (proc / "status").read_bytes()[:200],
-                "metrics": await asyncio.to_thread(
-                    _get, f"http://127.0.0.1:{metrics_port}/metrics"
-                ),
-                "healthz": await asyncio.to_thread(
-                    _get, f"http://127.0.0.1:{metrics_port}/healthz"
-                ),
+                "metrics": await asyncio.to_thread(_get, f"{metrics_url}/metrics"),
+                "healthz": await asyncio.to_thread(_get, f"{metrics_url}/healthz"),
             }
             process.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(process.wait(), 20) == 0

@@ -21,7 +21,7 @@ from daemon_harness import wait_until as _wait_until
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
 from gateway.receipts.v1 import feed_pb2
-from pgcluster import free_port
+from logged_ports import logged_metrics_address, logged_receiver_port
 from receipt_strategies import receipts_from_payloads
 from webhook_receiver import read_log
 
@@ -144,28 +144,45 @@ async def test_three_daemons_a_follower_before_traffic_and_a_full_reread_agree(
     _assert_chains(followed, statuses)
 
 
-async def _receiver(port: int, tmp_path: Path, script: str = "") -> Any:
+async def _receiver(port: int, tmp_path: Path, script: str = "") -> tuple[Any, int]:
+    """The endpoint on `port` (0: a port it picks itself) once it listens, and its port."""
+    out = tmp_path / "receiver.out"
+    offset = out.stat().st_size if out.exists() else 0
     process = await _spawn(
-        tmp_path / "receiver.out", str(REPO / "scripts" / "webhook_receiver.py"),
+        out, str(REPO / "scripts" / "webhook_receiver.py"),
         "--port", str(port), "--secret-file", str(tmp_path / "secret"),
         "--log", str(tmp_path / "received.jsonl"), "--script", script, "--slow-seconds", "2",
     )  # fmt: skip
 
     async def listening() -> bool:
-        return "listening" in (tmp_path / "receiver.out").read_text()
+        return logged_receiver_port(out, offset) is not None
 
     await _wait_until(listening, 20, "the webhook receiver to listen")
-    return process
+    bound = logged_receiver_port(out, offset)
+    assert bound is not None
+    return process, bound
 
 
-async def _relay(database_url: str, port: int, tmp_path: Path, metrics_port: int) -> Any:
-    return await _spawn(
-        tmp_path / "relay.log", "-m", "dlrfeed.cli", "relay",
+async def _relay(database_url: str, port: int, tmp_path: Path) -> tuple[Any, int]:
+    """A relay to the endpoint on `port`, once it serves its metrics, and their port (bound
+    by the relay itself: `--metrics 127.0.0.1:0`)."""
+    log = tmp_path / "relay.log"
+    offset = log.stat().st_size if log.exists() else 0
+    process = await _spawn(
+        log, "-m", "dlrfeed.cli", "relay",
         "--url", f"http://127.0.0.1:{port}/hook", "--secret-file", str(tmp_path / "secret"),
         "--database-url", database_url, "--consumer", "hook", "--batch-size", "50",
-        "--timeout", "1", "--retry-max", "0.5", "--metrics", f"127.0.0.1:{metrics_port}",
+        "--timeout", "1", "--retry-max", "0.5", "--metrics", "127.0.0.1:0",
         "--log-format", "json",
     )  # fmt: skip
+
+    async def serving() -> bool:
+        return logged_metrics_address(log, offset) is not None
+
+    await _wait_until(serving, 30, "the relay to serve its metrics")
+    address = logged_metrics_address(log, offset)
+    assert address is not None
+    return process, address[1]
 
 
 def _receipts(bodies: Sequence[dict[str, Any]]) -> list[Receipt]:
@@ -215,15 +232,14 @@ async def test_relay_survives_503_timeouts_and_kill9_of_itself_and_the_endpoint(
     os.chmod(tmp_path / "secret", 0o600)
     ids = [f"h{n}" for n in range(300)]
     store = await Store.open(database_url, pool_size=1)
-    port, metrics_port = free_port(), free_port()
     try:
         await store.record_submissions([Submission(LOGIN, m, "+34600000000") for m in ids])
         bodies = receipt_bodies(600, prefix="h")
         for body in bodies:
             body["id"] = f"h{int(body['id'][1:])}"
         await store.ingest(LOGIN, _receipts(bodies[:200]))
-        receiver = await _receiver(port, tmp_path, script="503,503,slow,503")
-        relay = await _relay(database_url, port, tmp_path, metrics_port)
+        receiver, port = await _receiver(0, tmp_path, script="503,503,slow,503")
+        relay, metrics_port = await _relay(database_url, port, tmp_path)
         for start in range(200, 400, 20):  # traffic while the relay runs
             await store.ingest(LOGIN, _receipts(bodies[start : start + 20]))
 
@@ -233,7 +249,7 @@ async def test_relay_survives_503_timeouts_and_kill9_of_itself_and_the_endpoint(
         await _wait_until(some_delivered, 60, "a first part to be delivered")
         await _kill9(relay)
         await store.ingest(LOGIN, _receipts(bodies[400:500]))
-        relay = await _relay(database_url, port, tmp_path, metrics_port)
+        relay, metrics_port = await _relay(database_url, port, tmp_path)
         await _kill9(receiver)  # the endpoint dies: the relay retries, loses nothing
         await store.ingest(LOGIN, _receipts(bodies[500:]))
         retries_before = _retries(tmp_path)
@@ -250,7 +266,7 @@ async def test_relay_survives_503_timeouts_and_kill9_of_itself_and_the_endpoint(
             )
 
         await _wait_until(lagging_in_metrics, 20, "the lag and pending gauges to rise")
-        receiver = await _receiver(port, tmp_path)
+        receiver, _ = await _receiver(port, tmp_path)  # where the relay's --url points
 
         conn = await asyncpg.connect(database_url)
         try:

@@ -1,4 +1,4 @@
-"""The chaos matrix, short form (issue 6): every scenario of scripts/chaos.py against real
+"""The chaos matrix, short form: every scenario of scripts/chaos.py against real
 processes, ending with the ledger-vs-store invariant checker; and the checker's own proof that
 it catches a lost receipt, a double-applied effect and an acked-but-missing receipt."""
 
@@ -143,8 +143,8 @@ async def test_checker_detects_lost_double_applied_and_acked_but_missing(
 
 async def test_two_long_ids_with_one_prefix_are_two_logical_events(database_url: str) -> None:
     """P14/F8: the logical key is (login, id, level); two different ids must never be one event
-    — here 600-character ids that differ only after the 512th character (found by issue 6;
-    parse.storable_id keeps a digest of the raw id)."""
+    — here 600-character ids that differ only after the 512th character
+    (parse.storable_id keeps a digest of the raw id)."""
     prefix = "7" * 600
     bodies = [
         {"id": prefix + "a", "level": 2, "stat": "DELIVRD", "err": "000"},

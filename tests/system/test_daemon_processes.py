@@ -1,5 +1,5 @@
 """`dlrfeed run` as real processes: signals, crashes between receive/commit/ack, the supervisor,
-and the full system check against fakegw's ledger (issue 4 §1, §2, §7, §11)."""
+and the full system check against fakegw's ledger (F7, F12, C7)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ async def gateway() -> AsyncIterator[FakeGateway]:
 async def test_sigterm_under_load_stops_cleanly_and_loses_nothing(
     gateway: FakeGateway, database_url: str, tmp_path: Path
 ) -> None:
-    """Issue 4 §7: SIGTERM mid-drain → exit 0 within --shutdown-timeout; every stored receipt
+    """F7: SIGTERM mid-drain → exit 0 within --shutdown-timeout; every stored receipt
     was acked before the streams closed, nothing is left leased, nothing applied twice."""
     await gateway.inject(LOGIN, receipt_bodies(20_000))
     log = tmp_path / "daemon.log"
@@ -238,7 +238,7 @@ async def _system_run(gateway: FakeGateway, database_url: str, tmp_path: Path, t
         "--lease-seconds", "5", "--release-after", "2",
     )  # fmt: skip
     try:
-        # Kill one worker mid-run: the supervisor restarts it and nothing is lost (§1, C7).
+        # Kill one worker mid-run: the supervisor restarts it and nothing is lost (C7).
         async def half_stored() -> bool:
             return await receptions(database_url) >= len(bodies) // 3
 
@@ -276,7 +276,7 @@ async def _system_run(gateway: FakeGateway, database_url: str, tmp_path: Path, t
 
 
 async def test_system_two_processes_two_streams(database_url: str, tmp_path: Path) -> None:
-    """Issue 4 §11 (20,000 receipts; the 100,000 version is marked slow): 2 processes x 2
+    """The system check (20,000 receipts; the 100,000 version is marked slow): 2 processes x 2
     streams, 10 % repeats, 5 % result-before-progress, conflicting finals, unknown ids, a
     stream cut every 5,000 and a worker killed mid-run: the ledger and the store agree."""
     async with running_gateway(lease_seconds=5.0) as gateway:
@@ -286,6 +286,6 @@ async def test_system_two_processes_two_streams(database_url: str, tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_system_two_processes_two_streams_100k(database_url: str, tmp_path: Path) -> None:
-    """Issue 4 §11 at full size: 100,000 receipts."""
+    """The system check at full size: 100,000 receipts."""
     async with running_gateway(lease_seconds=5.0) as gateway:
         await _system_run(gateway, database_url, tmp_path, 100_000)

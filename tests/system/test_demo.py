@@ -1,4 +1,4 @@
-"""`make run` end to end: scripts/demo.py as a real process tree (issue 5 §1, §2).
+"""`make run` end to end: scripts/demo.py as a real process tree.
 
 One short unattended run (`--duration`) in a temporary data directory: PostgreSQL, fakegw, the
 traffic simulator and `dlrfeed run` start, receipts flow, the ordered stop leaves no process

@@ -1,4 +1,4 @@
-"""The benchmark report (issue 7): figures, ratios and verdicts rendered from synthetic results.
+"""The benchmark report: figures, ratios and verdicts rendered from synthetic results.
 
 No benchmark runs here and nothing depends on wall-clock time: `render_report` is pure.
 """
@@ -92,14 +92,14 @@ def _results() -> dict[str, Any]:
 
 
 def test_ratios_are_end_to_end_over_the_slower_ceiling_and_over_naive() -> None:
-    """Issue 7 §3: c / min(a, b) and c / d, from the medians."""
+    """The ratios: c / min(a, b) and c / d, from the medians."""
     result = ratios(_figures([9e3, 1e4, 11e3], [7e3, 8e3, 9e3], [5e3, 6e3, 7e3]), 250.0)
     assert result["to_ceiling"] == pytest.approx(6_000 / 8_000)
     assert result["to_naive"] == pytest.approx(6_000 / 250)
 
 
 def test_summary_is_median_with_min_and_max() -> None:
-    """Issue 7 §2: each throughput figure is the median of the repetitions, min-max beside."""
+    """Each throughput figure is the median of the repetitions, min-max beside."""
     assert summary([3.0, 1.0, 10.0, 2.0, 5.0]) == {"median": 3.0, "min": 1.0, "max": 10.0}
 
 
@@ -149,7 +149,7 @@ def test_profile_summary_charges_samples_to_components() -> None:
 
 
 def test_missed_latency_target_names_commit_time_and_cpu() -> None:
-    """Issue 7 §3: a p99 above 250 ms is reported not met, with the commit and CPU figures."""
+    """A p99 above 250 ms is reported not met, with the commit and CPU figures."""
     results = _results()
     results["latency"] |= {
         "ledger_p99_ms": 300.0,

@@ -1,5 +1,5 @@
-"""`dlrfeed run` settings: window/lease checks, the password's sources, redaction (issue 4 §3,
-§5, §9)."""
+"""`dlrfeed run` settings: window/lease checks, the password's sources, redaction,
+one-line configuration errors, sd_notify."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_settings_that_could_stall_a_stream_are_refused(
 
 
 def test_defaults_pass_the_window_check() -> None:
-    """The documented defaults (issue 4 §1, §2) are consistent with F11."""
+    """The documented defaults are consistent with F11."""
     parser, subparsers = build_parser()
     argv = ["run", "--gateway", GW, "--login", "a", "--database-url", DB]
     env = {"DLRFEED_PASSWORD": PASSWORD}
@@ -59,7 +59,7 @@ def test_release_after_must_be_shorter_than_the_lease() -> None:
 
 
 def test_password_from_file_env_or_systemd_credential(tmp_path: Path) -> None:
-    """§9: --password-file, then DLRFEED_PASSWORD, then $CREDENTIALS_DIRECTORY/password."""
+    """FD1: --password-file, then DLRFEED_PASSWORD, then $CREDENTIALS_DIRECTORY/password."""
     secret_file = tmp_path / "pw"
     secret_file.write_text("from-file\n")
     assert settings_for(GW, DB, "--password-file", str(secret_file), environ={}).password == (
@@ -78,7 +78,7 @@ def test_password_from_file_env_or_systemd_credential(tmp_path: Path) -> None:
 def test_password_is_never_accepted_on_the_command_line(
     spelling: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """§9: the password on argv (visible in ps, shell history) is refused, without echoing it."""
+    """FD1: the password on argv (visible in ps, shell history) is refused, without echoing it."""
     with pytest.raises(SystemExit) as caught:
         settings_for(GW, DB, *spelling)
     err = capsys.readouterr().err
@@ -88,7 +88,7 @@ def test_password_is_never_accepted_on_the_command_line(
 
 
 def test_secrets_stay_out_of_reprs_and_urls() -> None:
-    """§9: the settings' repr, the client's repr and a logged URL carry no secret."""
+    """The settings' repr, the client's repr and a logged URL carry no secret."""
     settings = settings_for(GW, DB)
     assert PASSWORD not in repr(settings)
     assert "dbsecret" not in redact_url(DB)
@@ -99,7 +99,7 @@ def test_secrets_stay_out_of_reprs_and_urls() -> None:
 def test_check_config_prints_sources_and_redacts(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """§9: `dlrfeed check-config` shows every setting with its source, secrets redacted."""
+    """`dlrfeed check-config` shows every setting with its source, secrets redacted."""
     config = tmp_path / "dlrfeed.toml"
     config.write_text('streams = 4\nmode = "pull"\n')
     monkeypatch.setenv("DLRFEED_PASSWORD", PASSWORD)
@@ -123,7 +123,7 @@ def test_check_config_prints_sources_and_redacts(
 def test_check_config_rejects_bad_settings_with_exit_78(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """§5: invalid configuration → exit 78 (EX_CONFIG) with one line."""
+    """Invalid configuration → exit 78 (EX_CONFIG) with one line."""
     monkeypatch.setenv("DLRFEED_PASSWORD", PASSWORD)
     code = main(["check-config", "--gateway", GW, "--login", "a", "--database-url", DB,
                  "--ack-batch", "2000"])  # fmt: skip
@@ -134,7 +134,7 @@ def test_check_config_rejects_bad_settings_with_exit_78(
 
 
 def test_sd_notify_sends_one_datagram(tmp_path: Path) -> None:
-    """§8: READY/STATUS reach $NOTIFY_SOCKET; WATCHDOG_USEC sets a half interval."""
+    """READY/STATUS reach $NOTIFY_SOCKET; WATCHDOG_USEC sets a half interval."""
     path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
         server.bind(path)

@@ -134,8 +134,8 @@ def _varint(value: int) -> bytes:
     "raw", [b"\x0b" * 5000, b"\x0b" * 100 + b"\x0c" * 100, b"\x0c", b"\x0b", b"\x0f\x00"]
 )
 def test_c8_nested_or_unbalanced_groups_never_raise(raw: bytes) -> None:
-    """Found by `make fuzz`: 5000 start-group tags recursed past Python's stack (RecursionError
-    out of the reader). Nesting beyond protobuf's limit of 100 is damage: kept, not followed."""
+    """C8: 5000 start-group tags must not recurse past Python's stack (a RecursionError out
+    of the reader). Nesting beyond protobuf's limit of 100 is damage: kept, not followed."""
     receipt = receipt_from_wire(raw, 0.0)
     assert receipt.raw == raw
     assert receipt.message_id == ""

@@ -1,4 +1,4 @@
-"""The shipped systemd units (issue 5 §4): valid, hardened, and in step with the daemon.
+"""The shipped systemd units: valid, hardened, and in step with the daemon.
 
 `systemd-analyze` works offline on unit files, as root, without a running systemd. `verify`
 insists that ExecStart= names an existing executable, so each unit is staged in a temporary
@@ -31,7 +31,7 @@ UNITS = [
 ]
 DAEMON_UNITS = ["dlrfeed.service", "dlrfeed@.service"]
 MAX_EXPOSURE = 1.5
-# `dlrfeed run --shutdown-timeout` default (issue 4 §7); TimeoutStopSec= must outlast it.
+# `dlrfeed run --shutdown-timeout` default; TimeoutStopSec= must outlast it.
 DAEMON_SHUTDOWN_TIMEOUT_S = 30
 HARDENING_MARKER = "# --- hardening"
 
@@ -113,7 +113,7 @@ def _stage(unit_name: str, directory: Path) -> Path:
 def test_unit_passes_systemd_analyze_verify(
     unit_name: str, systemd_analyze: str, tmp_path: Path
 ) -> None:
-    """Issue 5 §4: `systemd-analyze verify` accepts the unit with no warning at all."""
+    """`systemd-analyze verify` accepts the unit with no warning at all."""
     staged = _stage(unit_name, tmp_path)
     result = subprocess.run(
         [systemd_analyze, "verify", "--man=no", "--generators=no", str(staged)],
@@ -132,7 +132,7 @@ def test_unit_passes_systemd_analyze_verify(
 
 @pytest.mark.parametrize("unit_name", UNITS)
 def test_unit_exposure_is_at_most_1_5(unit_name: str, systemd_analyze: str, tmp_path: Path) -> None:
-    """Issue 5 §4: `systemd-analyze security --offline=yes` scores exposure <= 1.5."""
+    """`systemd-analyze security --offline=yes` scores exposure <= 1.5."""
     staged = _stage(unit_name, tmp_path)
     result = subprocess.run(
         [systemd_analyze, "security", "--offline=yes", "--no-pager", str(staged)],
@@ -188,7 +188,7 @@ def test_fatal_exit_codes_do_not_restart(unit_name: str) -> None:
 
 @pytest.mark.parametrize("unit_name", DAEMON_UNITS)
 def test_stop_timeout_outlasts_the_daemons_clean_shutdown(unit_name: str) -> None:
-    """Issue 4 §7: systemd must not SIGKILL the daemon while it commits and flushes acks."""
+    """F7: systemd must not SIGKILL the daemon while it commits and flushes acks."""
     unit = _unit(unit_name)
     assert _only(unit, "Service", "KillSignal") == "SIGTERM"
     assert _seconds(_only(unit, "Service", "TimeoutStopSec")) > DAEMON_SHUTDOWN_TIMEOUT_S

@@ -167,7 +167,10 @@ class Daemon:
             await self._metrics_server.start(*s.metrics)
         self._notifier.notify(READY="1", STATUS=f"draining {s.login} with {s.streams} readers")
         self.ready.set()
-        log.info("daemon_ready", readers=len(pipeline.readers))
+        # The port bound, not the one asked for: `--metrics HOST:0` lets the kernel choose one,
+        # so whoever started the daemon learns from this line where to scrape.
+        listening = {"metrics_port": self.metrics_port} if self._metrics_server else {}
+        log.info("daemon_ready", readers=len(pipeline.readers), **listening)
         failure = await pipeline.wait_for_stop_or_failure(self._stop)
         self._notifier.notify(STOPPING="1", STATUS="stopping")
         if failure is not None:
