@@ -26,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon_harness import LOGIN, drained, receipt_bodies, running_gateway, settings_for, wait_until
 from dlrfeed.daemon.app import Daemon
+from dlrfeed.relay import Relay, RelaySettings
 from dlrfeed.store import Store, Submission
-from pgcluster import free_port
+from pgcluster import PgCluster, free_port
 from webhook_receiver import read_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -399,3 +400,46 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
     # of the relay's.
     assert len(checked - RELAY_METRICS) >= 20, sorted(checked)
     assert {name for name in checked if name.startswith(RELAY_PREFIX)} == RELAY_METRICS
+
+
+async def test_relay_up_is_zero_while_postgresql_refuses_it_and_one_again_after(
+    pg_cluster: PgCluster, database_url: str
+) -> None:
+    """What DlrfeedRelayDown keys on: a relay that runs but cannot reach PostgreSQL (its
+    database stops taking connections, its sessions are ended) says 0, and 1 once it is back."""
+    database = database_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(pg_cluster.dsn)
+    settings = RelaySettings(
+        database_url=database_url,
+        url="http://127.0.0.1:1/hook",  # never called: there is nothing to deliver
+        secret=b"unused",
+        metrics_interval=0.1,
+    )
+    relay = Relay(settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop), name="relay-under-test")
+
+    def up() -> float:
+        return float(relay.metrics.up._value.get())  # prometheus_client has no public getter
+
+    async def is_up() -> bool:
+        return up() == 1
+
+    async def is_down() -> bool:
+        return up() == 0
+
+    try:
+        await wait_until(is_up, 30, "the relay to be up")
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database
+        )
+        await wait_until(is_down, 30, "dlrfeed_relay_up to say 0")
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await wait_until(is_up, 30, "dlrfeed_relay_up to say 1 again")
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    assert up() == 0  # stopped
