@@ -95,6 +95,14 @@ class PgBouncer:
         )
         if os.geteuid() == 0:
             owner = pwd.getpwnam(_RUN_AS_USER)
+            # The owner must be able to reach its config (e.g. under pytest's 0700 root): open
+            # the path down to it for traversal, as pgcluster.py does for a cluster.
+            for parent in self.root.parents:
+                if parent == Path("/"):
+                    break
+                mode = parent.stat().st_mode
+                if not mode & 0o001:
+                    parent.chmod(mode | 0o011)
             for path in (self.root, self.ini, auth_file):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
 
