@@ -321,8 +321,8 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
     bodies = receipt_bodies(30_000, conflicting=50)
     store = await Store.open(database_url, pool_size=1)
     try:  # statuses, hence changes for the relay, for a thousand of the messages
-        recorded = sorted({b["id"] for b in bodies})[:1000]
-        await store.record_submissions([Submission(LOGIN, m, "+34600000000") for m in recorded])
+        with_status = sorted({b["id"] for b in bodies})[:1000]
+        await store.record_submissions([Submission(LOGIN, m, "+34600000000") for m in with_status])
     finally:
         await store.close()
     async with running_gateway() as gateway:

@@ -255,7 +255,7 @@ async def test_changes_and_the_relay_through_pgbouncer(
         running = asyncio.create_task(relay.run(stop), name="relay-through-pgbouncer")
 
         async def all_delivered() -> bool:
-            return relay.metrics.delivered._value.get() == len(ids)
+            return bool(relay.metrics.delivered._value.get() == len(ids))
 
         await wait_until(all_delivered, 60, "the relay to deliver through the pooler")
         stop.set()
