@@ -8,7 +8,8 @@ delivered again after a crash, and may then hold more changes than the first tim
 moves the consumer's durable cursor past the batch; anything else — a 5xx, a 4xx, a timeout,
 a refused connection — is retried with backoff, without end: the relay never skips a change.
 It only reads the log, so a dead endpoint never slows ingestion; `dlrfeed_relay_lag_seconds`
-says how far behind it is.
+says how far behind it is, `dlrfeed_relay_up` whether it reaches PostgreSQL at all. It refuses
+a schema of another version than this code's (exit 78), as every command does.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dlrfeed.store.changes import (
     load_cursor,
     save_cursor,
 )
+from dlrfeed.store.migrate import ensure_current
 
 log = structlog.get_logger("dlrfeed.relay")
 
@@ -83,7 +85,12 @@ class RelayMetrics:
             "POST attempts that did not get a 2xx (non-2xx, timeout, connection error)",
             registry=self.registry,
         )
-        self.up = Gauge("dlrfeed_relay_up", "1 while the relay's loop runs", registry=self.registry)
+        self.up = Gauge(
+            "dlrfeed_relay_up",
+            "1 while the relay follows the change log (PostgreSQL answers its backlog probe),"
+            " 0 while it runs but cannot reach PostgreSQL",
+            registry=self.registry,
+        )
 
 
 @dataclass(frozen=True)
@@ -114,12 +121,17 @@ class Relay:
         """Deliver until `stop` is set; returns after the batch in hand is delivered or given
         back (its cursor untouched). A missing schema or a refused privilege is fatal."""
         settings = self._settings
-        self.metrics.up.set(1)
+        self.metrics.up.set(0)
         cursor_conn = await self._connect(stop)
         try:
             if cursor_conn is None:
                 return
+            try:
+                await ensure_current(cursor_conn)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise StoreUnavailableError(f"PostgreSQL: {exc}") from exc
             self._delivered_position = await load_cursor(cursor_conn, settings.consumer)
+            self.metrics.up.set(1)
             log.info(
                 "relay_started",
                 consumer=settings.consumer,
@@ -240,10 +252,12 @@ class Relay:
                     asyncpg.InterfaceError,
                     StoreUnavailableError,
                 ):
+                    self.metrics.up.set(0)
                     if conn is not None:
                         conn.terminate()
                     conn = None
                 else:
+                    self.metrics.up.set(1)
                     self.metrics.pending.set(pending)
                     age = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
                     self.metrics.lag.set(max(age, 0.0))

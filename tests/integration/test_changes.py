@@ -465,9 +465,9 @@ async def test_changes_on_a_database_never_migrated_is_one_line_exit_78(
     finally:
         await pg_cluster.drop_database(f"unmigrated_{os.getpid()}")
     assert result.returncode == 78
-    [line] = result.stderr.strip().splitlines()
-    assert line.startswith("dlrfeed: database schema is at version 0")
-    assert line.endswith("run `dlrfeed migrate`")
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("dlrfeed: database schema is at version 0, this dlrfeed needs ")
+    assert line.endswith(": run `dlrfeed migrate`")
 
 
 # -- through a transaction pooler --------------------------------------------------------------

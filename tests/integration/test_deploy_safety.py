@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -173,11 +174,16 @@ async def test_check_without_a_server_is_not_mistaken_for_pending_migrations() -
     assert done.stderr.count("\n") == 1
 
 
-async def test_every_command_refuses_a_schema_newer_than_it_knows(database_url: str) -> None:
-    """A schema migrated by a later dlrfeed: migrate (all three forms), the daemon and every
-    operator command stop with one line and exit 78 (systemd does not restart on it), and
-    nothing is written."""
+async def test_every_command_refuses_a_schema_newer_than_it_knows(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A schema migrated by a later dlrfeed: migrate (all three forms), the daemon, the relay,
+    maintain and every operator command stop with one line and exit 78 (systemd does not
+    restart on it), and nothing is written."""
     await mark_newer(database_url)
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o600)
     newer = f"database schema is at version {NEWER}, newer than this dlrfeed "
     commands = {
         "migrate": ["migrate"],
@@ -188,6 +194,10 @@ async def test_every_command_refuses_a_schema_newer_than_it_knows(database_url: 
         "show": ["show", "m1"],
         "exceptions": ["exceptions"],
         "stats": ["stats"],
+        "changes": ["changes"],
+        "changes --follow": ["changes", "--follow", "--consumer", "billing"],
+        "relay": ["relay", "--url", "http://127.0.0.1:1/hook", "--secret-file", str(secret)],
+        "maintain": ["maintain", "--retention-days", "30"],
     }
     line = '{"message_id": "m1", "destination": "+34600000001", "login": "acme"}\n'
     for what, argv in commands.items():
@@ -203,6 +213,7 @@ async def test_every_command_refuses_a_schema_newer_than_it_knows(database_url: 
     conn = await asyncpg.connect(database_url)
     try:
         assert await conn.fetchval("SELECT count(*) FROM dlr.messages") == 0
+        assert await conn.fetchval("SELECT count(*) FROM dlr.change_cursors") == 0
         assert await conn.fetchval("SELECT max(version) FROM dlr.schema_version") == NEWER
     finally:
         await conn.close()

@@ -1,15 +1,19 @@
 """monitoring/: the alert rules pass `promtool check rules` and their own `promtool test rules`
 unit tests; every metric (and label) that the rules and the Grafana dashboard name is one a
-live daemon exports — a real `dlrfeed run` against the fake gateway and PostgreSQL, scraped
-over HTTP — and `promtool check metrics` finds that scrape clean."""
+live process exports — a real `dlrfeed run` against the fake gateway and PostgreSQL, and a real
+`dlrfeed relay` pushing its changes to a real HTTP endpoint (scripts/webhook_receiver.py), each
+scraped over HTTP — and `promtool check metrics` finds both scrapes clean."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,15 +26,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon_harness import LOGIN, drained, receipt_bodies, running_gateway, settings_for, wait_until
 from dlrfeed.daemon.app import Daemon
+from dlrfeed.relay import Relay, RelaySettings
+from dlrfeed.store import Store, Submission
+from pgcluster import PgCluster, free_port
+from webhook_receiver import read_log
+
+REPO = Path(__file__).resolve().parents[2]
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 RULES = MONITORING / "dlrfeed-alerts.yml"
 RULE_TESTS = MONITORING / "dlrfeed-alerts.test.yml"
 DASHBOARD = MONITORING / "dlrfeed-dashboard.json"
 
-NOT_YET_SCRAPED_PREFIX = "dlrfeed_relay_"
-"""Metrics of the relay, a process of its own that this test does not start: exempt from the
-live-scrape check until its scrape is wired in; they must still be the announced names."""
+RELAY_PREFIX = "dlrfeed_relay_"
+"""Metrics of the relay, a process of its own: checked against the relay's scrape."""
 
 RELAY_METRICS = frozenset(
     {
@@ -215,6 +224,14 @@ class Scrape:
         return float(sample.value)
 
 
+async def _try_scrape(port: int) -> Scrape | None:
+    """The scrape, or None while nothing listens on `port` yet."""
+    try:
+        return await _scrape(port)
+    except OSError:
+        return None
+
+
 async def _scrape(port: int) -> Scrape:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
@@ -226,14 +243,90 @@ async def _scrape(port: int) -> Scrape:
     return Scrape.parse(body)
 
 
+async def _spawn(log_path: Path, *args: str) -> asyncio.subprocess.Process:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLRFEED_")}
+    env.pop("NOTIFY_SOCKET", None)
+    with log_path.open("ab") as log:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, stdout=log, stderr=log, cwd=REPO
+        )
+
+
+async def _finish(process: asyncio.subprocess.Process) -> int:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(process.wait(), 30)
+
+
+async def _relay_scrape(database_url: str, tmp_path: Path) -> Scrape:
+    """A real `dlrfeed relay --metrics` delivering the change log to a real endpoint that
+    answers the first two batches 503: scraped once everything is delivered."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"monitoring-secret")
+    secret.chmod(0o600)
+    hook_port, metrics_port = free_port(), free_port()
+    receiver = await _spawn(
+        tmp_path / "receiver.out", str(REPO / "scripts" / "webhook_receiver.py"),
+        "--port", str(hook_port), "--secret-file", str(secret),
+        "--log", str(tmp_path / "received.jsonl"), "--script", "503,503",
+    )  # fmt: skip
+    relay: asyncio.subprocess.Process | None = None
+    try:
+
+        async def listening() -> bool:
+            return "listening" in (tmp_path / "receiver.out").read_text()
+
+        await wait_until(listening, 20, "the webhook receiver to listen")
+        relay = await _spawn(
+            tmp_path / "relay.log", "-m", "dlrfeed.cli", "relay",
+            "--url", f"http://127.0.0.1:{hook_port}/hook", "--secret-file", str(secret),
+            "--database-url", database_url, "--batch-size", "100", "--retry-max", "0.5",
+            "--metrics", f"127.0.0.1:{metrics_port}", "--log-format", "json",
+        )  # fmt: skip
+        conn = await asyncpg.connect(database_url)
+        try:
+            changes = int(await conn.fetchval("SELECT count(*) FROM dlr.status_changes"))
+        finally:
+            await conn.close()
+        assert changes > 0
+
+        async def delivered() -> bool:
+            scrape = await _try_scrape(metrics_port)
+            return (
+                scrape is not None
+                and scrape.value("dlrfeed_relay_delivered_total") == changes
+                and scrape.value("dlrfeed_relay_pending_changes") == 0
+            )
+
+        await wait_until(delivered, 120, "the relay to deliver every change")
+        scrape = await _scrape(metrics_port)
+    finally:
+        codes = [await _finish(relay)] if relay is not None else []
+        receiver.kill()
+        await receiver.wait()
+    assert codes == [0], (tmp_path / "relay.log").read_text()[-2000:]
+    received = read_log(tmp_path / "received.jsonl")
+    assert all(entry["signature_valid"] for entry in received)
+    assert len({c["position"] for e in received for c in e["changes"]}) == changes
+    return scrape
+
+
 async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promtool_clean(
-    database_url: str,
+    database_url: str, tmp_path: Path
 ) -> None:
     """A real daemon drains a backlog (with conflicts and uncorrelated receipts), is blocked
-    on a table lock mid-drain — the backlog gauge then says so — and is scraped; every name and
-    label the rules and the dashboard use must be in what it exports."""
+    on a table lock mid-drain — the backlog gauge then says so — and is scraped; then a real
+    relay pushes the status changes that drain made and is scraped. Every name and label the
+    rules and the dashboard use must be in what the two export."""
+    bodies = receipt_bodies(30_000, conflicting=50)
+    store = await Store.open(database_url, pool_size=1)
+    try:  # statuses, hence changes for the relay, for a thousand of the messages
+        with_status = sorted({b["id"] for b in bodies})[:1000]
+        await store.record_submissions([Submission(LOGIN, m, "+34600000000") for m in with_status])
+    finally:
+        await store.close()
     async with running_gateway() as gateway:
-        await gateway.inject(LOGIN, receipt_bodies(30_000, conflicting=50))
+        await gateway.inject(LOGIN, bodies)
         settings = settings_for(
             gateway.target, database_url, "--metrics", "127.0.0.1:0", "--mode", "pull",
             "--streams", "1",
@@ -272,9 +365,15 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
     assert idle.value("dlrfeed_readers_configured") == 1
     assert idle.value("dlrfeed_receipts_in_flight") == 0
 
-    linted = _promtool("check", "metrics", stdin=idle.text)
-    assert linted.returncode == 0, linted.stdout + linted.stderr
-    assert linted.stdout + linted.stderr == ""
+    relay = await _relay_scrape(database_url, tmp_path)
+    assert relay.value("dlrfeed_relay_up") == 1
+    assert relay.value("dlrfeed_relay_lag_seconds") == 0
+    assert relay.value("dlrfeed_relay_attempt_failures_total") >= 2  # the two 503s
+
+    for scrape in (idle, relay):
+        linted = _promtool("check", "metrics", stdin=scrape.text)
+        assert linted.returncode == 0, linted.stdout + linted.stderr
+        assert linted.stdout + linted.stderr == ""
 
     recorded = {rule["record"] for rule in _rules() if "record" in rule}
     used = [(f"rule {rule.get('alert') or rule['record']}", rule["expr"]) for rule in _rules()]
@@ -285,11 +384,11 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
             name = selector.metric
             if name in PROMETHEUS_SERIES or name in recorded:
                 continue
-            if name.startswith(NOT_YET_SCRAPED_PREFIX):
-                assert name in RELAY_METRICS, f"{where}: {name} is not a relay metric"
-                continue
-            assert name in idle.labels, f"{where}: the daemon exports no {name}"
-            exported = idle.labels[name]
+            process, scrape = (
+                ("relay", relay) if name.startswith(RELAY_PREFIX) else ("daemon", idle)
+            )
+            assert name in scrape.labels, f"{where}: the {process} exports no {name}"
+            exported = scrape.labels[name]
             for label, (op, value) in selector.matchers.items():
                 if label in SCRAPE_LABELS:
                     continue
@@ -297,5 +396,50 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
                 if op == "=" and "$" not in value:
                     assert value in exported[label], f"{where}: {name}{{{label}={value!r}}}"
             checked.add(name)
-    # Far from vacuous: the rules and the dashboard cover the daemon's metrics.
-    assert len(checked) >= 20, sorted(checked)
+    # Far from vacuous: the rules and the dashboard cover the daemon's metrics, and every one
+    # of the relay's.
+    assert len(checked - RELAY_METRICS) >= 20, sorted(checked)
+    assert {name for name in checked if name.startswith(RELAY_PREFIX)} == RELAY_METRICS
+
+
+async def test_relay_up_is_zero_while_postgresql_refuses_it_and_one_again_after(
+    pg_cluster: PgCluster, database_url: str
+) -> None:
+    """What DlrfeedRelayDown keys on: a relay that runs but cannot reach PostgreSQL (its
+    database stops taking connections, its sessions are ended) says 0, and 1 once it is back."""
+    database = database_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(pg_cluster.dsn)
+    settings = RelaySettings(
+        database_url=database_url,
+        url="http://127.0.0.1:1/hook",  # never called: there is nothing to deliver
+        secret=b"unused",
+        metrics_interval=0.1,
+    )
+    relay = Relay(settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop), name="relay-under-test")
+
+    def up() -> float:
+        return float(relay.metrics.up._value.get())  # prometheus_client has no public getter
+
+    async def is_up() -> bool:
+        return up() == 1
+
+    async def is_down() -> bool:
+        return up() == 0
+
+    try:
+        await wait_until(is_up, 30, "the relay to be up")
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database
+        )
+        await wait_until(is_down, 30, "dlrfeed_relay_up to say 0")
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await wait_until(is_up, 30, "dlrfeed_relay_up to say 1 again")
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    assert up() == 0  # stopped

@@ -13,6 +13,8 @@ import io
 import json
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,15 +29,20 @@ from daemon_harness import (
     run_until_drained,
     running_gateway,
     settings_for,
+    wait_until,
 )
 from dlrfeed.cli import main
 from dlrfeed.config import Pooler
 from dlrfeed.daemon.app import Daemon
+from dlrfeed.relay import Relay, RelaySettings
 from dlrfeed.store import Store, Submission
+from dlrfeed.store.changes import load_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, expected_version
 from dlrfeed.store.server import behind_transaction_pooler
 from pgbouncer import PgBouncer
 from pgcluster import PgCluster, free_port, scratch_directory, server_bindir
+from retention_support import receipt
+from webhook_receiver import Receiver, read_log
 
 WRITER = "dlrfeed_bouncer_writer"  # a role that is no PgBouncer admin
 
@@ -206,6 +213,63 @@ async def test_migrate_through_pgbouncer_needs_no_session(
             rows = await conn.fetchval("SELECT count(*) FROM dlr.schema_version")
         finally:
             await conn.close()
-        assert rows == len(available_migrations())
+        assert rows == len(available_migrations())  # each once (numbers may skip)
     finally:
         await pg_cluster.drop_database(name)
+
+
+async def test_changes_and_the_relay_through_pgbouncer(
+    bouncer: PgBouncer,
+    database_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`dlrfeed changes` (auto and --database-pooler transaction, with a durable cursor) and
+    the relay read the change log through the pooler: every change once, in order, and the
+    relay's cursor moves past what the endpoint acknowledged."""
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        ids = [f"c{n}" for n in range(30)]
+        await store.record_submissions([Submission(LOGIN, m, "+34600000000") for m in ids])
+        await store.ingest(LOGIN, [receipt(m, time.time()) for m in ids])
+    finally:
+        await store.close()
+    dsn = through(bouncer, database_url)
+
+    assert await asyncio.to_thread(main, ["changes", "--database-url", dsn, "--json"]) == 0
+    every = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(c["message_id"] for c in every) == sorted(ids)
+    pooled = ["changes", "--database-url", dsn, "--database-pooler", "transaction", "--json"]
+    for limit in ("20", "20"):  # the durable cursor resumes where the first run stopped
+        args = [*pooled, "--consumer", "billing", "--limit", limit]
+        assert await asyncio.to_thread(main, args) == 0
+    resumed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert resumed == every
+
+    secret = b"through-the-pooler"
+    receiver = Receiver(free_port(), secret, tmp_path / "received.jsonl", [], 1.0)
+    serving = threading.Thread(target=receiver.serve_forever, daemon=True)
+    serving.start()
+    try:
+        url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+        relay = Relay(RelaySettings(database_url=dsn, url=url, secret=secret, batch_size=7))
+        stop = asyncio.Event()
+        running = asyncio.create_task(relay.run(stop), name="relay-through-pgbouncer")
+
+        async def all_delivered() -> bool:
+            return bool(relay.metrics.delivered._value.get() == len(ids))
+
+        await wait_until(all_delivered, 60, "the relay to deliver through the pooler")
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    received = read_log(tmp_path / "received.jsonl")
+    assert all(entry["signature_valid"] for entry in received)
+    assert [c["position"] for e in received for c in e["changes"]] == [c["position"] for c in every]
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await load_cursor(conn, "relay") == every[-1]["position"]
+    finally:
+        await conn.close()

@@ -119,9 +119,11 @@ async def test_old_days_are_archived_dropped_and_load_back(
             archive_dir=tmp_path,
             now=today() + 7 * DAY + timedelta(hours=1),
         )
-        assert report.dropped == [first_day]
-        assert [a.partition for a in report.archived] == [first_day]
-        assert report.archived[0].rows == 45
+        dropped = [name for name in report.dropped if name.startswith("receptions_")]
+        assert dropped == [first_day]
+        archived = [a for a in report.archived if a.partition.startswith("receptions_")]
+        assert [a.partition for a in archived] == [first_day]
+        assert archived[0].rows == 45
         assert first_day not in await partitions(db)
         assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 20
 
@@ -141,12 +143,12 @@ async def test_old_days_are_archived_dropped_and_load_back(
     totals = await statistics(db, LOGIN)
     assert totals["receptions"]["total"] == 21
 
-    manifest = json.loads(report.archived[0].manifest_file.read_text("utf-8"))
+    manifest = json.loads(archived[0].manifest_file.read_text("utf-8"))
     assert manifest["rows"] == 45
     assert manifest["received_before"] == today().isoformat()
     # Load it back as the manifest says: a table LIKE dlr.receptions, binary COPY in.
     await db.execute(manifest["load_back"][0])
-    data = gzip.decompress(report.archived[0].data_file.read_bytes())
+    data = gzip.decompress(archived[0].data_file.read_bytes())
     await db.copy_to_table("restored_receptions", source=io.BytesIO(data), format="binary")
     assert await db.fetchval(ROW_TEXT.format(table="restored_receptions")) == source
 
@@ -187,8 +189,9 @@ async def test_a_day_is_dropped_while_the_daemon_ingests(
             daemon.stop()
             code = await asyncio.wait_for(task, 30)
     assert code == 0
-    assert len(report.dropped) == 1
-    assert report.dropped[0].startswith("receptions_before_")
+    dropped = [name for name in report.dropped if name.startswith("receptions_")]
+    assert len(dropped) == 1
+    assert dropped[0].startswith("receptions_before_")
     # Everything the gateway gave was stored and nothing of the old day is left.
     assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == len(bodies)
     assert await db.fetchval("SELECT count(*) FROM dlr.events") == len(bodies) + 200

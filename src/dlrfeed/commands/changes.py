@@ -109,7 +109,7 @@ async def _print_changes(args: argparse.Namespace) -> int:
     dsn = required(args, "database_url")
     if args.consumer is not None and not args.consumer.strip():
         raise ConfigError("--consumer: the name must not be empty")
-    conn = await connect(dsn)
+    conn = await connect(dsn, args.database_pooler)
     try:
         after = args.after
         if after is None:

@@ -21,7 +21,8 @@ from dlrfeed.store.retention import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """--retention-days, --archive-dir, --redelivery-horizon-days, --days-ahead, --json."""
+    """--retention-days, --archive-dir, --redelivery-horizon-days, --days-ahead,
+    --abandon-consumer, --json."""
     add_database_url(parser)
     parser.add_argument(
         "--retention-days",
@@ -49,12 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="create the partitions of the next N days",
     )
+    parser.add_argument(
+        "--abandon-consumer",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop days of the change log that durable consumer NAME has not read yet (it "
+        "loses them); without it such a drop is refused. Repeat for several consumers",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document")
 
 
 async def run(args: argparse.Namespace) -> int:
     """Run one upkeep; print what was created, archived and dropped. Exit 1 (after doing the
-    rest) when receptions sit in the default partition: a day was missing when they came."""
+    rest) when rows sit in a default partition: a day was missing when they came."""
     policy = RetentionPolicy(
         retention_days=args.retention_days,
         redelivery_horizon_days=args.redelivery_horizon_days,
@@ -62,7 +71,10 @@ async def run(args: argparse.Namespace) -> int:
     )
     try:
         report = await maintain(
-            required(args, "database_url"), policy, archive_dir=args.archive_dir
+            required(args, "database_url"),
+            policy,
+            archive_dir=args.archive_dir,
+            abandoned_consumers=args.abandon_consumer,
         )
     except (OSError, asyncpg.exceptions.PostgresConnectionError) as exc:
         raise StoreUnavailableError(f"cannot reach PostgreSQL: {exc}") from exc
@@ -91,9 +103,10 @@ async def run(args: argparse.Namespace) -> int:
         for name in report.dropped:
             print(f"dropped {PARTITION_SCHEMA}.{name}")
     if report.default_partition_holds_rows:
+        held = ", ".join(f"{PARTITION_SCHEMA}.{name}" for name in report.defaults_holding_rows)
         print(
-            f"dlrfeed: receptions sit in {PARTITION_SCHEMA}.receptions_default (a day had no "
-            "partition when they came): see docs/retention.md"
+            f"dlrfeed: rows sit in {held} (a day had no partition when they came): "
+            "see docs/retention.md"
         )
         return 1
     return 0

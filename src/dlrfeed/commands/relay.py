@@ -177,13 +177,13 @@ async def run(args: argparse.Namespace) -> int:
 
         async def health() -> tuple[bool, str]:
             up = _is_up(metrics)
-            return up, "relaying" if up else "not running"
+            return up, "relaying" if up else "cannot reach PostgreSQL"
 
         server = MetricsServer(metrics.registry, health)
         await server.start(*metrics_address)
     notifier = SystemdNotifier()
     notifier.notify(READY="1", STATUS=f"relaying to {urlsplit(url).hostname}")
-    watchdog = asyncio.create_task(_ping_watchdog(notifier, metrics, stop), name="watchdog")
+    watchdog = asyncio.create_task(_ping_watchdog(notifier, stop), name="watchdog")
     try:
         await relay.run(stop)
     finally:
@@ -195,16 +195,14 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _ping_watchdog(
-    notifier: SystemdNotifier, metrics: RelayMetrics, stop: asyncio.Event
-) -> None:
-    """WATCHDOG=1 at half the unit's WatchdogSec while the relay's loop is up: a hung event
-    loop stops the pings and systemd restarts the unit."""
+async def _ping_watchdog(notifier: SystemdNotifier, stop: asyncio.Event) -> None:
+    """WATCHDOG=1 at half the unit's WatchdogSec while the event loop turns: a hung loop stops
+    the pings and systemd restarts the unit. A PostgreSQL outage does not (the relay waits it
+    out and says so in dlrfeed_relay_up): a restart would not bring the server back."""
     if notifier.watchdog_interval is None:
         return
     while not stop.is_set():
-        if _is_up(metrics):
-            notifier.notify(WATCHDOG="1")
+        notifier.notify(WATCHDOG="1")
         try:
             async with asyncio.timeout(notifier.watchdog_interval):
                 await stop.wait()

@@ -1,14 +1,16 @@
-"""Retention of the evidence by whole days: partitions created ahead, old ones archived and dropped.
+"""Retention by whole days: partitions created ahead, old ones archived and dropped.
 
-dlr.receptions is partitioned by UTC day of `received_at` (migration 0010). The schema owner
-runs `maintain` (the `dlrfeed maintain` command, daily from a systemd timer): it creates the
-partitions of the days ahead, and - only when a retention is given - drops each partition whose
-whole day lies further back than the retention, after writing it to an archive file when asked.
-Evidence is never deleted row by row (P13): a day goes as one `DROP TABLE`. The dedup keys live
-in dlr.events, which is not partitioned, so a redelivery of a receipt whose first delivery's day
+dlr.receptions is partitioned by UTC day of `received_at` (migration 0010), the status-change
+log dlr.status_changes by UTC day of `changed_at` (0011). The schema owner runs `maintain` (the
+`dlrfeed maintain` command, daily from a systemd timer): it creates the partitions of the days
+ahead in both, and - only when a retention is given - drops each partition whose whole day lies
+further back than the retention, after writing it to an archive file when asked. Evidence is
+never deleted row by row (P13): a day goes as one `DROP TABLE`. The dedup keys live in
+dlr.events, which is not partitioned, so a redelivery of a receipt whose first delivery's day
 was dropped is still a repeat (P14); a retention shorter than the gateway's redelivery horizon
 (F16) is refused all the same, so that the evidence of every delivery the gateway may still
-repeat is kept.
+repeat is kept. A day of changes that a durable consumer (dlr.change_cursors) has not read to
+its end is not dropped: `maintain` refuses, naming the consumer, unless told to abandon it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import gzip
 import hashlib
 import json
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,6 +31,7 @@ import asyncpg
 import asyncpg.exceptions
 
 from dlrfeed.errors import ConfigError, FatalError
+from dlrfeed.store.migrate import ensure_current
 
 # F16: the fake gateway keeps an unacked receipt 7 days (fakegw --retention-seconds 604800).
 DEFAULT_REDELIVERY_HORIZON_DAYS = 7
@@ -47,16 +50,47 @@ _T = TypeVar("_T")
 _PARTITIONS_TO_DROP = """
 SELECT partition_name, lower_bound, upper_bound
 FROM dlr.day_partitions
-WHERE parent_table = 'receptions' AND NOT is_default AND upper_bound <= $1
+WHERE parent_table = $1 AND NOT is_default AND upper_bound <= $2
 ORDER BY upper_bound
 """
 
 _COLUMNS = """
 SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type
 FROM pg_attribute AS a
-WHERE a.attrelid = 'dlr.receptions'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+
+# The consumer furthest behind that has not read every change of a partition (its cursor lies
+# below the partition's last position): dropping the day would take changes it never saw.
+# Run after LOCK TABLE dlr.change_cursors IN SHARE MODE, so no cursor appears meanwhile.
+_UNREAD_BY = """
+SELECT c.consumer, c.position
+FROM dlr.change_cursors AS c
+WHERE c.position < (SELECT max(position) FROM {partition}) AND c.consumer <> ALL($1::text[])
+ORDER BY c.position, c.consumer
+LIMIT 1
+"""
+
+
+@dataclass(frozen=True)
+class DayPartitioned:
+    """One table partitioned by UTC day: its name in dlr, its partition-creating function and
+    the name of the day column in an archive's manifest."""
+
+    table: str
+    create_function: str
+    manifest_bound: str
+
+    @property
+    def default_partition(self) -> str:
+        """The catch-all partition for a day not created yet."""
+        return f"{self.table}_default"
+
+
+RECEPTIONS = DayPartitioned("receptions", "dlr.create_reception_partitions", "received")
+STATUS_CHANGES = DayPartitioned("status_changes", "dlr.create_status_change_partitions", "changed")
+DAY_PARTITIONED = (RECEPTIONS, STATUS_CHANGES)
 
 
 @dataclass(frozen=True)
@@ -102,7 +136,13 @@ class MaintenanceReport:
     created: list[str] = field(default_factory=list)
     archived: list[ArchivedPartition] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
-    default_partition_holds_rows: bool = False
+    defaults_holding_rows: list[str] = field(default_factory=list)
+    """Default partitions with rows in them (a day had no partition when they came)."""
+
+    @property
+    def default_partition_holds_rows(self) -> bool:
+        """Whether any default partition holds rows."""
+        return bool(self.defaults_holding_rows)
 
 
 async def maintain(
@@ -111,44 +151,64 @@ async def maintain(
     *,
     archive_dir: Path | None = None,
     now: datetime | None = None,
+    abandoned_consumers: Sequence[str] = (),
 ) -> MaintenanceReport:
-    """Create the partitions of the next `policy.days_ahead` days; with a retention, archive
-    (when `archive_dir` is given) and drop every partition whose day ended more than
-    `retention_days` before `now`. Run as the schema owner; safe to run again at any time (a
-    partition already created or dropped is not touched again)."""
+    """Create the partitions of the next `policy.days_ahead` days of the evidence and of the
+    change log; with a retention, archive (when `archive_dir` is given) and drop every
+    partition whose day ended more than `retention_days` before `now`. A day of changes that a
+    durable consumer has not read to its end is refused (FatalError naming the consumer and its
+    position) unless the consumer is in `abandoned_consumers`. Run as the schema owner; safe to
+    run again at any time (a partition already created or dropped is not touched again)."""
     moment = now or datetime.now(UTC)
     report = MaintenanceReport()
     conn = await asyncpg.connect(dsn)
     try:
+        # A schema of another version may partition other tables, or none (exit 78).
+        await ensure_current(conn)
         await conn.execute(f"SET lock_timeout = '{_LOCK_TIMEOUT}'")
         today = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         through = today + timedelta(days=policy.days_ahead + 1)
-        try:
-            report.created = await _with_lock_retries(
-                lambda: _created(conn, through),
-            )
-        except asyncpg.exceptions.CheckViolationError as exc:
-            raise FatalError(
-                f"cannot create the partitions ahead: {exc}; receptions of those days sit in "
-                f"{PARTITION_SCHEMA}.receptions_default (docs/retention.md)"
-            ) from exc
+        for parent in DAY_PARTITIONED:
+            try:
+                report.created += await _with_lock_retries(
+                    parent, functools.partial(_created, conn, parent, through)
+                )
+            except asyncpg.exceptions.CheckViolationError as exc:
+                raise FatalError(
+                    f"cannot create the partitions ahead: {exc}; rows of those days sit in "
+                    f"{PARTITION_SCHEMA}.{parent.default_partition} (docs/retention.md)"
+                ) from exc
         if policy.retention_days is not None:
             cutoff = moment - timedelta(days=policy.retention_days)
-            for row in await conn.fetch(_PARTITIONS_TO_DROP, cutoff):
-                name = str(row["partition_name"])
-                if archive_dir is not None:
-                    report.archived.append(
-                        await archive_partition(
-                            conn, name, row["lower_bound"], row["upper_bound"], archive_dir
+            for parent in DAY_PARTITIONED:
+                for row in await conn.fetch(_PARTITIONS_TO_DROP, parent.table, cutoff):
+                    name = str(row["partition_name"])
+                    if parent is STATUS_CHANGES:
+                        # Before the archive: a refused day is neither written out nor dropped.
+                        await _refuse_unread(conn, name, abandoned_consumers, lock=False)
+                    if archive_dir is not None:
+                        report.archived.append(
+                            await archive_partition(
+                                conn,
+                                name,
+                                row["lower_bound"],
+                                row["upper_bound"],
+                                archive_dir,
+                                parent=parent,
+                            )
                         )
-                    )
-                await _with_lock_retries(functools.partial(_drop, conn, name))
-                report.dropped.append(name)
-        report.default_partition_holds_rows = bool(
-            await conn.fetchval(
-                f"SELECT EXISTS (SELECT 1 FROM {PARTITION_SCHEMA}.receptions_default)"
-            )
-        )
+                    if parent is STATUS_CHANGES:
+                        drop = functools.partial(
+                            _drop_read_changes, conn, name, abandoned_consumers
+                        )
+                    else:
+                        drop = functools.partial(_drop, conn, name)
+                    await _with_lock_retries(parent, drop)
+                    report.dropped.append(name)
+        for parent in DAY_PARTITIONED:
+            default = f"{PARTITION_SCHEMA}.{parent.default_partition}"
+            if await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {default})"):
+                report.defaults_holding_rows.append(parent.default_partition)
     finally:
         await conn.close()
     return report
@@ -158,13 +218,43 @@ async def _drop(conn: asyncpg.Connection, partition: str) -> None:
     await conn.execute(f'DROP TABLE {PARTITION_SCHEMA}."{partition}"')
 
 
-async def _created(conn: asyncpg.Connection, through: datetime) -> list[str]:
+async def _drop_read_changes(
+    conn: asyncpg.Connection, partition: str, abandoned: Sequence[str]
+) -> None:
+    """Drop a day of changes in the transaction that proves every durable consumer (but the
+    abandoned) has read it: the cursors are locked against a new one starting at 0 meanwhile
+    (they only move forward otherwise, so a check that passed stays true)."""
     async with conn.transaction():
-        rows = await conn.fetch("SELECT dlr.create_reception_partitions($1) AS name", through)
+        await _refuse_unread(conn, partition, abandoned, lock=True)
+        await conn.execute(f'DROP TABLE {PARTITION_SCHEMA}."{partition}"')
+
+
+async def _refuse_unread(
+    conn: asyncpg.Connection, partition: str, abandoned: Sequence[str], *, lock: bool
+) -> None:
+    if lock:
+        await conn.execute("LOCK TABLE dlr.change_cursors IN SHARE MODE")
+    behind = await conn.fetchrow(
+        _UNREAD_BY.format(partition=f'{PARTITION_SCHEMA}."{partition}"'), list(abandoned)
+    )
+    if behind is not None:
+        raise FatalError(
+            f"refused to drop {PARTITION_SCHEMA}.{partition}: consumer {behind['consumer']!r}"
+            f" has read the change log only up to position {behind['position']} and would"
+            " lose changes it never read; let it catch up, or give --abandon-consumer"
+            f" {behind['consumer']} (docs/retention.md)"
+        )
+
+
+async def _created(
+    conn: asyncpg.Connection, parent: DayPartitioned, through: datetime
+) -> list[str]:
+    async with conn.transaction():
+        rows = await conn.fetch(f"SELECT {parent.create_function}($1) AS name", through)
     return [str(r["name"]) for r in rows]
 
 
-async def _with_lock_retries(action: Callable[[], Awaitable[_T]]) -> _T:
+async def _with_lock_retries(parent: DayPartitioned, action: Callable[[], Awaitable[_T]]) -> _T:
     """Run `action`, again after a lock timeout (the ingest held the table), a bounded number
     of times; the last timeout is raised as FatalError."""
     for attempt in range(1, _LOCK_ATTEMPTS + 1):
@@ -173,7 +263,7 @@ async def _with_lock_retries(action: Callable[[], Awaitable[_T]]) -> _T:
         except asyncpg.exceptions.LockNotAvailableError as exc:
             if attempt == _LOCK_ATTEMPTS:
                 raise FatalError(
-                    f"dlr.receptions stayed locked through {_LOCK_ATTEMPTS} attempts: {exc}"
+                    f"dlr.{parent.table} stayed locked through {_LOCK_ATTEMPTS} attempts: {exc}"
                 ) from exc
             await asyncio.sleep(0.1 * attempt)
     raise AssertionError("unreachable")  # the loop returns or raises
@@ -185,6 +275,8 @@ async def archive_partition(
     lower_bound: datetime | None,
     upper_bound: datetime,
     archive_dir: Path,
+    *,
+    parent: DayPartitioned = RECEPTIONS,
 ) -> ArchivedPartition:
     """Write one partition to `archive_dir` as `<partition>.copy.gz` (binary COPY, gzip) and
     `<partition>.manifest.json` (bounds, row count, columns, SHA-256, how to load it back), each
@@ -193,7 +285,10 @@ async def archive_partition(
     # One snapshot for the count and the copy (the day is over: nothing is added to it anyway).
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         rows = int(await conn.fetchval(f'SELECT count(*) FROM {PARTITION_SCHEMA}."{partition}"'))
-        columns = [(str(r["name"]), str(r["type"])) for r in await conn.fetch(_COLUMNS)]
+        columns = [
+            (str(r["name"]), str(r["type"]))
+            for r in await conn.fetch(_COLUMNS, f"dlr.{parent.table}")
+        ]
         with partial.open("wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as packed:
 
@@ -206,18 +301,18 @@ async def archive_partition(
             raw.flush()
             os.fsync(raw.fileno())
     manifest = {
-        "table": "dlr.receptions",
+        "table": f"dlr.{parent.table}",
         "partition": partition,
-        "received_from": lower_bound.isoformat() if lower_bound else None,
-        "received_before": upper_bound.isoformat(),
+        f"{parent.manifest_bound}_from": lower_bound.isoformat() if lower_bound else None,
+        f"{parent.manifest_bound}_before": upper_bound.isoformat(),
         "rows": rows,
         "format": ARCHIVE_FORMAT,
         "data_file": f"{partition}.copy.gz",
         "columns": [{"name": name, "type": kind} for name, kind in columns],
         "load_back": [
-            "CREATE TABLE restored_receptions (LIKE dlr.receptions);",
+            f"CREATE TABLE restored_{parent.table} (LIKE dlr.{parent.table});",
             f"gunzip -c {partition}.copy.gz | psql -d DATABASE -c "
-            '"\\copy restored_receptions FROM STDIN (FORMAT binary)"',
+            f'"\\copy restored_{parent.table} FROM STDIN (FORMAT binary)"',
         ],
         "archived_at": datetime.now(UTC).isoformat(),
     }

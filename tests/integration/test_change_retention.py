@@ -1,0 +1,310 @@
+"""The status-change log under the evidence's retention (migration 0011, `dlrfeed maintain`)
+against the real server.
+
+An installed log moves to the partitioned layout in place, keeping every row and the triggers'
+positions; maintain creates its days ahead and archives and drops its old days with the
+evidence's; a day that a durable consumer (dlr.change_cursors) has not read to its end is
+refused in one line naming the consumer and its position, unless the consumer is abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import io
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from dlrfeed.errors import FatalError
+from dlrfeed.store import Store, Submission
+from dlrfeed.store.changes import read_changes, save_cursor
+from dlrfeed.store.migrate import available_migrations, current_version, migrate
+from dlrfeed.store.retention import RetentionPolicy, maintain
+from pgcluster import PgCluster
+from retention_support import receipt
+
+LOGIN = "acme"
+DAY = timedelta(days=1)
+PARTITIONING = 11  # the migration under test
+ROW_TEXT = "SELECT md5(string_agg(c::text, ',' ORDER BY c.position)) FROM {table} AS c"
+_numbers = itertools.count(1)
+
+
+def today() -> datetime:
+    return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def change_partitions(db: asyncpg.Connection) -> dict[str, int]:
+    """Every partition of the change log (but the default) with its row count."""
+    names = [
+        r["partition_name"]
+        for r in await db.fetch(
+            "SELECT partition_name FROM dlr.day_partitions"
+            " WHERE parent_table = 'status_changes' AND NOT is_default"
+        )
+    ]
+    return {
+        name: int(await db.fetchval(f"SELECT count(*) FROM dlr_partitions.{name}"))
+        for name in names
+    }
+
+
+async def ten_changes(database_url: str) -> None:
+    """Ten messages, each given its final status now: ten changes of today."""
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        await store.record_submissions(
+            [Submission(LOGIN, f"m{n}", "+34600000001") for n in range(10)]
+        )
+        await store.ingest(LOGIN, [receipt(f"m{n}", time.time()) for n in range(10)])
+    finally:
+        await store.close()
+
+
+async def test_the_change_log_is_partitioned_by_day_and_maintain_creates_its_days_ahead(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    relkind = "SELECT relkind::text FROM pg_class WHERE oid = 'dlr.status_changes'::regclass"
+    assert await db.fetchval(relkind) == "p"  # partitioned
+    report = await maintain(database_url, RetentionPolicy(days_ahead=10))
+    assert any(name.startswith("status_changes_") for name in report.created)
+    uppers = {
+        r["upper_bound"]
+        for r in await db.fetch(
+            "SELECT upper_bound FROM dlr.day_partitions WHERE parent_table = 'status_changes'"
+        )
+    }
+    assert today() + 11 * DAY in uppers
+    # The triggers of 0009 still write, into the partition of today.
+    await ten_changes(database_url)
+    counts = await change_partitions(db)
+    assert counts[f"status_changes_{today():%Y%m%d}"] == 10
+    assert len(await read_changes(db, 0)) == 10
+
+
+async def test_a_day_a_consumer_has_not_read_is_refused_then_dropped_once_read(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await ten_changes(database_url)
+    changes = await read_changes(db, 0)
+    source = await db.fetchval(ROW_TEXT.format(table="dlr.status_changes"))
+    await save_cursor(db, "billing", changes[4].position)  # read half of today's changes
+    await save_cursor(db, "relay", changes[-1].position)  # read all of them
+    later = today() + 8 * DAY + timedelta(hours=1)  # a week's retention: today is out
+    day = f"status_changes_{today():%Y%m%d}"
+
+    with pytest.raises(FatalError) as refused:
+        await maintain(database_url, RetentionPolicy(retention_days=7), archive_dir=tmp_path,
+                       now=later)  # fmt: skip
+    message = str(refused.value)
+    assert "consumer 'billing'" in message
+    assert f"position {changes[4].position}" in message
+    assert "--abandon-consumer billing" in message
+    assert "\n" not in message
+    # Neither archived nor dropped: the day is still whole.
+    assert sum((await change_partitions(db)).values()) == 10
+    assert not await asyncio.to_thread(lambda: list(tmp_path.glob(f"{day}.*")))
+
+    await save_cursor(db, "billing", changes[-1].position)  # it catches up
+    report = await maintain(
+        database_url, RetentionPolicy(retention_days=7), archive_dir=tmp_path, now=later
+    )
+    assert day in report.dropped
+    assert day not in await change_partitions(db)
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == 0
+    (archived,) = [a for a in report.archived if a.partition == day]
+    assert archived.rows == 10
+    manifest = json.loads(archived.manifest_file.read_text("utf-8"))
+    assert manifest["table"] == "dlr.status_changes"
+    assert manifest["changed_before"] == (today() + DAY).isoformat()
+    await db.execute(manifest["load_back"][0])
+    data = gzip.decompress(archived.data_file.read_bytes())
+    await db.copy_to_table("restored_status_changes", source=io.BytesIO(data), format="binary")
+    assert await db.fetchval(ROW_TEXT.format(table="restored_status_changes")) == source
+
+
+async def test_an_abandoned_consumer_does_not_hold_the_day_back(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    await ten_changes(database_url)
+    await save_cursor(db, "gone", 0)
+    await save_cursor(db, "billing", 0)
+    later = today() + 8 * DAY + timedelta(hours=1)
+    with pytest.raises(FatalError, match="consumer 'billing'"):
+        await maintain(database_url, RetentionPolicy(retention_days=7), now=later,
+                       abandoned_consumers=["gone"])  # fmt: skip
+    report = await maintain(
+        database_url,
+        RetentionPolicy(retention_days=7),
+        now=later,
+        abandoned_consumers=["gone", "billing"],
+    )
+    assert f"status_changes_{today():%Y%m%d}" in report.dropped
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == 0
+
+
+def dlrfeed(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLRFEED_")}
+    return subprocess.run(
+        [sys.executable, "-m", "dlrfeed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+async def test_the_command_refuses_in_one_line_naming_the_consumer(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """`dlrfeed maintain` as a process, on real time: a day of changes three weeks old, which
+    consumer `billing` has not read, is refused until --abandon-consumer billing."""
+    old = today() - 21 * DAY
+    first = await db.fetchval(
+        "SELECT partition_name FROM dlr.day_partitions"
+        " WHERE parent_table = 'status_changes' AND lower_bound IS NULL"
+    )
+    # The owner's hands: the first partition ends three weeks ago, one day of changes after it.
+    await db.execute(
+        f"""
+        ALTER TABLE dlr.status_changes DETACH PARTITION dlr_partitions.{first};
+        DROP TABLE dlr_partitions.{first};
+        CREATE TABLE dlr_partitions.status_changes_before_{old:%Y%m%d}
+            PARTITION OF dlr.status_changes FOR VALUES FROM (MINVALUE) TO ('{old.isoformat()}');
+        CREATE TABLE dlr_partitions.status_changes_{old:%Y%m%d}
+            PARTITION OF dlr.status_changes
+            FOR VALUES FROM ('{old.isoformat()}') TO ('{(old + DAY).isoformat()}');
+        CREATE TABLE dlr_partitions.status_changes_gap
+            PARTITION OF dlr.status_changes
+            FOR VALUES FROM ('{(old + DAY).isoformat()}') TO ('{today().isoformat()}');
+        INSERT INTO dlr.status_changes (position, changed_at, login, message_id, status,
+            is_final, reason, supporting_event_id, rules_version)
+        VALUES (1e19 + 1, '{(old + timedelta(hours=3)).isoformat()}', 'acme', 'old1',
+                'DELIVERED', true, 'final', 1, 'r1');
+        """
+    )
+    await save_cursor(db, "billing", 0)
+    refused = await asyncio.to_thread(
+        dlrfeed, "maintain", "--database-url", database_url, "--retention-days", "7"
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(
+        f"dlrfeed: refused to drop dlr_partitions.status_changes_{old:%Y%m%d}: consumer "
+        "'billing' has read the change log only up to position 0"
+    ), refused.stderr
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == 1
+
+    done = await asyncio.to_thread(
+        dlrfeed, "maintain", "--database-url", database_url, "--retention-days", "7",
+        "--abandon-consumer", "billing",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"dropped dlr_partitions.status_changes_{old:%Y%m%d}" in done.stdout.splitlines()
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == 0
+
+
+@pytest.fixture
+async def installed_log(pg_cluster: PgCluster) -> AsyncIterator[str]:
+    """A database at the last schema before 0011 whose change log holds a month of changes,
+    written by the triggers of 0009 (statuses inserted, then half of them changed)."""
+    name = f"installed_changes_{os.getpid()}_{next(_numbers)}"
+    dsn = await pg_cluster.create_database(name)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE SCHEMA dlr; CREATE TABLE dlr.schema_version ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for migration in available_migrations():
+            if migration.version < PARTITIONING:
+                async with conn.transaction():
+                    await conn.execute(migration.sql)
+                    await conn.execute(
+                        "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
+                        migration.version,
+                        migration.name,
+                    )
+        await conn.execute(
+            """
+            INSERT INTO dlr.message_status (login, message_id, status, is_final, reason,
+                supporting_event_id, rules_version, updated_at)
+            SELECT 'acme', 'm' || g, 'ENROUTE', false, 'progress', g, 'r1',
+                   now() - (g % 30) * interval '1 day'
+            FROM generate_series(1, 20000) AS g;
+            UPDATE dlr.message_status SET status = 'DELIVERED', is_final = true,
+                reason = 'final' WHERE message_id LIKE '%0';
+            UPDATE dlr.status_changes SET changed_at = now() - 25 * interval '1 day'
+            WHERE status = 'ENROUTE' AND message_id LIKE '%7';
+            """
+        )
+    finally:
+        await conn.close()
+    yield dsn
+    await pg_cluster.drop_database(name)
+
+
+async def test_an_installed_log_moves_in_place_and_the_triggers_keep_writing(
+    installed_log: str,
+) -> None:
+    conn = await asyncpg.connect(installed_log)
+    try:
+        before = await conn.fetchval(ROW_TEXT.format(table="dlr.status_changes"))
+        count = await conn.fetchval("SELECT count(*) FROM dlr.status_changes")
+        assert count == 20000 + 2000
+        table_file = await conn.fetchval("SELECT pg_relation_filenode('dlr.status_changes')")
+        last = (await read_changes(conn, 0, 100_000))[-1].position
+
+        applied = await migrate(installed_log)
+        assert applied[0].startswith("0011_")
+        assert await current_version(conn) == available_migrations()[-1].version
+        assert await conn.fetchval(ROW_TEXT.format(table="dlr.status_changes")) == before
+        first = await conn.fetchval(
+            "SELECT partition_name FROM dlr.day_partitions"
+            " WHERE parent_table = 'status_changes' AND lower_bound IS NULL"
+        )
+        assert first == f"status_changes_before_{today() + DAY:%Y%m%d}"
+        assert table_file == await conn.fetchval(
+            "SELECT pg_relation_filenode($1::regclass)", f"dlr_partitions.{first}"
+        )
+        # The writers' lookup of a message's last change stays an index probe.
+        plan = "\n".join(
+            r[0]
+            for r in await conn.fetch(
+                "EXPLAIN SELECT max(position) FROM dlr.status_changes"
+                " WHERE login = 'acme' AND message_id = 'm10'"
+            )
+        )
+        assert "Seq Scan" not in plan, plan
+
+        # A status written after the migration: a change after every earlier one (gap-free).
+        await conn.execute(
+            "UPDATE dlr.message_status SET status = 'UNDELIVERABLE', is_final = true,"
+            " reason = 'final' WHERE message_id = 'm10'"
+        )
+        (after,) = await read_changes(conn, last)
+        assert (after.message_id, after.previous_status) == ("m10", "DELIVERED")
+        assert after.position > last
+    finally:
+        await conn.close()
