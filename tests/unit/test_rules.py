@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from hypothesis import given
@@ -53,7 +54,7 @@ def arrivals(draw: st.DrawFn) -> list[Content]:
     return [distinct[i] for i in draw(st.lists(st.integers(0, len(distinct) - 1), min_size=1))]
 
 
-def deliveries(order: list[Content]) -> list[Delivery]:
+def deliveries(order: Sequence[Content]) -> list[Delivery]:
     ids = {"a": 1, "A": 2}
     return [
         Delivery(
@@ -75,7 +76,7 @@ def deliveries(order: list[Content]) -> list[Delivery]:
 
 
 def run(
-    order: list[Content], options: IntegrationOptions = DEFAULT
+    order: Sequence[Content], options: IntegrationOptions = DEFAULT
 ) -> tuple[MessageState, list[Outcome]]:
     planner = Planner(options, {}, {"m": EMPTY_STATE}, {"m": SUBMITTED})
     outcomes = [planner.decide(d).outcome for d in deliveries(order)]
