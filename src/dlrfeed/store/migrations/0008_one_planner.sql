@@ -70,6 +70,11 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_writer') THEN
         -- P14: a key's accepted contents move with its counters.
         GRANT UPDATE (updates) ON dlr.events TO dlrfeed_writer;
+        -- P19: late correlation replays a message's deliveries in their arrival order; it
+        -- reads what the planner needs of them, never the payload (the evidence itself).
+        GRANT SELECT (id, login, message_id, level, stat, err, done_date_raw, done_at,
+                      received_at, fingerprint, flags, event_id)
+              ON dlr.receptions TO dlrfeed_writer;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN
         GRANT SELECT ON dlr.status_recomputations TO dlrfeed_reader;
