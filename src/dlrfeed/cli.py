@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "show": "show",
     "exceptions": "exceptions",
     "stats": "stats",
+    "recompute": "recompute",
 }
 
 

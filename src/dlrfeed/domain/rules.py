@@ -513,3 +513,25 @@ def record_differences(recorded: Mapping[str, Any], submitted: Mapping[str, Any]
         for name in RECORD_FIELDS
         if _comparable(recorded[name]) != _comparable(submitted[name])
     ]
+
+
+def status_change(old: Mapping[str, Any], new: MessageState) -> str | None:
+    """P8: what differs between a stored status row and the state the rules compute now, in
+    words for the audit trail; None when nothing a reader sees differs."""
+    basis = new.basis
+    if basis is None:
+        return f"no applicable receipt under the current rules (was {old['status']})"
+    now = {
+        "status": basis.status.value,
+        "is_final": is_final(new),
+        "reason": explain(new),
+        "supporting_event_id": basis.event_id,
+        "repeats": new.repeats,
+        "conflicts": new.conflicts,
+        "progress_events": new.progress_events,
+        "deadline_superseded": new.deadline_superseded,
+    }
+    changes = [
+        f"{name} {old[name]!r} -> {value!r}" for name, value in now.items() if old[name] != value
+    ]
+    return "; ".join(changes) or None

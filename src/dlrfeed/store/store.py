@@ -46,6 +46,7 @@ from dlrfeed.domain.rules import (
     explain,
     is_final,
     record_differences,
+    status_change,
 )
 from dlrfeed.domain.status import STAT_TO_STATUS, Outcome, Status
 from dlrfeed.domain.wire_format import evidence_key
@@ -123,6 +124,16 @@ class IngestResult:
     counts: Mapping[Outcome, int]
     deadlock_retries: int = 0
     bisections: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeResult:
+    """What `Store.recompute` did."""
+
+    examined: int
+    """Status rows computed again."""
+    changed: int
+    """Of those, rows whose status, reason, basis or counters changed (each audited)."""
 
 
 @dataclass(slots=True)
@@ -769,3 +780,80 @@ class Store:
                 [v[1] for v in found.values()],
                 list(found),
             )
+
+    # ---------------------------------------------------------------- recompute
+
+    async def recompute(self, *, every: bool = False, chunk: int = 200) -> RecomputeResult:
+        """Compute stored statuses again under the current rules (RULES_VERSION), from every
+        delivery of each message replayed in its recorded arrival order through the planner.
+
+        Rows of another rules version are the stale ones (P8); `every` takes all rows. Each
+        change is written to `dlr.status_recomputations` with its before, after and why; a row
+        with no applicable receipt under the current rules is removed (and audited). Chunks of
+        `chunk` messages commit one by one, each under the same message locks as the ingest,
+        so it runs safely beside a live daemon; running it again finds nothing stale.
+        """
+        examined = changed = 0
+        after = ("", "")
+        try:
+            async with self._pool.acquire() as conn:
+                while True:
+                    keys = await conn.fetch(
+                        queries.STALE_STATUSES, *after, chunk, every, RULES_VERSION
+                    )
+                    if not keys:
+                        break
+                    after = (keys[-1]["login"], keys[-1]["message_id"])
+                    by_login: dict[str, list[str]] = {}
+                    for key in keys:
+                        by_login.setdefault(key["login"], []).append(key["message_id"])
+                    for login, message_ids in by_login.items():
+                        async with conn.transaction():
+                            changed += await self._recompute_chunk(conn, login, message_ids)
+                        examined += len(message_ids)
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+        return RecomputeResult(examined=examined, changed=changed)
+
+    async def _recompute_chunk(self, conn: _Connection, login: str, message_ids: list[str]) -> int:
+        submitted = await self._correlate(conn, login, sorted(message_ids))
+        before = {
+            r["message_id"]: r for r in await conn.fetch(queries.LOCK_STATUSES, login, message_ids)
+        }
+        planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
+        for reception in await conn.fetch(queries.WAITING_RECEPTIONS, login, sorted(submitted)):
+            planner.decide(_replayed(reception))
+        audit: list[list[Any]] = []
+        gone: list[str] = []
+        for message_id, old in sorted(before.items()):
+            state = planner.messages.get(message_id, EMPTY_STATE)
+            why = status_change(dict(old), state)
+            if state.basis is None:
+                gone.append(message_id)
+            if why is None:
+                continue
+            basis = state.basis
+            audit.append(
+                [
+                    message_id,
+                    old["status"],
+                    old["is_final"],
+                    old["reason"],
+                    old["supporting_event_id"],
+                    old["rules_version"],
+                    None if basis is None else basis.status,
+                    None if basis is None else is_final(state),
+                    None if basis is None else explain(state),
+                    None if basis is None else basis.event_id,
+                    f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
+                ]
+            )
+        await conn.execute(
+            queries.WRITE_RECOMPUTE,
+            login,
+            RULES_VERSION,
+            _status_json({m: s for m, s in planner.messages.items() if m in before}),
+            gone,
+            _dumps(audit),
+        )
+        return len(audit)
