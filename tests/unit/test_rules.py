@@ -54,22 +54,25 @@ def arrivals(draw: st.DrawFn) -> list[Content]:
     return [distinct[i] for i in draw(st.lists(st.integers(0, len(distinct) - 1), min_size=1))]
 
 
-def deliveries(order: Sequence[Content]) -> list[Delivery]:
+def deliveries(order: Sequence[Content]) -> list[tuple[Delivery, int, int]]:
+    """Each delivery with its event id (one per key) and its arrival number."""
     ids = {"a": 1, "A": 2}
     return [
-        Delivery(
+        (
+            Delivery(
+                rid,
+                "m",
+                level,
+                STAT_TO_STATUS.get(stat, Status.UNRECOGNIZED),
+                stat,
+                err,
+                DONE[done],
+                RECEIVED,
+                fingerprint(stat, err, done),
+                (),
+            ),
             ids[rid] * 10 + level,
             number,
-            rid,
-            "m",
-            level,
-            STAT_TO_STATUS.get(stat, Status.UNRECOGNIZED),
-            stat,
-            err,
-            DONE[done],
-            RECEIVED,
-            fingerprint(stat, err, done),
-            (),
         )
         for number, (rid, level, stat, err, done) in enumerate(order)
     ]
@@ -79,7 +82,7 @@ def run(
     order: Sequence[Content], options: IntegrationOptions = DEFAULT
 ) -> tuple[MessageState, list[Outcome]]:
     planner = Planner(options, {}, {"m": EMPTY_STATE}, {"m": SUBMITTED})
-    outcomes = [planner.decide(d).outcome for d in deliveries(order)]
+    outcomes = [planner.decide(*d).outcome for d in deliveries(order)]
     return planner.messages["m"], outcomes
 
 

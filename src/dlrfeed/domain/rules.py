@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, NamedTuple, assert_never
+from typing import Any, NamedTuple, Protocol, assert_never
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import FINAL_STATUSES, PROGRESS_STATUSES, Outcome, Status
@@ -130,6 +130,16 @@ def kind_of(level: int, status: Status) -> Kind:
     return Kind.NETWORK_RESULT
 
 
+# kind_of for the levels 1 and 2, looked up once or twice per delivery on the ingest hot path.
+_KIND_OF: Mapping[tuple[int, Status], Kind] = {
+    (level, status): kind_of(level, status) for level in (1, 2) for status in Status
+}
+
+
+def _kind(level: int, status: Status) -> Kind:
+    return _KIND_OF.get((level, status), Kind.UNEXPECTED_LEVEL)
+
+
 def level_stat_mismatch(level: int, status: Status) -> bool:
     """F4: a level-1 receipt with a final stat, or a level-2 receipt with a progress stat."""
     return (level == 1 and status in FINAL_STATUSES) or (level == 2 and status in PROGRESS_STATUSES)
@@ -145,14 +155,35 @@ def transition_table(options: IntegrationOptions) -> Mapping[tuple[Kind, Kind], 
     return MappingProxyType(table)
 
 
+class Observed(Protocol):
+    """What the planner reads of one delivery: the parsed receipt (`parse.LogicalEvent` is
+    one) or a stored reception replayed (`Delivery`)."""
+
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def correlation_id(self) -> str: ...
+    @property
+    def level(self) -> int: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def stat(self) -> str: ...
+    @property
+    def err(self) -> str | None: ...
+    @property
+    def done_at(self) -> datetime | None: ...
+    @property
+    def received_at(self) -> float: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def flags(self) -> tuple[str, ...]: ...
+
+
 class Delivery(NamedTuple):
-    """What the planner needs of one delivery (one reception), in the store's arrival order.
+    """A stored reception as the planner reads it (late correlation, recompute)."""
 
-    `event_id` is the logical event of its key (login, `message_id`, `level`); `reception_id`
-    the id the store gave the delivery, which is its recorded arrival order (P19)."""
-
-    event_id: int
-    reception_id: int
     message_id: str
     correlation_id: str
     level: int
@@ -208,7 +239,7 @@ EMPTY_STATE = MessageState(None)
 
 def basis_kind(basis: Basis) -> Kind:
     """The table's held kind of a basis."""
-    return kind_of(basis.level, basis.status)
+    return _kind(basis.level, basis.status)
 
 
 def is_final(state: MessageState) -> bool:
@@ -279,7 +310,7 @@ class KeyClass(Enum):
 
 
 def classify(
-    known: KeyContents | None, delivery: Delivery, options: IntegrationOptions
+    known: KeyContents | None, delivery: Observed, options: IntegrationOptions
 ) -> KeyClass:
     """P14: a delivery against the contents its key holds."""
     if known is None:
@@ -301,7 +332,7 @@ def is_malformed(flags: tuple[str, ...]) -> bool:
     return any(not flag.endswith(_BENIGN_FLAG_SUFFIXES) for flag in flags)
 
 
-def order_time(delivery: Delivery, submitted_at: datetime | None) -> tuple[datetime | None, bool]:
+def order_time(delivery: Observed, submitted_at: datetime | None) -> tuple[datetime | None, bool]:
     """P19: the reported time usable to order and measure, and whether it was implausible."""
     done = delivery.done_at
     if done is None:
@@ -314,6 +345,9 @@ def order_time(delivery: Delivery, submitted_at: datetime | None) -> tuple[datet
 
 
 _NO_EXCEPTIONS: tuple[PlannedException, ...] = ()
+_REPEAT = Decision(Outcome.REPEAT, _NO_EXCEPTIONS)
+_TIE = frozenset({ARRIVAL_ORDER_TIE})
+_IMPLAUSIBLE = frozenset({DONE_DATE_IMPLAUSIBLE})
 
 
 class Planner:
@@ -345,17 +379,19 @@ class Planner:
         self.event_last: dict[int, float] = {}
         """Event id -> the latest receive time among these deliveries (first ones excluded)."""
 
-    def decide(self, d: Delivery) -> Decision:
-        """The outcome of delivery `d` and the exceptions it opens; updates the states."""
+    def decide(self, d: Observed, event_id: int, reception_id: int) -> Decision:
+        """The outcome of delivery `d` - of logical event `event_id`, stored as reception
+        `reception_id` (its arrival order) - and the exceptions it opens; updates the states."""
         key = (d.message_id, d.level)
         known = self.keys.get(key)
         key_class = classify(known, d, self.options)
-        state = self.messages.get(d.correlation_id)
-        event_id = d.event_id
+        cid = d.correlation_id
+        state = self.messages.get(cid)
         if key_class is KeyClass.NEW:
             self.keys[key] = KeyContents(d.status, (d.fingerprint,))
         else:
-            self.event_last[event_id] = max(self.event_last.get(event_id, 0.0), d.received_at)
+            last = self.event_last.get(event_id, 0.0)
+            self.event_last[event_id] = d.received_at if d.received_at > last else last
             if key_class is KeyClass.CONFLICT:
                 self.event_conflicts[event_id] = self.event_conflicts.get(event_id, 0) + 1
             else:
@@ -368,8 +404,8 @@ class Planner:
                     self.key_updates.setdefault(event_id, []).append(d.fingerprint)
         if key_class is KeyClass.REPEAT:
             if state is not None:
-                self.messages[d.correlation_id] = state._replace(repeats=state.repeats + 1)
-            return Decision(Outcome.REPEAT, _NO_EXCEPTIONS)
+                self.messages[cid] = state._replace(repeats=state.repeats + 1)
+            return _REPEAT
         exceptions: list[PlannedException] = []
         if d.flags and is_malformed(d.flags):
             exceptions.append(
@@ -394,7 +430,7 @@ class Planner:
                 )
             )
             if state is not None:
-                self.messages[d.correlation_id] = state._replace(conflicts=state.conflicts + 1)
+                self.messages[cid] = state._replace(conflicts=state.conflicts + 1)
             return Decision(Outcome.CONFLICT, tuple(exceptions))
         if state is None:
             if key_class is KeyClass.NEW:
@@ -402,88 +438,94 @@ class Planner:
                 exceptions.append(
                     PlannedException(
                         "uncorrelated",
-                        {
-                            "rule": "P12",
-                            "correlation_id": d.correlation_id,
-                            "level": d.level,
-                            "stat": d.stat,
-                        },
+                        {"rule": "P12", "correlation_id": cid, "level": d.level, "stat": d.stat},
                         False,
                     )
                 )
             return Decision(Outcome.UNCORRELATED, tuple(exceptions))
-        state, outcome = self._apply(state, d, exceptions)
-        self.messages[d.correlation_id] = state
-        return Decision(outcome, tuple(exceptions))
+        outcome = self._apply(state, d, event_id, reception_id, exceptions)
+        return Decision(outcome, tuple(exceptions) if exceptions else _NO_EXCEPTIONS)
 
     def _apply(
-        self, state: MessageState, d: Delivery, exceptions: list[PlannedException]
-    ) -> tuple[MessageState, Outcome]:
-        """The message layer: new content `d` against the held basis (the transition table)."""
-        incoming = kind_of(d.level, d.status)
+        self,
+        state: MessageState,
+        d: Observed,
+        event_id: int,
+        reception_id: int,
+        exceptions: list[PlannedException],
+    ) -> Outcome:
+        """The message layer: new content `d` against the held basis (the transition table);
+        the message's new state is stored in `messages`."""
+        incoming = _kind(d.level, d.status)
         basis = state.basis
         action = self.table[(Kind.NONE if basis is None else basis_kind(basis), incoming)]
         if action is Action.NOT_APPLIED:
             if incoming is Kind.UNEXPECTED_LEVEL:
-                return state, Outcome.UNEXPECTED_LEVEL
+                return Outcome.UNEXPECTED_LEVEL
             exceptions.append(
                 PlannedException(
                     "unrecognized", {"rule": "P17", "stat": d.stat, "level": d.level}, True
                 )
             )
-            return state, Outcome.UNRECOGNIZED
+            return Outcome.UNRECOGNIZED
         at, implausible = order_time(d, self.submitted.get(d.correlation_id))
-        if implausible:
-            state = state._replace(flags=state.flags | {DONE_DATE_IMPLAUSIBLE})
-        if incoming is Kind.PROGRESS:
-            state = state._replace(progress_events=state.progress_events + 1)
-        own = Basis(d.event_id, d.reception_id, d.level, d.status, d.stat, d.err, at)
+        flags = state.flags | _IMPLAUSIBLE if implausible else state.flags
+        progress = state.progress_events + (incoming is Kind.PROGRESS)
+        superseded = state.deadline_superseded
+        take = False
         if action is Action.TAKE:
-            return state._replace(basis=own), Outcome.APPLIED
-        assert basis is not None
-        if action is Action.NEWER_PROGRESS:
+            take, outcome = True, Outcome.APPLIED
+        elif action is Action.IGNORE_PROGRESS:
+            outcome = Outcome.LATE_PROGRESS
+        elif basis is None:
+            raise AssertionError("only TAKE and NOT_APPLIED apply without a held basis")
+        elif action is Action.NEWER_PROGRESS:
             if d.level != basis.level:  # F13: any level-2 receipt outranks any level-1 one
-                if d.level > basis.level:
-                    return state._replace(basis=own), Outcome.APPLIED
-                return state, Outcome.LATE_PROGRESS
-            if at is None or basis.order_at is None or at == basis.order_at:
+                take = d.level > basis.level
+            elif at is None or basis.order_at is None or at == basis.order_at:
                 # P19: no basis to order them: the first arrived stays, and the tie is flagged.
-                return state._replace(flags=state.flags | {ARRIVAL_ORDER_TIE}), (
-                    Outcome.LATE_PROGRESS
-                )
-            if at > basis.order_at:
-                return state._replace(basis=own), Outcome.APPLIED
-            return state, Outcome.LATE_PROGRESS
-        if action is Action.IGNORE_PROGRESS:
-            return state, Outcome.LATE_PROGRESS
-        if action is Action.SAME_RESULT_OR_CONFLICT:
+                flags = flags | _TIE
+            else:
+                take = at > basis.order_at
+            outcome = Outcome.APPLIED if take else Outcome.LATE_PROGRESS
+        elif action is Action.SAME_RESULT_OR_CONFLICT:
             if d.status is basis.status:
                 # Corroboration: the basis becomes the earliest plausible report of the
                 # status; a report without a usable time never displaces one with it.
-                if at is not None and (basis.order_at is None or at < basis.order_at):
-                    return state._replace(basis=own), Outcome.CORROBORATED
-                return state, Outcome.CORROBORATED
-            # P18/C3: the first result applied stays; the later incompatible one is kept.
-            exceptions.append(
-                PlannedException(
-                    "conflict",
-                    {
-                        "cause": "incompatible_final",
-                        "rule": "P18",
-                        "held_status": basis.status.value,
-                        "held_event_id": basis.event_id,
-                        "incoming_status": d.status.value,
-                        "incoming_stat": d.stat,
-                    },
-                    True,
+                take = at is not None and (basis.order_at is None or at < basis.order_at)
+                outcome = Outcome.CORROBORATED
+            else:
+                # P18/C3: the first result applied stays; the later incompatible one is kept.
+                exceptions.append(
+                    PlannedException(
+                        "conflict",
+                        {
+                            "cause": "incompatible_final",
+                            "rule": "P18",
+                            "held_status": basis.status.value,
+                            "held_event_id": basis.event_id,
+                            "incoming_status": d.status.value,
+                            "incoming_stat": d.stat,
+                        },
+                        True,
+                    )
                 )
-            )
-            return state._replace(conflicts=state.conflicts + 1), Outcome.CONFLICT
-        if action is Action.SUPERSEDE_UNKNOWN:
-            return state._replace(basis=own, deadline_superseded=True), Outcome.APPLIED
-        if action is Action.UNKNOWN_SUPERSEDED:
-            return state._replace(deadline_superseded=True), Outcome.SUPERSEDED
-        assert_never(action)
+                self.messages[d.correlation_id] = state._replace(
+                    conflicts=state.conflicts + 1, progress_events=progress, flags=flags
+                )
+                return Outcome.CONFLICT
+        elif action is Action.SUPERSEDE_UNKNOWN:
+            take, superseded, outcome = True, True, Outcome.APPLIED
+        elif action is Action.UNKNOWN_SUPERSEDED:
+            superseded, outcome = True, Outcome.SUPERSEDED
+        else:
+            assert_never(action)
+        if take:
+            basis = Basis(event_id, reception_id, d.level, d.status, d.stat, d.err, at)
+        self.messages[d.correlation_id] = MessageState(
+            basis, state.repeats, state.conflicts, progress, superseded, flags
+        )
+        return outcome
 
 
 RECORD_FIELDS = (

@@ -301,17 +301,16 @@ def _first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
     return firsts, _dumps(rows)
 
 
-def _replayed(row: asyncpg.Record) -> Delivery:
-    """A stored reception as the planner's delivery (late correlation, recompute)."""
+def _replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:
+    """A stored reception as the planner's delivery, with its event id and its reception id
+    (late correlation, recompute)."""
     stat = row["stat"]
     err = row["err"]
     done_raw = row["done_date_raw"]
     # Receptions stored before migration 0008 have no fingerprint: derived from the stored
     # values, which equal the raw ones unless a field had to be cut or NUL-escaped.
     content = row["fingerprint"] or fingerprint(stat, err, done_raw)
-    return Delivery(
-        row["event_id"],
-        row["id"],
+    delivery = Delivery(
         row["message_id"],
         row["correlation_id"],
         row["level"],
@@ -323,6 +322,7 @@ def _replayed(row: asyncpg.Record) -> Delivery:
         content,
         tuple(row["flags"]),
     )
+    return delivery, row["event_id"], row["id"]
 
 
 def _plan_piece(
@@ -339,22 +339,7 @@ def _plan_piece(
     for position in positions:
         e = events[position]
         event_id = event_ids[position]
-        outcome, exceptions = decide(
-            Delivery(
-                event_id,
-                reception_ids[position],
-                e.message_id,
-                e.correlation_id,
-                e.level,
-                e.status,
-                e.stat,
-                e.err,
-                e.done_at,
-                e.received_at,
-                e.fingerprint,
-                e.flags,
-            )
-        )
+        outcome, exceptions = decide(e, event_id, reception_ids[position])
         if exceptions:
             plan.exceptions += _planned_exceptions(exceptions, e.message_id, event_id, position + 1)
         plan.outcomes.append(outcome)
@@ -709,10 +694,10 @@ class Store:
         resolutions: dict[int, str] = {}
         exceptions: list[tuple[str, str, str, int | None, int | None]] = []
         for reception in waiting:
-            delivery = _replayed(reception)
-            outcome, planned = planner.decide(delivery)
+            delivery, event_id, reception_id = _replayed(reception)
+            outcome, planned = planner.decide(delivery, event_id, reception_id)
             resolutions.setdefault(
-                delivery.event_id,
+                event_id,
                 f"correlated late: message {delivery.correlation_id} recorded; "
                 f"rules outcome {outcome.value}",
             )
@@ -720,8 +705,8 @@ class Store:
             exceptions += _planned_exceptions(
                 (p for p in planned if p.message_level),
                 delivery.message_id,
-                delivery.event_id,
-                delivery.reception_id,
+                event_id,
+                reception_id,
             )
         await conn.fetchval(
             queries.WRITE_LATE_CORRELATION,
@@ -822,7 +807,7 @@ class Store:
         }
         planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
         for reception in await conn.fetch(queries.WAITING_RECEPTIONS, login, sorted(submitted)):
-            planner.decide(_replayed(reception))
+            planner.decide(*_replayed(reception))
         audit: list[list[Any]] = []
         gone: list[str] = []
         for message_id, old in sorted(before.items()):
