@@ -384,7 +384,13 @@ class Planner:
         `reception_id` (its arrival order) - and the exceptions it opens; updates the states."""
         key = (d.message_id, d.level)
         known = self.keys.get(key)
-        key_class = classify(known, d, self.options)
+        # classify(), inlined for its two common answers (once per delivery, hot path).
+        if known is None:
+            key_class = KeyClass.NEW
+        elif d.fingerprint in known.fingerprints:
+            key_class = KeyClass.REPEAT
+        else:
+            key_class = classify(known, d, self.options)
         cid = d.correlation_id
         state = self.messages.get(cid)
         if key_class is KeyClass.NEW:
@@ -456,9 +462,10 @@ class Planner:
     ) -> Outcome:
         """The message layer: new content `d` against the held basis (the transition table);
         the message's new state is stored in `messages`."""
-        incoming = _kind(d.level, d.status)
+        incoming = _KIND_OF.get((d.level, d.status), Kind.UNEXPECTED_LEVEL)
         basis = state.basis
-        action = self.table[(Kind.NONE if basis is None else basis_kind(basis), incoming)]
+        held = Kind.NONE if basis is None else _KIND_OF[(basis.level, basis.status)]
+        action = self.table[(held, incoming)]
         if action is Action.NOT_APPLIED:
             if incoming is Kind.UNEXPECTED_LEVEL:
                 return Outcome.UNEXPECTED_LEVEL

@@ -29,9 +29,11 @@ ALTER TABLE dlr.message_status
     ADD COLUMN basis_done_at timestamptz,
     ADD COLUMN flags text[] NOT NULL DEFAULT '{}';
 -- Rows of rules-1 get their basis from the event that supported them; they stay stale
--- (rules_version) until `dlrfeed recompute` computes them again under the current rules.
+-- (rules_version) until `dlrfeed recompute` computes them again under the current rules. A
+-- basis of a level other than 1 or 2 (rules-1 applied those) is held as rules-1 saw it, final
+-- or not, so that the daemon continues from it until the recompute.
 UPDATE dlr.message_status AS s
-SET basis_level = e.level, basis_stat = e.stat, basis_err = e.err, basis_done_at = e.done_at,
+SET basis_level = CASE WHEN e.level IN (1, 2) THEN e.level WHEN s.is_final THEN 2 ELSE 1 END, basis_stat = e.stat, basis_err = e.err, basis_done_at = e.done_at,
     supporting_reception_id = (
         SELECT min(r.id) FROM dlr.receptions AS r
         WHERE r.login = e.login AND r.message_id = e.message_id AND r.event_id = e.id)
