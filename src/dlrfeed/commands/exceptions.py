@@ -11,7 +11,7 @@ from dlrfeed.config import add_database_url, required
 from dlrfeed.errors import ConfigError
 from dlrfeed.store.reports import connect, list_exceptions, resolve_exception
 
-KINDS = ("uncorrelated", "conflict", "unrecognized", "unstorable", "malformed")
+KINDS = ("uncorrelated", "conflict", "unrecognized", "unstorable", "malformed", "second_record")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
