@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
+from dlrfeed.commands.show import render
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
-from dlrfeed.store.reports import connect, statistics
+from dlrfeed.store.reports import connect, message_reports, statistics
 from rule_receipts import LOGIN, SUBMITTED, receipt
 
 
@@ -282,3 +283,31 @@ async def test_a_level_1_receipt_resent_with_new_done_dates_is_a_progress_update
         "SELECT (times_received, conflicting_receptions, cardinality(updates)) "
         "FROM dlr.events WHERE message_id = 'm'"
     ) == (3, 0, 2)
+
+
+async def test_a_late_correlated_message_keeps_its_late_progress_marks_in_show(
+    store: Store, db: asyncpg.Connection, database_url: str
+) -> None:
+    """P20: a result then a progress receipt, both before the message was recorded: `show`
+    still tells the late progress receipt, and the status' own flags."""
+    await store.ingest(
+        LOGIN,
+        [receipt("m", 2, "DELIVRD"), receipt("m", 1, "ENROUTE")],
+    )
+    await record(store, "m")
+    conn = await connect(database_url)
+    try:
+        [report] = await message_reports(conn, "m", LOGIN)
+    finally:
+        await conn.close()
+    text = render(report)
+    assert "late progress receipts: 1" in text
+    await store.ingest(LOGIN, [receipt("t", 1, "ENROUTE", None)])
+    await record(store, "t")
+    await store.ingest(LOGIN, [receipt("t", 1, "ACCEPTD", "2611291205")])
+    conn = await connect(database_url)
+    try:
+        [report] = await message_reports(conn, "t", LOGIN)
+    finally:
+        await conn.close()
+    assert "could not be ordered by reported time" in render(report)

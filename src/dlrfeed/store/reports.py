@@ -60,7 +60,8 @@ ORDER BY login
 # -- name: status_row
 _STATUS = """
 SELECT s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
-       s.progress_events, s.deadline_superseded, s.rules_version, s.updated_at
+       s.progress_events, s.deadline_superseded, s.rules_version, s.updated_at,
+       s.supporting_reception_id, s.flags
 FROM dlr.message_status AS s
 WHERE s.login = $1 AND s.message_id = $2
 """
