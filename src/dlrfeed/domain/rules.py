@@ -13,7 +13,7 @@ docs/rules.md states the table and what does and does not depend on arrival orde
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from enum import Enum
 from functools import lru_cache
 from types import MappingProxyType
@@ -332,18 +332,6 @@ def is_malformed(flags: tuple[str, ...]) -> bool:
     return any(not flag.endswith(_BENIGN_FLAG_SUFFIXES) for flag in flags)
 
 
-def order_time(delivery: Observed, submitted_at: datetime | None) -> tuple[datetime | None, bool]:
-    """P19: the reported time usable to order and measure, and whether it was implausible."""
-    done = delivery.done_at
-    if done is None:
-        return None, False
-    if done.timestamp() > delivery.received_at + FUTURE_TOLERANCE_S:
-        return None, True
-    if submitted_at is not None and done < submitted_at - CLOCK_SKEW_TOLERANCE:
-        return None, True
-    return done, False
-
-
 _NO_EXCEPTIONS: tuple[PlannedException, ...] = ()
 _REPEAT = Decision(Outcome.REPEAT, _NO_EXCEPTIONS)
 _TIE = frozenset({ARRIVAL_ORDER_TIE})
@@ -378,6 +366,36 @@ class Planner:
         self.event_conflicts: dict[int, int] = {}
         self.event_last: dict[int, float] = {}
         """Event id -> the latest receive time among these deliveries (first ones excluded)."""
+        # The bounds of a plausible time, in the zone of the reported times: comparing two
+        # times of one tzinfo skips the zone look-ups (per delivery, on the ingest hot path).
+        self._latest: dict[tuple[float, tzinfo | None], datetime] = {}
+        self._earliest: dict[tuple[str, tzinfo | None], datetime | None] = {}
+
+    def _order_time(self, d: Observed) -> tuple[datetime | None, bool]:
+        """P19: the reported time usable to order and measure, and whether it was implausible
+        (more than FUTURE_TOLERANCE_S after the receipt was received, or earlier than the
+        recorded submission by more than CLOCK_SKEW_TOLERANCE)."""
+        done = d.done_at
+        if done is None:
+            return None, False
+        zone = done.tzinfo
+        latest = self._latest.get((d.received_at, zone))
+        if latest is None:
+            latest = datetime.fromtimestamp(d.received_at + FUTURE_TOLERANCE_S, zone)
+            self._latest[(d.received_at, zone)] = latest
+        if done > latest:
+            return None, True
+        key = (d.correlation_id, zone)
+        if key in self._earliest:
+            earliest = self._earliest[key]
+        else:
+            submitted = self.submitted.get(d.correlation_id)
+            earliest = self._earliest[key] = (
+                None if submitted is None else (submitted - CLOCK_SKEW_TOLERANCE).astimezone(zone)
+            )
+        if earliest is not None and done < earliest:
+            return None, True
+        return done, False
 
     def decide(self, d: Observed, event_id: int, reception_id: int) -> Decision:
         """The outcome of delivery `d` - of logical event `event_id`, stored as reception
@@ -475,7 +493,7 @@ class Planner:
                 )
             )
             return Outcome.UNRECOGNIZED
-        at, implausible = order_time(d, self.submitted.get(d.correlation_id))
+        at, implausible = self._order_time(d)
         flags = state.flags | _IMPLAUSIBLE if implausible else state.flags
         progress = state.progress_events + (incoming is Kind.PROGRESS)
         superseded = state.deadline_superseded
