@@ -272,7 +272,7 @@ def explain(state: MessageState) -> str:
             "UNKNOWN result (option deadline_unknown_superseded)"
         )
     if kind is Kind.UNKNOWN_RESULT:
-        return f"result reported (level 2): UNKNOWN{err}: no delivery outcome is known"
+        return f"result reported (level 2): UNKNOWN{err}"
     return f"final status reported by the network: {basis.stat}{err}"
 
 
