@@ -333,7 +333,8 @@ def is_malformed(flags: tuple[str, ...]) -> bool:
 
 
 _NO_EXCEPTIONS: tuple[PlannedException, ...] = ()
-_REPEAT = Decision(Outcome.REPEAT, _NO_EXCEPTIONS)
+_PLAIN = {outcome: Decision(outcome, _NO_EXCEPTIONS) for outcome in Outcome}
+_REPEAT = _PLAIN[Outcome.REPEAT]
 _TIE = frozenset({ARRIVAL_ORDER_TIE})
 _IMPLAUSIBLE = frozenset({DONE_DATE_IMPLAUSIBLE})
 
@@ -468,7 +469,7 @@ class Planner:
                 )
             return Decision(Outcome.UNCORRELATED, tuple(exceptions))
         outcome = self._apply(state, d, event_id, reception_id, exceptions)
-        return Decision(outcome, tuple(exceptions) if exceptions else _NO_EXCEPTIONS)
+        return Decision(outcome, tuple(exceptions)) if exceptions else _PLAIN[outcome]
 
     def _apply(
         self,

@@ -212,10 +212,18 @@ def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
 def _status_json(statuses: Mapping[str, MessageState]) -> str:
     """The status rows of queries.upsert_statuses for the states that have a basis."""
     rows = []
+    iso: dict[int, str] = {}  # by object: a batch's statuses mostly share parsed done dates
     for key, s in sorted(statuses.items()):
         basis = s.basis
         if basis is None:
             continue
+        at = basis.order_at
+        if at is None:
+            done = None
+        else:
+            done = iso.get(id(at))
+            if done is None:
+                done = iso[id(at)] = at.isoformat()
         rows.append(
             [
                 key,
@@ -231,8 +239,8 @@ def _status_json(statuses: Mapping[str, MessageState]) -> str:
                 basis.level,
                 basis.stat,
                 basis.err,
-                None if basis.order_at is None else basis.order_at.isoformat(),
-                " ".join(sorted(s.flags)),
+                done,
+                " ".join(sorted(s.flags)) if s.flags else "",
             ]
         )
     return _dumps(rows)
