@@ -901,8 +901,9 @@ def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: f
         "against the store.",
         "",
         "- **lost**: an enqueued (login, id, level) with no logical event and no C8 evidence.",
-        "- **double-applied**: a `message_status` that differs from `rules.replay` over the "
-        "message's stored events and deliveries, or an event whose `times_received` / "
+        "- **double-applied**: a `message_status` that differs from the reference rules "
+        "(`tests/oracle.py`) over the message's stored deliveries in their recorded arrival "
+        "order, or an event whose `times_received` / "
         "`conflicting_receptions` differ from the deliveries stored for it.",
         "- **acked-but-missing**: a token the gateway removed on an Ack that is in no stored "
         "reception (payload bytes) and no `unstorable` evidence.",

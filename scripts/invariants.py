@@ -6,9 +6,10 @@ included) and the logical events, projections and exceptions beside it. The chec
 
 - **lost** — an enqueued (login, id, level) with no logical event and no C8 `unstorable`
   evidence (F5, F8, C4, C8);
-- **double-applied** — a `message_status` row that differs from the pure rules (`rules.replay`)
-  applied to the message's stored event set and deliveries, or an event whose delivery
-  counters differ from the deliveries actually stored (P13, P14, C1);
+- **double-applied** — a `message_status` row that differs from the independent reference
+  (`tests/oracle.py`, the rule table of docs/rules.md) over the message's stored deliveries in
+  their recorded arrival order, or an event whose delivery counters differ from the
+  deliveries actually stored (P13, P14, C1);
 - **acked-but-missing** — a receipt the gateway removed on an Ack whose token is in no stored
   reception and no `unstorable` evidence (F8, C7);
 - **queued** — receipts still waiting or leased at the gateway (the queue must end empty);
@@ -29,7 +30,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -37,10 +38,11 @@ import grpc
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import fingerprint
-from dlrfeed.domain.rules import Delivery, EventFacts, MessageStatus, replay
-from dlrfeed.domain.status import FINAL_STATUSES, Status
 from fakegw.admin_client import AdminClient, JsonObject
 from gateway.receipts.v1 import feed_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracle import Expected, Sent, expect  # the reference lives with the tests
 
 SAMPLE = 5
 """How many offending keys each failed invariant names in the report."""
@@ -102,72 +104,33 @@ def _delivery_fingerprint(message: feed_pb2.Receipt) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Event:
-    id: int
-    correlation_id: str
-    level: int
-    facts: EventFacts
-    times_received: int
-    conflicting_receptions: int
-
-
 def _ledger_key(record: Mapping[str, Any]) -> tuple[str, int]:
     return str(record["receipt"].get("id", "")), int(record["receipt"].get("level", 0))
-
-
-def _status(value: str) -> Status:
-    return Status(value) if value in Status.__members__ else Status.UNRECOGNIZED
-
-
-def _expected_status(
-    events: Sequence[_Event],
-    fingerprints: Mapping[int, list[str]],
-    first_seen: Mapping[int, int],
-    options: IntegrationOptions,
-    first_final: int | None,
-) -> MessageStatus | None:
-    """`rules.replay` over one message: each event once, then its other stored deliveries.
-
-    Events go in the order of their first stored delivery; `first_final` (an event id) is put
-    first when given, which is the order in which the store applied the finals it kept (P18:
-    "the first applied stays" — commit order, which reception ids do not always reflect).
-    """
-    ordered = sorted(events, key=lambda e: (e.id != first_final, first_seen.get(e.id, 0)))
-    deliveries: list[Delivery] = []
-    for event in ordered:
-        deliveries.append(Delivery(event.level, event.facts))
-        seen_self = False
-        for fp in fingerprints.get(event.id, []):
-            if fp == event.facts.fingerprint and not seen_self:
-                seen_self = True  # the delivery that created the event
-                continue
-            deliveries.append(Delivery(event.level, event.facts._replace(fingerprint=fp)))
-    status, _ = replay(deliveries, options)
-    return status
 
 
 def _projection(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return (
         row["status"],
-        row["reason"],
+        row["is_final"],
         row["repeats"],
         row["conflicts"],
         row["progress_events"],
-        row["supporting_event_id"],
+        row["deadline_superseded"],
+        row["supporting_reception_id"],
+        sorted(row["flags"]),
     )
 
 
-def _expected_projection(status: MessageStatus | None) -> tuple[Any, ...] | None:
-    if status is None:
-        return None
+def _expected_projection(expected: Expected, reception_ids: Sequence[int]) -> tuple[Any, ...]:
     return (
-        status.status.value,
-        status.reason,
-        status.repeats,
-        status.conflicts,
-        status.progress_events,
-        status.basis.ref,
+        expected.status,
+        expected.is_final,
+        expected.repeats,
+        expected.conflicts,
+        expected.progress_events,
+        expected.superseded,
+        None if expected.basis is None else reception_ids[expected.basis],
+        sorted(expected.flags),
     )
 
 
@@ -178,19 +141,24 @@ async def store_rows(database_url: str, login: str) -> dict[str, list[asyncpg.Re
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             return {
                 "receptions": await conn.fetch(
-                    "SELECT id, event_id, delivery_count, outcome, payload"
-                    " FROM dlr.receptions WHERE login = $1 ORDER BY id",
+                    "SELECT id, event_id, delivery_count, outcome, payload, done_at,"
+                    " received_at FROM dlr.receptions WHERE login = $1 ORDER BY id",
                     login,
                 ),
                 "events": await conn.fetch(
-                    "SELECT id, message_id, correlation_id, level, status, stat, err, done_at,"
-                    " fingerprint, times_received, conflicting_receptions"
+                    "SELECT id, message_id, correlation_id, level, fingerprint, updates,"
+                    " times_received, conflicting_receptions"
                     " FROM dlr.events WHERE login = $1",
                     login,
                 ),
                 "statuses": await conn.fetch(
-                    "SELECT message_id, status, reason, repeats, conflicts, progress_events,"
-                    " supporting_event_id FROM dlr.message_status WHERE login = $1",
+                    "SELECT message_id, status, is_final, repeats, conflicts, progress_events,"
+                    " deadline_superseded, supporting_reception_id, flags"
+                    " FROM dlr.message_status WHERE login = $1",
+                    login,
+                ),
+                "messages": await conn.fetch(
+                    "SELECT message_id, submitted_at FROM dlr.messages WHERE login = $1",
                     login,
                 ),
                 "unstorable": await conn.fetch(
@@ -223,7 +191,7 @@ def compare(
 
     stored_tokens: set[str] = set()
     fingerprints: dict[int, list[str]] = defaultdict(list)
-    first_seen: dict[int, int] = {}
+    deliveries: dict[int, list[tuple[int, Sent]]] = defaultdict(list)  # event id -> arrivals
     creators: dict[int, tuple[str, int]] = {}  # event id -> raw (id, level) that created it
     same_delivery: Counter[tuple[str, int]] = Counter()
     redeliveries = 0
@@ -235,9 +203,19 @@ def compare(
         redeliveries += int(row["delivery_count"]) > 1
         outcomes[row["outcome"]] += 1
         fingerprints[row["event_id"]].append(_delivery_fingerprint(message))
-        if row["event_id"] not in first_seen:
-            first_seen[row["event_id"]] = row["id"]
-            creators[row["event_id"]] = (message.id, message.level)
+        has = message.HasField
+        # The raw content from the payload (never cut); the parsed done time as stored.
+        arrival = Sent(
+            message.id,
+            message.level,
+            message.stat,
+            message.err if has("err") else None,
+            row["done_at"],
+            message.done_date if has("done_date") else None,
+            row["received_at"].timestamp(),
+        )
+        deliveries[row["event_id"]].append((row["id"], arrival))
+        creators.setdefault(row["event_id"], (message.id, message.level))
     unstorable_tokens = {
         token
         for row in rows["unstorable"]
@@ -264,49 +242,33 @@ def compare(
     # removed it (F15, F16): reported, not an invariant of the daemon.
     never_acked = {str(r["token"]) for r in enqueued} - acked
 
-    # Double-applied: counters against stored deliveries, projections against the rules.
-    events: dict[str, list[_Event]] = defaultdict(list)
+    # Double-applied: counters against stored deliveries, projections against the reference
+    # over each message's deliveries in their recorded arrival order (reception ids, P19).
+    by_message: dict[str, list[tuple[int, Sent]]] = defaultdict(list)
     double: list[str] = []
     for row in rows["events"]:
-        event = _Event(
-            id=row["id"],
-            correlation_id=row["correlation_id"],
-            level=int(row["level"]),
-            facts=EventFacts(
-                row["id"],
-                _status(row["status"]),
-                row["stat"],
-                row["err"],
-                row["done_at"],
-                row["fingerprint"],
-            ),
-            times_received=row["times_received"],
-            conflicting_receptions=row["conflicting_receptions"],
-        )
-        events[event.correlation_id].append(event)
-        delivered = fingerprints.get(event.id, [])
-        same = sum(fp == event.facts.fingerprint for fp in delivered)
-        if (same, len(delivered) - same) != (event.times_received, event.conflicting_receptions):
+        by_message[row["correlation_id"]] += deliveries.get(row["id"], [])
+        delivered = fingerprints.get(row["id"], [])
+        accepted = {row["fingerprint"], *row["updates"]}
+        same = sum(fp in accepted for fp in delivered)
+        counted = (row["times_received"], row["conflicting_receptions"])
+        if (same, len(delivered) - same) != counted:
             double.append(
-                f"event {event.id} counters {event.times_received}+"
-                f"{event.conflicting_receptions} vs {same}+{len(delivered) - same} stored"
+                f"event {row['id']} counters {counted[0]}+{counted[1]}"
+                f" vs {same}+{len(delivered) - same} stored"
             )
+    submitted = {row["message_id"]: row["submitted_at"] for row in rows["messages"]}
     for row in rows["statuses"]:
-        message_events = events.get(row["message_id"], [])
-        actual = _projection(row)
-        expected = _expected_projection(
-            _expected_status(message_events, fingerprints, first_seen, options, None)
+        arrivals = sorted(by_message.get(row["message_id"], []), key=lambda pair: pair[0])
+        expected = expect(
+            [sent for _, sent in arrivals],
+            submitted_at=submitted.get(row["message_id"]),
+            superseding=options.deadline_unknown_superseded,
         )
-        finals = [e for e in message_events if e.facts.status in FINAL_STATUSES]
-        if expected != actual and len(finals) > 1:
-            # P18: with incompatible finals the store keeps the one it applied first.
-            expected = _expected_projection(
-                _expected_status(
-                    message_events, fingerprints, first_seen, options, row["supporting_event_id"]
-                )
-            )
-        if expected != actual:
-            double.append(f"{row['message_id'][:40]!r}: store {actual} rules {expected}")
+        actual = _projection(row)
+        wanted = _expected_projection(expected, [reception_id for reception_id, _ in arrivals])
+        if wanted != actual:
+            double.append(f"{row['message_id'][:40]!r}: store {actual} reference {wanted}")
 
     report: dict[str, Any] = {
         "receipts": len(enqueued),

@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "changes": "changes",
     "relay": "relay",
     "maintain": "maintain",
+    "recompute": "recompute",
 }
 
 

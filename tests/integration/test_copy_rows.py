@@ -138,6 +138,7 @@ async def copy_both(
         "payload": [e.raw for e in batch],
         "flags": [list(e.flags) for e in batch],
         "parser_version": [PARSER_VERSION] * len(batch),
+        "fingerprint": [e.fingerprint for e in batch],
         "id": ids,
         "outcome": [o.value for o in outcomes],
         "event_id": event_ids,

@@ -28,12 +28,10 @@ from daemon_harness import (
     stored_tokens,
     wait_until,
 )
-from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.rules import Delivery, EventFacts, replay
-from dlrfeed.domain.status import Status
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
 from fakegw.server import FakeGateway
+from oracle import Sent, expect
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,25 +189,27 @@ async def _crash_then_recover(
     assert outcomes.get("repeat", 0) == first_batch
 
 
-def _status_rows_expected(events: list[asyncpg.Record]) -> dict[str, tuple[str, bool]]:
-    """What the pure rules give for each message's stored event set (P16-P19)."""
-    options = IntegrationOptions()
-    by_message: dict[str, list[Delivery]] = {}
-    for row in events:
-        facts = EventFacts(
-            ref=row["id"],
-            status=Status(row["status"]) if row["status"] in Status.__members__ else row["status"],
-            stat=row["stat"],
-            err=row["err"],
-            done_at=row["done_at"],
-            fingerprint=row["fingerprint"],
+def _status_rows_expected(receptions: list[asyncpg.Record]) -> dict[str, tuple[str, bool]]:
+    """What the reference (tests/oracle.py) gives for each message's stored deliveries, in the
+    arrival order the store recorded (P16-P19)."""
+    by_message: dict[str, list[Sent]] = {}
+    for row in receptions:
+        by_message.setdefault(row["message_id"], []).append(
+            Sent(
+                row["message_id"],
+                int(row["level"]),
+                row["stat"],
+                row["err"],
+                row["done_at"],
+                row["done_date_raw"],
+                row["received_at"].timestamp(),
+            )
         )
-        by_message.setdefault(row["message_id"], []).append(Delivery(int(row["level"]), facts))
     expected: dict[str, tuple[str, bool]] = {}
     for message_id, deliveries in by_message.items():
-        status, _ = replay(sorted(deliveries, key=lambda d: d.event.ref), options)
-        if status is not None:
-            expected[message_id] = (str(status.status), status.is_final)
+        result = expect(deliveries)
+        if result.status is not None:
+            expected[message_id] = (result.status, result.is_final)
     return expected
 
 
@@ -258,8 +258,9 @@ async def _system_run(gateway: FakeGateway, database_url: str, tmp_path: Path, t
     assert stats["in_flight"] == 0
     conn = await asyncpg.connect(database_url)
     try:
-        stored_events = await conn.fetch(
-            "SELECT id, message_id, level, status, stat, err, done_at, fingerprint FROM dlr.events"
+        stored = await conn.fetch(
+            "SELECT message_id, level, stat, err, done_date_raw, done_at, received_at"
+            " FROM dlr.receptions ORDER BY id"
         )
         statuses = await conn.fetch("SELECT message_id, status, is_final FROM dlr.message_status")
         uncorrelated = await conn.fetchval(
@@ -267,7 +268,7 @@ async def _system_run(gateway: FakeGateway, database_url: str, tmp_path: Path, t
         )
     finally:
         await conn.close()
-    known = [row for row in stored_events if row["message_id"] not in unknown]
+    known = [row for row in stored if row["message_id"] not in unknown]
     expected = _status_rows_expected(known)
     actual = {row["message_id"]: (row["status"], row["is_final"]) for row in statuses}
     assert actual == expected

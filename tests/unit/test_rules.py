@@ -1,7 +1,8 @@
-"""The state machine (P14-P19) as laws: hypothesis over permutations and duplications."""
+"""The planner (P14-P19, F4, F13) against the independent reference, and its rules one by one."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from hypothesis import given
@@ -10,198 +11,220 @@ from hypothesis import strategies as st
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import fingerprint
 from dlrfeed.domain.rules import (
+    EMPTY_STATE,
     TRANSITIONS,
     Delivery,
-    EventFacts,
     Kind,
-    MessageStatus,
-    apply,
+    MessageState,
+    Planner,
+    explain,
+    is_final,
     kind_of,
-    replay,
+    record_differences,
 )
 from dlrfeed.domain.status import STAT_TO_STATUS, Outcome, Status
+from oracle import Sent, expect
 
 DEFAULT = IntegrationOptions()
 SUPERSEDING = IntegrationOptions(deadline_unknown_superseded=True)
-PROGRESS_STATS = ["ACCEPTD", "ENROUTE"]
-NETWORK_FINAL_STATS = ["DELIVRD", "UNDELIV", "EXPIRED", "DELETED", "REJECTD"]
-DONE_DATES = [None, "2611291200", "2611291230", "ND"]
+SUBMITTED = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+RECEIVED = datetime(2026, 11, 29, 13, 0, tzinfo=UTC).timestamp()
+DONE = {
+    None: None,
+    "2611291200": datetime(2026, 11, 29, 12, 0, tzinfo=UTC),
+    "2611291230": datetime(2026, 11, 29, 12, 30, tzinfo=UTC),
+    "2611291155": datetime(2026, 11, 29, 11, 55, tzinfo=UTC),
+    "2611291100": datetime(2026, 11, 29, 11, 0, tzinfo=UTC),
+    "2611301400": datetime(2026, 11, 30, 14, 0, tzinfo=UTC),
+}
 
-
-def facts(ref: int, stat: str, err: str | None = "000", done: str | None = None) -> EventFacts:
-    done_at = None
-    if done is not None and done.isdigit():
-        done_at = datetime(2026, 11, 29, int(done[6:8]), int(done[8:10]), tzinfo=UTC)
-    return EventFacts(
-        ref=ref,
-        status=STAT_TO_STATUS.get(stat, Status.UNRECOGNIZED),
-        stat=stat,
-        err=err,
-        done_at=done_at,
-        fingerprint=fingerprint(stat, err, done),
-    )
-
-
-# One logical event per level (levels 1-4: the store keys events by level, and levels other
-# than 1/2 are kept and flagged, so they exercise more than two events per message).
+Content = tuple[str, int, str, str | None, str | None]
 contents = st.tuples(
-    st.sampled_from([*PROGRESS_STATS, *NETWORK_FINAL_STATS, "UNKNOWN", "WEIRD"]),
-    st.sampled_from([None, "000", "001"]),
-    st.sampled_from(DONE_DATES),
+    st.sampled_from(["a", "A"]),  # two receipt ids of one message (as receipt_ids_hex allows)
+    st.sampled_from([0, 1, 1, 2, 2, 3]),
+    st.sampled_from(["ACCEPTD", "ENROUTE", "DELIVRD", "UNDELIV", "UNKNOWN", "WEIRD"]),
+    st.sampled_from([None, "000"]),
+    st.sampled_from(list(DONE)),
 )
-message_events = st.dictionaries(st.integers(1, 4), contents, min_size=1, max_size=4)
-
-
-def deliveries_of(events: dict[int, tuple[str, str | None, str | None]]) -> list[Delivery]:
-    return [Delivery(level, facts(level, *content)) for level, content in events.items()]
 
 
 @st.composite
-def arrivals(
-    draw: st.DrawFn, events: dict[int, tuple[str, str | None, str | None]]
-) -> list[Delivery]:
-    """Every event delivered 1-3 times (duplication), in any order (permutation)."""
-    base = deliveries_of(events)
-    copies = [d for d in base for _ in range(draw(st.integers(1, 3)))]
-    return draw(st.permutations(copies))
+def arrivals(draw: st.DrawFn) -> list[Content]:
+    distinct = draw(st.lists(contents, min_size=1, max_size=6, unique=True))
+    return [distinct[i] for i in draw(st.lists(st.integers(0, len(distinct) - 1), min_size=1))]
 
 
-def summary(status: MessageStatus | None) -> object:
-    """The status with the supporting event's content (not its id, which ties may swap)."""
-    if status is None:
-        return None
-    return status._replace(basis=status.basis._replace(ref=0))
+def deliveries(order: Sequence[Content]) -> list[tuple[Delivery, int, int]]:
+    """Each delivery with its event id (one per key) and its arrival number."""
+    ids = {"a": 1, "A": 2}
+    return [
+        (
+            Delivery(
+                rid,
+                "m",
+                level,
+                STAT_TO_STATUS.get(stat, Status.UNRECOGNIZED),
+                stat,
+                err,
+                DONE[done],
+                RECEIVED,
+                fingerprint(stat, err, done),
+                (),
+            ),
+            ids[rid] * 10 + level,
+            number,
+        )
+        for number, (rid, level, stat, err, done) in enumerate(order)
+    ]
 
 
-def conflicting(events: dict[int, tuple[str, str | None, str | None]], supersede: bool) -> bool:
-    finals = {STAT_TO_STATUS[c[0]] for c in events.values() if c[0] in STAT_TO_STATUS}
-    finals -= {Status.ACCEPTED, Status.ENROUTE}
-    if supersede and len(finals) == 2 and Status.UNKNOWN in finals:
-        return False
-    return len(finals) > 1
+def run(
+    order: Sequence[Content], options: IntegrationOptions = DEFAULT
+) -> tuple[MessageState, list[Outcome]]:
+    planner = Planner(options, {}, {"m": EMPTY_STATE}, {"m": SUBMITTED})
+    outcomes = [planner.decide(*d).outcome for d in deliveries(order)]
+    return planner.messages["m"], outcomes
 
 
-@given(data=st.data(), events=message_events, supersede=st.booleans())
-def test_any_permutation_and_duplication_gives_same_status_and_counters_p16_p19(
-    data: st.DataObject, events: dict[int, tuple[str, str | None, str | None]], supersede: bool
-) -> None:
-    """P16-P19/C1: the same deliveries (each event duplicated 1-3 times) in any two orders give
-    the same status and counters, except with incompatible finals,
-    where every order flags at least one conflict (docs/rules.md)."""
-    options = SUPERSEDING if supersede else DEFAULT
-    order = data.draw(arrivals(events))
-    first, _ = replay(order, options)
-    second, _ = replay(data.draw(st.permutations(order)), options)
-    if conflicting(events, supersede):
-        assert first is not None
-        assert second is not None
-        assert first.conflicts >= 1
-        assert second.conflicts >= 1
-        assert first.is_final
-        assert second.is_final
-    else:
-        assert summary(first) == summary(second)
-        if first is not None:
-            assert first.conflicts == 0
+@given(order=arrivals(), superseding=st.booleans())
+def test_the_planner_is_the_reference(order: list[Content], superseding: bool) -> None:
+    """Any deliveries (two receipt ids, levels 0-3, repeats, any order): the planner's status,
+    basis, counters, flags and outcomes are the reference's (tests/oracle.py)."""
+    options = SUPERSEDING if superseding else DEFAULT
+    state, outcomes = run(order, options)
+    expected = expect(
+        [
+            Sent(rid, level, stat, err, DONE[done], done, RECEIVED)
+            for rid, level, stat, err, done in order
+        ],
+        submitted_at=SUBMITTED,
+        superseding=superseding,
+    )
+    assert [o.value for o in outcomes] == expected.outcomes
+    basis = state.basis
+    assert (None if basis is None else basis.status.value) == expected.status
+    assert (None if basis is None else basis.reception_id) == expected.basis
+    assert (None if basis is None else basis.order_at) == expected.basis_time
+    assert is_final(state) == expected.is_final
+    assert (state.repeats, state.conflicts, state.progress_events) == (
+        expected.repeats,
+        expected.conflicts,
+        expected.progress_events,
+    )
+    assert state.deadline_superseded == expected.superseded
+    assert state.flags == expected.flags
 
 
-@given(data=st.data(), events=message_events)
-def test_repeats_change_only_repeat_counters_p14_c1(
-    data: st.DataObject, events: dict[int, tuple[str, str | None, str | None]]
-) -> None:
-    """P14/C1: one more delivery of a stored event changes nothing but `repeats` (+1)."""
-    order = data.draw(arrivals(events))
-    before, _ = replay(order, DEFAULT)
-    again = data.draw(st.sampled_from(order))
-    # The content stored for a level is the first delivered; redeliver exactly that one.
-    stored = next(d for d in order if d.level == again.level)
-    after, outcomes = replay([*order, stored], DEFAULT)
-    assert outcomes[-1] is Outcome.REPEAT
-    if before is None:
-        assert after is None
-    else:
-        assert after == before._replace(repeats=before.repeats + 1)
+def test_level_decides_the_kind_f4_f13() -> None:
+    """F4: level 1 is progress whatever its stat; level 2 with a final stat is the result,
+    with a progress stat it counts as progress; other levels are never applied."""
+    assert kind_of(1, Status.DELIVERED) is Kind.PROGRESS
+    assert kind_of(2, Status.ENROUTE) is Kind.PROGRESS
+    assert kind_of(2, Status.DELIVERED) is Kind.NETWORK_RESULT
+    assert kind_of(2, Status.UNKNOWN) is Kind.UNKNOWN_RESULT
+    assert kind_of(0, Status.DELIVERED) is Kind.UNEXPECTED_LEVEL
+    assert kind_of(3, Status.DELIVERED) is Kind.UNEXPECTED_LEVEL
 
 
-@given(
-    events=message_events,
-    progress=st.sampled_from(PROGRESS_STATS),
-    done=st.sampled_from(DONE_DATES),
-)
-def test_progress_after_final_never_degrades_c2_f13(
-    events: dict[int, tuple[str, str | None, str | None]], progress: str, done: str | None
-) -> None:
-    """C2/F13: a progress event after a final is recorded (late_progress), never applied."""
-    before, _ = replay(deliveries_of(events), DEFAULT)
-    late = Delivery(99, facts(99, progress, "000", done))
-    after, outcomes = replay([*deliveries_of(events), late], DEFAULT)
-    if before is not None and before.is_final:
-        assert outcomes[-1] is Outcome.LATE_PROGRESS
-        assert after == before._replace(progress_events=before.progress_events + 1)
+def test_a_level_1_final_stat_never_makes_a_message_final_and_a_result_follows_f4() -> None:
+    state, outcomes = run([("a", 1, "DELIVRD", "000", None), ("a", 2, "UNDELIV", "000", None)])
+    assert outcomes == [Outcome.APPLIED, Outcome.APPLIED]
+    assert state.basis is not None
+    assert state.basis.status is Status.UNDELIVERABLE
+    assert state.conflicts == 0
+    alone, _ = run([("a", 1, "DELIVRD", "000", None)])
+    assert not is_final(alone)
+    assert "not final" in explain(alone)
 
 
-def test_incompatible_second_final_is_a_conflict_and_first_stays_c3_p18() -> None:
-    """C3/P18: DELIVRD then UNDELIV keeps DELIVERED and flags one conflict (and vice versa)."""
-    delivered, undeliverable = facts(1, "DELIVRD"), facts(2, "UNDELIV")
-    status, outcome = apply(None, delivered, DEFAULT)
-    status, outcome = apply(status, undeliverable, DEFAULT)
-    assert outcome is Outcome.CONFLICT
-    assert status is not None
-    assert status.status is Status.DELIVERED
-    assert status.conflicts == 1
-    status, _ = apply(None, undeliverable, DEFAULT)
-    status, outcome = apply(status, delivered, DEFAULT)
-    assert status is not None
-    assert status.status is Status.UNDELIVERABLE
-    assert status.conflicts == 1
+def test_a_level_2_progress_outranks_a_later_level_1_f13() -> None:
+    state, outcomes = run(
+        [("a", 2, "ENROUTE", None, "2611291200"), ("a", 1, "ACCEPTD", None, "2611291230")]
+    )
+    assert outcomes == [Outcome.APPLIED, Outcome.LATE_PROGRESS]
+    assert state.basis is not None
+    assert state.basis.level == 2
 
 
-def test_deadline_unknown_is_final_and_not_replaced_by_default_p18() -> None:
-    """F3/P18: the deadline UNKNOWN is final; a later DELIVRD is a conflict unless opted in."""
-    status, _ = apply(None, facts(1, "UNKNOWN"), DEFAULT)
-    assert status is not None
-    assert status.is_final
-    status, outcome = apply(status, facts(2, "DELIVRD"), DEFAULT)
-    assert outcome is Outcome.CONFLICT
-    assert status is not None
-    assert status.status is Status.UNKNOWN
+def test_a_level_1_progress_update_is_not_a_conflict_p14() -> None:
+    """P14: a second level-1 content is a progress update; the newest by reported time wins;
+    its redelivery is a repeat."""
+    older, newer = ("a", 1, "ENROUTE", None, "2611291200"), ("a", 1, "ENROUTE", None, "2611291230")
+    state, outcomes = run([older, newer, newer])
+    assert outcomes == [Outcome.APPLIED, Outcome.APPLIED, Outcome.REPEAT]
+    assert (state.conflicts, state.repeats, state.progress_events) == (0, 1, 2)
+    assert state.basis is not None
+    assert state.basis.reception_id == 1
 
 
-def test_option_deadline_unknown_superseded_in_either_order_p18() -> None:
-    """Option deadline_unknown_superseded: the network final wins whatever the order."""
-    unknown, delivered = facts(1, "UNKNOWN"), facts(2, "DELIVRD")
-    a, _ = apply(None, unknown, SUPERSEDING)
-    a, applied = apply(a, delivered, SUPERSEDING)
-    b, _ = apply(None, delivered, SUPERSEDING)
-    b, superseded = apply(b, unknown, SUPERSEDING)
-    assert (applied, superseded) == (Outcome.APPLIED, Outcome.SUPERSEDED)
-    assert a == b
-    assert a is not None
-    assert a.status is Status.DELIVERED
-    assert a.deadline_superseded
+def test_superseding_unknown_under_the_same_key_in_either_order_p18() -> None:
+    unknown, delivered = ("a", 2, "UNKNOWN", None, None), ("a", 2, "DELIVRD", "000", None)
+    for order in ([unknown, delivered], [delivered, unknown]):
+        state, _ = run(order, SUPERSEDING)
+        assert state.basis is not None
+        assert (state.basis.status, state.deadline_superseded, state.conflicts) == (
+            Status.DELIVERED,
+            True,
+            0,
+        )
+        off, _ = run(order)
+        assert off.conflicts == 1
 
 
-def test_unrecognized_stat_is_never_applied_p17() -> None:
-    """P17: an unknown stat opens no status and changes none."""
-    status, outcome = apply(None, facts(1, "WEIRD"), DEFAULT)
-    assert (status, outcome) == (None, Outcome.UNRECOGNIZED)
-    held, _ = apply(None, facts(2, "ENROUTE"), DEFAULT)
-    assert apply(held, facts(1, "WEIRD"), DEFAULT) == (held, Outcome.UNRECOGNIZED)
+def test_ties_keep_the_first_arrived_and_are_flagged_p19() -> None:
+    dated, undated = ("a", 1, "ENROUTE", None, "2611291200"), ("a", 1, "ACCEPTD", None, None)
+    for order in ([dated, undated], [undated, dated]):
+        state, _ = run(order)
+        assert state.basis is not None
+        assert state.basis.reception_id == 0
+        assert "arrival_order_tie" in state.flags
 
 
-def test_newer_progress_wins_by_reported_time_not_arrival_p19() -> None:
-    """P19: between two progress events the later done date wins, whichever arrives first."""
-    early, late = facts(1, "ENROUTE", done="2611291200"), facts(2, "ACCEPTD", done="2611291230")
-    a, _ = apply(apply(None, late, DEFAULT)[0], early, DEFAULT)
-    b, _ = apply(apply(None, early, DEFAULT)[0], late, DEFAULT)
-    assert a == b
-    assert a is not None
-    assert a.basis.ref == 2
+def test_implausible_times_are_flagged_and_never_used_p19() -> None:
+    before = ("a", 2, "DELIVRD", "000", "2611291100")  # an hour before the submission
+    within = ("a", 2, "DELIVRD", "000", "2611291155")  # inside the clock-skew tolerance
+    state, _ = run([before])
+    assert state.basis is not None
+    assert state.basis.order_at is None
+    assert "done_date_implausible" in state.flags
+    state, _ = run([within])
+    assert state.basis is not None
+    assert state.basis.order_at == DONE["2611291155"]
+    future, _ = run([("a", 2, "DELIVRD", "000", "2611301400")])  # 25 h after receipt
+    assert future.basis is not None
+    assert future.basis.order_at is None
+
+
+def test_an_unknown_result_is_described_as_reported_only() -> None:
+    state, _ = run([("a", 2, "UNKNOWN", None, None)])
+    assert "deadline" not in explain(state)
+    assert "UNKNOWN" in explain(state)
 
 
 def test_transition_table_covers_every_pair_p16() -> None:
     """P16: the table is total - no arrival can fall through to an accident."""
-    held = [Kind.NONE, Kind.PROGRESS, Kind.NETWORK_FINAL, Kind.DEADLINE_FINAL]
-    incoming = [Kind.PROGRESS, Kind.NETWORK_FINAL, Kind.DEADLINE_FINAL, Kind.UNRECOGNIZED]
+    held = [Kind.NONE, Kind.PROGRESS, Kind.NETWORK_RESULT, Kind.UNKNOWN_RESULT]
+    incoming = [
+        Kind.PROGRESS,
+        Kind.NETWORK_RESULT,
+        Kind.UNKNOWN_RESULT,
+        Kind.UNRECOGNIZED,
+        Kind.UNEXPECTED_LEVEL,
+    ]
     assert set(TRANSITIONS) == {(h, i) for h in held for i in incoming}
-    assert {kind_of(s) for s in Status} == set(incoming)
+    assert {kind_of(level, s) for level in (0, 1, 2) for s in Status} == set(incoming)
+
+
+def test_a_second_record_differs_and_an_identical_one_does_not_p12() -> None:
+    first = {
+        "internal_id": "i-1",
+        "destination_raw": "+34600000001",
+        "source": None,
+        "route": None,
+        "submitted_at": datetime(2026, 11, 29, 12, 0, tzinfo=UTC),
+        "dlr_requested": True,
+        "dlr_level": None,
+    }
+    naive_same = {**first, "submitted_at": datetime(2026, 11, 29, 12, 0)}
+    assert record_differences(first, naive_same) == []
+    assert record_differences(first, {**first, "internal_id": "i-2"}) == ["internal_id"]

@@ -23,7 +23,7 @@ from dlrfeed.store.reports import (
     resolve_matching_exceptions,
 )
 
-KINDS = ("uncorrelated", "conflict", "unrecognized", "unstorable", "malformed")
+KINDS = ("uncorrelated", "conflict", "unrecognized", "unstorable", "malformed", "second_record")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # `--resolve` given without an ID: every open exception the filters pick. Not a string, which

@@ -34,17 +34,33 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if reports else 1
 
 
+# The status' own flags (docs/rules.md, P19), in words.
+_STATUS_FLAGS = {
+    "arrival_order_tie": "two progress receipts could not be ordered by reported time: "
+    "the first arrived is kept",
+    "done_date_implausible": "a reported time was implausible (kept, not used)",
+}
+
+
 def _flags(status: JsonDict, report: JsonDict) -> list[str]:
     flags = []
     if status["repeats"]:
         flags.append(f"repeated deliveries: {status['repeats']}")
     late = sum(1 for r in report["receptions"] if r["outcome"] == "late_progress")
+    # Receipts stored before the message was recorded keep their outcome; what the rules made
+    # of them on late correlation is in their exception's resolution.
+    late += sum(
+        1
+        for x in report["exceptions"]
+        if (x["resolution"] or "").endswith("rules outcome late_progress")
+    )
     if late:
         flags.append(f"late progress receipts: {late}")
     if status["conflicts"]:
         flags.append(f"conflicts: {status['conflicts']}")
     if status["deadline_superseded"]:
         flags.append("deadline UNKNOWN superseded (option)")
+    flags += [_STATUS_FLAGS.get(flag, flag) for flag in status.get("flags") or ()]
     return flags
 
 

@@ -36,6 +36,7 @@ EXCEPTION_OUTCOMES = (
     Outcome.CONFLICT,
     Outcome.UNCORRELATED,
     Outcome.UNRECOGNIZED,
+    Outcome.UNEXPECTED_LEVEL,  # a `malformed` exception (F4)
     Outcome.UNSTORABLE,
 )
 

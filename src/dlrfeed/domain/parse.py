@@ -15,9 +15,10 @@ from zoneinfo import ZoneInfo
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.rules import level_stat_mismatch
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
 
-PARSER_VERSION = "parse-2"
+PARSER_VERSION = "parse-3"
 """P8: recorded on every reception and event; bump when the parse of some input changes."""
 
 _NUL = "\x00"
@@ -188,7 +189,8 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     """Parse one delivery: raw fields made storable, status and dates normalised, flags set.
 
     Never raises for any field content: garbage is kept and flagged (C4). Unknown `stat` maps to
-    UNRECOGNIZED (P17); a level other than 1 or 2 is kept and flagged `level_unexpected`.
+    UNRECOGNIZED (P17); a level other than 1 or 2 is kept and flagged `level_unexpected`, a stat
+    that does not fit its level (F4) `level_stat_mismatch`.
     """
     flags: list[str] = []
     limit = options.max_field_chars
@@ -207,6 +209,8 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     level = receipt.level
     if level != 1 and level != 2:
         flags.append("level_unexpected")
+    elif level_stat_mismatch(level, status):
+        flags.append("level_stat_mismatch")  # F4: kept, flagged, its level decides its kind
     err = receipt.err
     if err is not None and (_NUL in err or len(err) > limit):
         err = storable(err, "err", limit, flags)

@@ -1,43 +1,65 @@
-"""The state machine of a message's computed status (P16-P19): a transition table, as data.
+"""The rules: one pure planner that decides every delivery's outcome and every message's status.
 
-Pure (no I/O). The store feeds it the logical events of a message; it answers the new computed
-status and the outcome of each event. docs/rules.md explains the table and why the result does
-not depend on arrival order except for conflicting finals.
+Pure (no I/O). Every path of the store asks the same `Planner` - the live ingest (the held state
+read first), late correlation and `dlrfeed recompute` (every reception of the message replayed
+from no state) - so the computed status is the same rules over the same arrival order whatever
+path the receipts took (P19). Two layers, as P13 has them:
+- the *key* layer (P14): a delivery of a logical event key (id, level) is new content, a repeat,
+  a progress update (level 1) or a conflict (level 2), a function of the contents the key holds;
+- the *message* layer (P16-P19): the transition table below, held basis kind x incoming kind.
+docs/rules.md states the table and what does and does not depend on arrival order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta, tzinfo
 from enum import Enum
 from functools import lru_cache
 from types import MappingProxyType
-from typing import NamedTuple, assert_never
+from typing import Any, NamedTuple, Protocol, assert_never
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import FINAL_STATUSES, PROGRESS_STATUSES, Outcome, Status
 
-RULES_VERSION = "rules-1"
-"""P8: recorded on events and on the projection; bump when any transition changes."""
+RULES_VERSION = "rules-2"
+"""P8: recorded on events and on the projection; bump when any rule changes (rows with another
+version are stale: `dlrfeed recompute`)."""
+
+CLOCK_SKEW_TOLERANCE = timedelta(minutes=10)
+"""P19: how much earlier than the recorded submission a reported time may be and still be used.
+SMPP dates often have minute resolution, and the SMSC's clock is not ours."""
+
+FUTURE_TOLERANCE_S = 86_400.0
+"""P19: a reported time more than a day after the receipt was received is implausible."""
+
+ARRIVAL_ORDER_TIE = "arrival_order_tie"
+"""Status flag (P19): two events could not be ordered by reported time; the first arrived stays."""
+DONE_DATE_IMPLAUSIBLE = "done_date_implausible"
+"""Status flag (P19): a reported time was implausible; kept raw, not used to order or measure."""
+
+# Parse flags that deserve no `malformed` exception; ND/empty dates are documented absences.
+_BENIGN_FLAG_SUFFIXES = ("_nd", "_empty", "stat_unrecognized")
 
 
 class Kind(Enum):
-    """What a status or an event is, for the transition table (P16)."""
+    """What a delivery or a held basis is, for the transition table (P16, F4, F13)."""
 
     NONE = "none"
-    """No applied event yet (only as the held side)."""
+    """No basis yet (only as the held side)."""
     PROGRESS = "progress"
-    """ACCEPTED, ENROUTE."""
-    NETWORK_FINAL = "network_final"
-    """A final reported by the network: DELIVERED, UNDELIVERABLE, EXPIRED, DELETED, REJECTED."""
-    DEADLINE_FINAL = "deadline_final"
-    """The gateway's deadline UNKNOWN (F3)."""
+    """Level 1 whatever its stat, or level 2 with a progress stat (flagged)."""
+    NETWORK_RESULT = "network_result"
+    """Level 2 with DELIVRD, UNDELIV, EXPIRED, DELETED or REJECTD."""
+    UNKNOWN_RESULT = "unknown_result"
+    """Level 2 with UNKNOWN (what the gateway sends at its receipt deadline, F3)."""
     UNRECOGNIZED = "unrecognized"
-    """A `stat` outside the mapping (only as the incoming side)."""
+    """A `stat` outside the mapping (only as the incoming side): never applied (P17)."""
+    UNEXPECTED_LEVEL = "unexpected_level"
+    """A level other than 1 or 2 (only as the incoming side): never applied (F4)."""
 
-    # Members are singletons compared by identity, so identity hashing is exact; Enum's own
-    # __hash__ is Python code, and the transition table is looked up by Kind pairs per event.
+    # Members are singletons compared by identity; Enum's own __hash__ is Python code, and the
+    # table is looked up by Kind pairs once per delivery.
     __hash__ = object.__hash__
 
 
@@ -45,79 +67,87 @@ class Action(Enum):
     """What a transition does."""
 
     TAKE = "take"
-    """The event becomes the basis of the status (outcome applied)."""
+    """The delivery becomes the basis of the status (outcome applied)."""
     NEWER_PROGRESS = "newer_progress"
-    """Progress vs progress: the later one by reported time, then rank, wins (P19)."""
+    """Progress vs progress: level 2 over level 1 (F13), then the later reported time (P19)."""
     IGNORE_PROGRESS = "ignore_progress"
-    """Progress under a final: recorded, never applied (F13, C2; outcome late_progress)."""
-    SAME_FINAL_OR_CONFLICT = "same_final_or_conflict"
-    """Final vs final: the same status corroborates, another one is a conflict (P18, C3)."""
-    SUPERSEDE_DEADLINE = "supersede_deadline"
-    """Option: a network final replaces the deadline UNKNOWN (outcome applied)."""
-    DEADLINE_SUPERSEDED = "deadline_superseded"
-    """Option: a deadline UNKNOWN under a network final is recorded, not applied."""
+    """Progress under a result: recorded, never applied (F13, C2; outcome late_progress)."""
+    SAME_RESULT_OR_CONFLICT = "same_result_or_conflict"
+    """Result vs result: the same status corroborates, another one conflicts (P18, C3)."""
+    SUPERSEDE_UNKNOWN = "supersede_unknown"
+    """Option: a network result replaces a held UNKNOWN (outcome applied)."""
+    UNKNOWN_SUPERSEDED = "unknown_superseded"
+    """Option: an UNKNOWN under a held network result is recorded, not applied."""
     NOT_APPLIED = "not_applied"
-    """Unrecognized `stat`: nothing changes (P17; outcome unrecognized)."""
+    """Unrecognized stat or unexpected level: nothing changes (P17, F4)."""
 
 
-# P16-P19: (held, incoming) → action. Conservative defaults (P18): finals never progress and a
-# final is never replaced by another final.
-TRANSITIONS: Mapping[tuple[Kind, Kind], Action] = {
-    (Kind.NONE, Kind.PROGRESS): Action.TAKE,
-    (Kind.NONE, Kind.NETWORK_FINAL): Action.TAKE,
-    (Kind.NONE, Kind.DEADLINE_FINAL): Action.TAKE,
-    (Kind.NONE, Kind.UNRECOGNIZED): Action.NOT_APPLIED,
-    (Kind.PROGRESS, Kind.PROGRESS): Action.NEWER_PROGRESS,
-    (Kind.PROGRESS, Kind.NETWORK_FINAL): Action.TAKE,
-    (Kind.PROGRESS, Kind.DEADLINE_FINAL): Action.TAKE,
-    (Kind.PROGRESS, Kind.UNRECOGNIZED): Action.NOT_APPLIED,
-    (Kind.NETWORK_FINAL, Kind.PROGRESS): Action.IGNORE_PROGRESS,
-    (Kind.NETWORK_FINAL, Kind.NETWORK_FINAL): Action.SAME_FINAL_OR_CONFLICT,
-    (Kind.NETWORK_FINAL, Kind.DEADLINE_FINAL): Action.SAME_FINAL_OR_CONFLICT,
-    (Kind.NETWORK_FINAL, Kind.UNRECOGNIZED): Action.NOT_APPLIED,
-    (Kind.DEADLINE_FINAL, Kind.PROGRESS): Action.IGNORE_PROGRESS,
-    (Kind.DEADLINE_FINAL, Kind.NETWORK_FINAL): Action.SAME_FINAL_OR_CONFLICT,
-    (Kind.DEADLINE_FINAL, Kind.DEADLINE_FINAL): Action.SAME_FINAL_OR_CONFLICT,
-    (Kind.DEADLINE_FINAL, Kind.UNRECOGNIZED): Action.NOT_APPLIED,
+_NEVER_APPLIED = {
+    (held, incoming): Action.NOT_APPLIED
+    for held in (Kind.NONE, Kind.PROGRESS, Kind.NETWORK_RESULT, Kind.UNKNOWN_RESULT)
+    for incoming in (Kind.UNRECOGNIZED, Kind.UNEXPECTED_LEVEL)
 }
+
+# P16-P19: (held, incoming) -> action. Conservative defaults (P18): a result is never replaced
+# by another result, and progress never moves a result (F13).
+TRANSITIONS: Mapping[tuple[Kind, Kind], Action] = MappingProxyType(
+    {
+        (Kind.NONE, Kind.PROGRESS): Action.TAKE,
+        (Kind.NONE, Kind.NETWORK_RESULT): Action.TAKE,
+        (Kind.NONE, Kind.UNKNOWN_RESULT): Action.TAKE,
+        (Kind.PROGRESS, Kind.PROGRESS): Action.NEWER_PROGRESS,
+        (Kind.PROGRESS, Kind.NETWORK_RESULT): Action.TAKE,
+        (Kind.PROGRESS, Kind.UNKNOWN_RESULT): Action.TAKE,
+        (Kind.NETWORK_RESULT, Kind.PROGRESS): Action.IGNORE_PROGRESS,
+        (Kind.NETWORK_RESULT, Kind.NETWORK_RESULT): Action.SAME_RESULT_OR_CONFLICT,
+        (Kind.NETWORK_RESULT, Kind.UNKNOWN_RESULT): Action.SAME_RESULT_OR_CONFLICT,
+        (Kind.UNKNOWN_RESULT, Kind.PROGRESS): Action.IGNORE_PROGRESS,
+        (Kind.UNKNOWN_RESULT, Kind.NETWORK_RESULT): Action.SAME_RESULT_OR_CONFLICT,
+        (Kind.UNKNOWN_RESULT, Kind.UNKNOWN_RESULT): Action.SAME_RESULT_OR_CONFLICT,
+        **_NEVER_APPLIED,
+    }
+)
 
 # P18: integration options, each overriding named cells of the table when switched on.
 OPTION_TRANSITIONS: Mapping[str, Mapping[tuple[Kind, Kind], Action]] = {
     "deadline_unknown_superseded": {
-        (Kind.DEADLINE_FINAL, Kind.NETWORK_FINAL): Action.SUPERSEDE_DEADLINE,
-        (Kind.NETWORK_FINAL, Kind.DEADLINE_FINAL): Action.DEADLINE_SUPERSEDED,
+        (Kind.UNKNOWN_RESULT, Kind.NETWORK_RESULT): Action.SUPERSEDE_UNKNOWN,
+        (Kind.NETWORK_RESULT, Kind.UNKNOWN_RESULT): Action.UNKNOWN_SUPERSEDED,
     },
 }
 
-# P19: among progress events with the same reported time, the later stage wins.
-_PROGRESS_RANK: Mapping[Status, int] = {Status.ACCEPTED: 1, Status.ENROUTE: 2}
 
-
-def _kind_from_vocabulary(status: Status) -> Kind:
-    if status in PROGRESS_STATUSES:
+def kind_of(level: int, status: Status) -> Kind:
+    """F4/F13/P16: the kind of a delivery, from its level *and* its normalised status."""
+    if level != 1 and level != 2:
+        return Kind.UNEXPECTED_LEVEL
+    if status is Status.UNRECOGNIZED:
+        return Kind.UNRECOGNIZED
+    if level == 1 or status in PROGRESS_STATUSES:
         return Kind.PROGRESS
     if status is Status.UNKNOWN:
-        return Kind.DEADLINE_FINAL
-    if status in FINAL_STATUSES:
-        return Kind.NETWORK_FINAL
-    return Kind.UNRECOGNIZED
+        return Kind.UNKNOWN_RESULT
+    return Kind.NETWORK_RESULT
 
 
-# Looked up once per event on the ingest hot path: one dict probe instead of set tests.
-_KIND_OF: Mapping[Status, Kind] = {status: _kind_from_vocabulary(status) for status in Status}
+# kind_of for the levels 1 and 2, looked up once or twice per delivery on the ingest hot path.
+_KIND_OF: Mapping[tuple[int, Status], Kind] = {
+    (level, status): kind_of(level, status) for level in (1, 2) for status in Status
+}
 
 
-def kind_of(status: Status) -> Kind:
-    """The table's kind of a normalised status."""
-    return _KIND_OF[status]
+def _kind(level: int, status: Status) -> Kind:
+    return _KIND_OF.get((level, status), Kind.UNEXPECTED_LEVEL)
+
+
+def level_stat_mismatch(level: int, status: Status) -> bool:
+    """F4: a level-1 receipt with a final stat, or a level-2 receipt with a progress stat."""
+    return (level == 1 and status in FINAL_STATUSES) or (level == 2 and status in PROGRESS_STATUSES)
 
 
 @lru_cache(maxsize=16)
 def transition_table(options: IntegrationOptions) -> Mapping[tuple[Kind, Kind], Action]:
-    """The table in force under `options`: the defaults with each enabled option's cells.
-
-    Cached per options value (immutable): `apply` asks for it once per event.
-    """
+    """The table in force under `options`: the defaults with each enabled option's cells."""
     table = dict(TRANSITIONS)
     for name, cells in OPTION_TRANSITIONS.items():
         if getattr(options, name):
@@ -125,177 +155,451 @@ def transition_table(options: IntegrationOptions) -> Mapping[tuple[Kind, Kind], 
     return MappingProxyType(table)
 
 
-class EventFacts(NamedTuple):
-    """What the rules need of one logical event; `ref` is the store's event id.
+class Observed(Protocol):
+    """What the planner reads of one delivery: the parsed receipt (`parse.LogicalEvent` is
+    one) or a stored reception replayed (`Delivery`)."""
 
-    A named tuple, like `Receipt`: one is built per event on the ingest hot path, and a frozen
-    dataclass costs several times more to construct."""
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def correlation_id(self) -> str: ...
+    @property
+    def level(self) -> int: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def stat(self) -> str: ...
+    @property
+    def err(self) -> str | None: ...
+    @property
+    def done_at(self) -> datetime | None: ...
+    @property
+    def received_at(self) -> float: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def flags(self) -> tuple[str, ...]: ...
 
-    ref: int
+
+class Delivery(NamedTuple):
+    """A stored reception as the planner reads it (late correlation, recompute)."""
+
+    message_id: str
+    correlation_id: str
+    level: int
     status: Status
     stat: str
     err: str | None
     done_at: datetime | None
+    received_at: float
     fingerprint: str
-
-    def order_key(self) -> tuple[bool, float, int, str]:
-        """P19: a total order by reported time, then stage, then fingerprint — never arrival."""
-        done = self.done_at.timestamp() if self.done_at is not None else 0.0
-        return (
-            self.done_at is not None,
-            done,
-            _PROGRESS_RANK.get(self.status, 0),
-            self.fingerprint,
-        )
+    flags: tuple[str, ...]
 
 
-class MessageStatus(NamedTuple):
-    """P7/P20: the computed status of one correlated message and its summary counters.
+class KeyContents(NamedTuple):
+    """P14: what one logical event key holds: its first content's status and the fingerprints
+    of every content it accepted (the first, then progress updates or an option's second
+    result), in arrival order."""
 
-    A named tuple for the same reason as `EventFacts` (one or two per event when ingesting)."""
+    first_status: Status
+    fingerprints: tuple[str, ...]
 
+
+class Basis(NamedTuple):
+    """P7: the delivery a computed status rests on."""
+
+    event_id: int
+    reception_id: int
+    level: int
     status: Status
-    is_final: bool
-    reason: str
-    basis: EventFacts
-    """The event that supports the status (P7, P20 audit)."""
+    stat: str
+    err: str | None
+    order_at: datetime | None
+    """The reported done time when plausible (P19), else None: what orders and measures."""
+
+
+class MessageState(NamedTuple):
+    """P7/P20: the planner's state of one correlated message; a status exists once a basis does."""
+
+    basis: Basis | None
     repeats: int = 0
-    """P14/P20: deliveries beyond the first of each of the message's logical events."""
+    """P14/P20: deliveries that repeated content their key already held."""
     conflicts: int = 0
-    """P14/P18: conflicting deliveries of a key plus incompatible finals."""
+    """P14/P18: conflicting level-2 deliveries of a key plus incompatible results."""
     progress_events: int = 0
-    """Distinct progress events seen, applied or not."""
+    """Distinct progress observations (first contents and progress updates), applied or not."""
     deadline_superseded: bool = False
     """Option `deadline_unknown_superseded` took effect for this message."""
+    flags: frozenset[str] = frozenset()
+    """ARRIVAL_ORDER_TIE, DONE_DATE_IMPLAUSIBLE."""
 
 
-def explain(basis: EventFacts, deadline_superseded: bool) -> str:
-    """P7: the reason for a status, a function of its basis alone (so order-independent)."""
+EMPTY_STATE = MessageState(None)
+
+
+def basis_kind(basis: Basis) -> Kind:
+    """The table's held kind of a basis."""
+    return _kind(basis.level, basis.status)
+
+
+def is_final(state: MessageState) -> bool:
+    """P16/F13: a message is final only on a level-2 result."""
+    return state.basis is not None and basis_kind(state.basis) is not Kind.PROGRESS
+
+
+def explain(state: MessageState) -> str:
+    """P7: the reason for a status, saying what was reported and never more (P2)."""
+    basis = state.basis
+    if basis is None:
+        return "no applicable receipt yet"
     err = "" if basis.err is None else f", err {basis.err}"
-    if deadline_superseded:
+    kind = basis_kind(basis)
+    if kind is Kind.PROGRESS:
+        if level_stat_mismatch(basis.level, basis.status):
+            if basis.level == 1:
+                return (
+                    f"progress receipt (level 1) reporting {basis.stat}{err}: "
+                    "a progress report, not a result, so not final (F4)"
+                )
+            return (
+                f"result receipt (level 2) reporting the progress stat {basis.stat}{err}: "
+                "counted as progress (F4)"
+            )
+        return f"in progress as reported by the network: {basis.stat}{err}"
+    if state.deadline_superseded:
         return (
-            f"network final {basis.stat}{err} supersedes the gateway's deadline UNKNOWN "
-            "(option deadline_unknown_superseded)"
+            f"final status reported by the network: {basis.stat}{err}; it supersedes an "
+            "UNKNOWN result (option deadline_unknown_superseded)"
         )
-    if basis.status is Status.UNKNOWN:
-        return "the gateway's deadline receipt UNKNOWN: no result reported in time (F3)"
-    if basis.status in FINAL_STATUSES:
-        return f"final status reported by the network: {basis.stat}{err}"
-    return f"in progress as reported by the network: {basis.stat}{err}"
+    if kind is Kind.UNKNOWN_RESULT:
+        return f"result reported (level 2): UNKNOWN{err}"
+    return f"final status reported by the network: {basis.stat}{err}"
 
 
-def _based_on(
-    basis: EventFacts,
-    previous: MessageStatus | None,
-    progress_events: int,
-    deadline_superseded: bool,
-) -> MessageStatus:
-    """A status supported by `basis`, keeping the counters of `previous`."""
-    return MessageStatus(  # positional: a third of the keyword form's cost, once per event
-        basis.status,
-        basis.status in FINAL_STATUSES,  # is_final
-        explain(basis, deadline_superseded),  # reason
-        basis,
-        0 if previous is None else previous.repeats,
-        0 if previous is None else previous.conflicts,
-        progress_events,
-        deadline_superseded,
-    )
+class PlannedException(NamedTuple):
+    """An investigation-queue item the rules open for one delivery (P12, P14, P17, P18, C4).
+
+    `message_level` items come from the message layer and are opened only where the message's
+    rules run; the others are opened when the delivery is first stored, correlated or not."""
+
+    kind: str
+    details: Mapping[str, Any]
+    message_level: bool
 
 
-def apply(
-    current: MessageStatus | None, event: EventFacts, options: IntegrationOptions
-) -> tuple[MessageStatus | None, Outcome]:
-    """Apply one new logical event of a correlated message: the new status and the outcome.
+class Decision(NamedTuple):
+    """The planner's answer for one delivery."""
 
-    Repeats and same-key conflicts never reach this function (see `classify_delivery`).
+    outcome: Outcome
+    exceptions: tuple[PlannedException, ...]
+
+
+class KeyClass(Enum):
+    """P14: what a delivery is to its logical event key."""
+
+    NEW = "new"
+    """The key's first content."""
+    UPDATE = "update"
+    """Another content the key accepts (a level-1 progress update, an option's second result)."""
+    REPEAT = "repeat"
+    """Content the key already holds."""
+    CONFLICT = "conflict"
+    """Another content of a level-2 key: kept, flagged, never applied."""
+
+    __hash__ = object.__hash__
+
+
+def classify(
+    known: KeyContents | None, delivery: Observed, options: IntegrationOptions
+) -> KeyClass:
+    """P14: a delivery against the contents its key holds."""
+    if known is None:
+        return KeyClass.NEW
+    if delivery.fingerprint in known.fingerprints:
+        return KeyClass.REPEAT
+    if delivery.level != 2:
+        # Progress updates (and unexpected levels, never applied anyway) are kept as content.
+        return KeyClass.UPDATE
+    if options.deadline_unknown_superseded and len(known.fingerprints) == 1:
+        pair = {kind_of(2, known.first_status), kind_of(2, delivery.status)}
+        if pair == {Kind.NETWORK_RESULT, Kind.UNKNOWN_RESULT}:
+            return KeyClass.UPDATE
+    return KeyClass.CONFLICT
+
+
+def is_malformed(flags: tuple[str, ...]) -> bool:
+    """C4: parse flags that open a `malformed` exception (absences ND/empty do not)."""
+    return any(not flag.endswith(_BENIGN_FLAG_SUFFIXES) for flag in flags)
+
+
+_NO_EXCEPTIONS: tuple[PlannedException, ...] = ()
+_PLAIN = {outcome: Decision(outcome, _NO_EXCEPTIONS) for outcome in Outcome}
+_REPEAT = _PLAIN[Outcome.REPEAT]
+_TIE = frozenset({ARRIVAL_ORDER_TIE})
+_IMPLAUSIBLE = frozenset({DONE_DATE_IMPLAUSIBLE})
+
+
+class Planner:
+    """Decides, delivery by delivery in arrival order, each outcome and each message's state.
+
+    Holds only what it was given and what it decided: `keys` (the contents each known key
+    holds), `messages` (the state of each correlated message; absent = not correlated) and
+    `submitted` (each correlated message's recorded submission time). After the deliveries,
+    the store writes `messages` that changed, `key_updates`, and the event counters.
     """
-    incoming = kind_of(event.status)
-    held = Kind.NONE if current is None else kind_of(current.status)
-    action = transition_table(options)[(held, incoming)]
-    progress = 1 if incoming is Kind.PROGRESS else 0
-    if action is Action.NOT_APPLIED:
-        return current, Outcome.UNRECOGNIZED
-    if current is None:
-        return _based_on(event, None, progress, False), Outcome.APPLIED
-    counted = current.progress_events + progress
-    superseded = current.deadline_superseded
-    if action is Action.TAKE:
-        return _based_on(event, current, counted, superseded), Outcome.APPLIED
-    if action is Action.NEWER_PROGRESS:
-        if event.order_key() > current.basis.order_key():
-            return _based_on(event, current, counted, superseded), Outcome.APPLIED
-        return current._replace(progress_events=counted), Outcome.LATE_PROGRESS
-    if action is Action.IGNORE_PROGRESS:
-        return current._replace(progress_events=counted), Outcome.LATE_PROGRESS
-    if action is Action.SAME_FINAL_OR_CONFLICT:
-        if event.status is current.status:
-            # Corroboration: keep the earlier of the two by reported time so that the basis
-            # does not depend on which arrived first.
-            if event.order_key() < current.basis.order_key():
-                return _based_on(event, current, counted, superseded), Outcome.CORROBORATED
-            return current, Outcome.CORROBORATED
-        # P18/C3: the first final applied stays; the later incompatible one is a conflict.
-        return current._replace(conflicts=current.conflicts + 1), Outcome.CONFLICT
-    if action is Action.SUPERSEDE_DEADLINE:
-        return _based_on(event, current, counted, True), Outcome.APPLIED
-    if action is Action.DEADLINE_SUPERSEDED:
-        return _based_on(current.basis, current, counted, True), Outcome.SUPERSEDED
-    assert_never(action)
 
+    def __init__(
+        self,
+        options: IntegrationOptions,
+        keys: dict[tuple[str, int], KeyContents],
+        messages: dict[str, MessageState],
+        submitted: Mapping[str, datetime | None],
+    ) -> None:
+        self.options = options
+        self.table = transition_table(options)
+        self.keys = keys
+        self.messages = messages
+        self.submitted = submitted
+        self.key_updates: dict[int, list[str]] = {}
+        """Event id -> fingerprints of the contents its key accepted in these deliveries."""
+        self.event_accepted: dict[int, int] = {}
+        """Event id -> deliveries with accepted content (repeats, updates), new ones excluded."""
+        self.event_conflicts: dict[int, int] = {}
+        self.event_last: dict[int, float] = {}
+        """Event id -> the latest receive time among these deliveries (first ones excluded)."""
+        # The bounds of a plausible time, in the zone of the reported times: comparing two
+        # times of one tzinfo skips the zone look-ups (per delivery, on the ingest hot path).
+        self._latest: dict[tuple[float, tzinfo | None], datetime] = {}
+        self._earliest: dict[tuple[str, tzinfo | None], datetime | None] = {}
 
-def classify_delivery(stored_fingerprint: str, delivery_fingerprint: str) -> Outcome:
-    """P14: a delivery of an already stored key is a repeat (same content) or a conflict."""
-    return Outcome.REPEAT if stored_fingerprint == delivery_fingerprint else Outcome.CONFLICT
-
-
-def count(current: MessageStatus, *, repeats: int = 0, conflicts: int = 0) -> MessageStatus:
-    """Add repeat / same-key conflict deliveries to a status' counters (nothing else changes)."""
-    if repeats == 0 and conflicts == 0:
-        return current
-    return current._replace(
-        repeats=current.repeats + repeats, conflicts=current.conflicts + conflicts
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One delivery of one message, as the reference `replay` sees it."""
-
-    level: int
-    event: EventFacts
-
-
-def replay(
-    deliveries: Iterable[Delivery], options: IntegrationOptions
-) -> tuple[MessageStatus | None, list[Outcome]]:
-    """The specification of what the store computes for one correlated message.
-
-    Deliveries in arrival order: the first of a (level) key stores the logical event, later ones
-    are repeats or conflicts by fingerprint (P14), new events go through `apply`. Counts seen
-    before the first applied event (repeats of an unrecognized event) are carried into the status
-    when it is created, as the store does. Returns the final status and each delivery's outcome;
-    the store's batched ingest must agree with it.
-    """
-    stored: dict[int, str] = {}
-    status: MessageStatus | None = None
-    pending_repeats = pending_conflicts = 0
-    outcomes: list[Outcome] = []
-    for delivery in deliveries:
-        known = stored.get(delivery.level)
-        if known is None:
-            stored[delivery.level] = delivery.event.fingerprint
-            created = status is None
-            status, outcome = apply(status, delivery.event, options)
-            if created and status is not None:
-                status = count(status, repeats=pending_repeats, conflicts=pending_conflicts)
+    def _order_time(self, d: Observed) -> tuple[datetime | None, bool]:
+        """P19: the reported time usable to order and measure, and whether it was implausible
+        (more than FUTURE_TOLERANCE_S after the receipt was received, or earlier than the
+        recorded submission by more than CLOCK_SKEW_TOLERANCE)."""
+        done = d.done_at
+        if done is None:
+            return None, False
+        zone = done.tzinfo
+        latest = self._latest.get((d.received_at, zone))
+        if latest is None:
+            latest = datetime.fromtimestamp(d.received_at + FUTURE_TOLERANCE_S, zone)
+            self._latest[(d.received_at, zone)] = latest
+        if done > latest:
+            return None, True
+        key = (d.correlation_id, zone)
+        if key in self._earliest:
+            earliest = self._earliest[key]
         else:
-            outcome = classify_delivery(known, delivery.event.fingerprint)
-            repeat = outcome is Outcome.REPEAT
-            if status is None:
-                pending_repeats += repeat
-                pending_conflicts += not repeat
+            submitted = self.submitted.get(d.correlation_id)
+            earliest = self._earliest[key] = (
+                None if submitted is None else (submitted - CLOCK_SKEW_TOLERANCE).astimezone(zone)
+            )
+        if earliest is not None and done < earliest:
+            return None, True
+        return done, False
+
+    def decide(self, d: Observed, event_id: int, reception_id: int) -> Decision:
+        """The outcome of delivery `d` - of logical event `event_id`, stored as reception
+        `reception_id` (its arrival order) - and the exceptions it opens; updates the states."""
+        key = (d.message_id, d.level)
+        known = self.keys.get(key)
+        # classify(), inlined for its two common answers (once per delivery, hot path).
+        if known is None:
+            key_class = KeyClass.NEW
+        elif d.fingerprint in known.fingerprints:
+            key_class = KeyClass.REPEAT
+        else:
+            key_class = classify(known, d, self.options)
+        cid = d.correlation_id
+        state = self.messages.get(cid)
+        if key_class is KeyClass.NEW:
+            self.keys[key] = KeyContents(d.status, (d.fingerprint,))
+        else:
+            last = self.event_last.get(event_id, 0.0)
+            self.event_last[event_id] = d.received_at if d.received_at > last else last
+            if key_class is KeyClass.CONFLICT:
+                self.event_conflicts[event_id] = self.event_conflicts.get(event_id, 0) + 1
             else:
-                status = count(status, repeats=int(repeat), conflicts=int(not repeat))
-        outcomes.append(outcome)
-    return status, outcomes
+                self.event_accepted[event_id] = self.event_accepted.get(event_id, 0) + 1
+                if key_class is KeyClass.UPDATE:
+                    assert known is not None
+                    self.keys[key] = known._replace(
+                        fingerprints=(*known.fingerprints, d.fingerprint)
+                    )
+                    self.key_updates.setdefault(event_id, []).append(d.fingerprint)
+        if key_class is KeyClass.REPEAT:
+            if state is not None:
+                self.messages[cid] = state._replace(repeats=state.repeats + 1)
+            return _REPEAT
+        exceptions: list[PlannedException] = []
+        if d.flags and is_malformed(d.flags):
+            exceptions.append(
+                PlannedException("malformed", {"flags": list(d.flags), "rule": "C4"}, False)
+            )
+        if key_class is KeyClass.CONFLICT:
+            assert known is not None
+            exceptions.append(
+                PlannedException(
+                    "conflict",
+                    {
+                        "cause": "same_key_other_content",
+                        "rule": "P14",
+                        "level": d.level,
+                        "stored_event_id": event_id,
+                        "stored_fingerprint": known.fingerprints[0],
+                        "fingerprint": d.fingerprint,
+                        "stat": d.stat,
+                        "err": d.err,
+                    },
+                    False,
+                )
+            )
+            if state is not None:
+                self.messages[cid] = state._replace(conflicts=state.conflicts + 1)
+            return Decision(Outcome.CONFLICT, tuple(exceptions))
+        if state is None:
+            if key_class is KeyClass.NEW:
+                # P12/C5: no message with this id; never guessed from destination or text.
+                exceptions.append(
+                    PlannedException(
+                        "uncorrelated",
+                        {"rule": "P12", "correlation_id": cid, "level": d.level, "stat": d.stat},
+                        False,
+                    )
+                )
+            return Decision(Outcome.UNCORRELATED, tuple(exceptions))
+        outcome = self._apply(state, d, event_id, reception_id, exceptions)
+        return Decision(outcome, tuple(exceptions)) if exceptions else _PLAIN[outcome]
+
+    def _apply(
+        self,
+        state: MessageState,
+        d: Observed,
+        event_id: int,
+        reception_id: int,
+        exceptions: list[PlannedException],
+    ) -> Outcome:
+        """The message layer: new content `d` against the held basis (the transition table);
+        the message's new state is stored in `messages`."""
+        incoming = _KIND_OF.get((d.level, d.status), Kind.UNEXPECTED_LEVEL)
+        basis = state.basis
+        held = Kind.NONE if basis is None else _KIND_OF[(basis.level, basis.status)]
+        action = self.table[(held, incoming)]
+        if action is Action.NOT_APPLIED:
+            if incoming is Kind.UNEXPECTED_LEVEL:
+                return Outcome.UNEXPECTED_LEVEL
+            exceptions.append(
+                PlannedException(
+                    "unrecognized", {"rule": "P17", "stat": d.stat, "level": d.level}, True
+                )
+            )
+            return Outcome.UNRECOGNIZED
+        at, implausible = self._order_time(d)
+        flags = state.flags | _IMPLAUSIBLE if implausible else state.flags
+        progress = state.progress_events + (incoming is Kind.PROGRESS)
+        superseded = state.deadline_superseded
+        take = False
+        if action is Action.TAKE:
+            take, outcome = True, Outcome.APPLIED
+        elif action is Action.IGNORE_PROGRESS:
+            outcome = Outcome.LATE_PROGRESS
+        elif basis is None:
+            raise AssertionError("only TAKE and NOT_APPLIED apply without a held basis")
+        elif action is Action.NEWER_PROGRESS:
+            if d.level != basis.level:  # F13: any level-2 receipt outranks any level-1 one
+                take = d.level > basis.level
+            elif at is None or basis.order_at is None or at == basis.order_at:
+                # P19: no basis to order them: the first arrived stays, and the tie is flagged.
+                flags = flags | _TIE
+            else:
+                take = at > basis.order_at
+            outcome = Outcome.APPLIED if take else Outcome.LATE_PROGRESS
+        elif action is Action.SAME_RESULT_OR_CONFLICT:
+            if d.status is basis.status:
+                # Corroboration: the basis becomes the earliest plausible report of the
+                # status; a report without a usable time never displaces one with it.
+                take = at is not None and (basis.order_at is None or at < basis.order_at)
+                outcome = Outcome.CORROBORATED
+            else:
+                # P18/C3: the first result applied stays; the later incompatible one is kept.
+                exceptions.append(
+                    PlannedException(
+                        "conflict",
+                        {
+                            "cause": "incompatible_final",
+                            "rule": "P18",
+                            "held_status": basis.status.value,
+                            "held_event_id": basis.event_id,
+                            "incoming_status": d.status.value,
+                            "incoming_stat": d.stat,
+                        },
+                        True,
+                    )
+                )
+                self.messages[d.correlation_id] = state._replace(
+                    conflicts=state.conflicts + 1, progress_events=progress, flags=flags
+                )
+                return Outcome.CONFLICT
+        elif action is Action.SUPERSEDE_UNKNOWN:
+            take, superseded, outcome = True, True, Outcome.APPLIED
+        elif action is Action.UNKNOWN_SUPERSEDED:
+            superseded, outcome = True, Outcome.SUPERSEDED
+        else:
+            assert_never(action)
+        if take:
+            basis = Basis(event_id, reception_id, d.level, d.status, d.stat, d.err, at)
+        self.messages[d.correlation_id] = MessageState(
+            basis, state.repeats, state.conflicts, progress, superseded, flags
+        )
+        return outcome
+
+
+RECORD_FIELDS = (
+    "internal_id",
+    "destination_raw",
+    "source",
+    "route",
+    "submitted_at",
+    "dlr_requested",
+    "dlr_level",
+)
+"""P5: what a record of a sent message says; two records that differ in any are two records."""
+
+
+def _comparable(value: object) -> object:
+    # A naive time is recorded as UTC (the driver's reading of it for timestamptz).
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def record_differences(recorded: Mapping[str, Any], submitted: Mapping[str, Any]) -> list[str]:
+    """P12: the fields in which a second record of a sent message id differs from the one
+    recorded; none means an identical re-record (a no-op)."""
+    return [
+        name
+        for name in RECORD_FIELDS
+        if _comparable(recorded[name]) != _comparable(submitted[name])
+    ]
+
+
+def status_change(old: Mapping[str, Any], new: MessageState) -> str | None:
+    """P8: what differs between a stored status row and the state the rules compute now, in
+    words for the audit trail; None when nothing a reader sees differs."""
+    basis = new.basis
+    if basis is None:
+        return f"no applicable receipt under the current rules (was {old['status']})"
+    now = {
+        "status": basis.status.value,
+        "is_final": is_final(new),
+        "reason": explain(new),
+        "supporting_event_id": basis.event_id,
+        "repeats": new.repeats,
+        "conflicts": new.conflicts,
+        "progress_events": new.progress_events,
+        "deadline_superseded": new.deadline_superseded,
+    }
+    changes = [
+        f"{name} {old[name]!r} -> {value!r}" for name, value in now.items() if old[name] != value
+    ]
+    return "; ".join(changes) or None

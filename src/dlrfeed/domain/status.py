@@ -39,6 +39,8 @@ class Outcome(StrEnum):
     """P12: no sent message with this id (yet); waits in the exceptions queue."""
     UNRECOGNIZED = "unrecognized"
     """P17: unknown `stat`; kept raw, flagged, never applied."""
+    UNEXPECTED_LEVEL = "unexpected_level"
+    """F4: a level other than 1 or 2; kept raw, flagged (`malformed`), never applied."""
     UNSTORABLE = "unstorable"
     """C8: the database refused the receipt; its raw bytes are in the exceptions queue."""
 

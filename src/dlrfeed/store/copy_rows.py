@@ -39,6 +39,7 @@ COLUMNS = (
     "payload",
     "flags",
     "parser_version",
+    "fingerprint",
     "id",
     "outcome",
     "event_id",
@@ -130,6 +131,7 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
                     e.raw,
                     _text_array(e.flags),
                     tail_constant,
+                    _text(e.fingerprint),
                 )
             )
         )

@@ -14,39 +14,48 @@ CORRELATION_LOCK_NAMESPACE = 0x646C72  # "dlr"
 
 
 def _upsert_statuses(statuses: str) -> str:
-    """The statement body that writes computed statuses (P7), shared by the ingest and the
-    late-correlation writes: `$1` login, `$2` rules version, `statuses` a jsonb array of rows
-    (message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
-    progress_events, deadline_superseded)."""
+    """The statement body that writes computed statuses (P7), shared by the ingest, the
+    late-correlation and the recompute writes: `$1` login, `$2` rules version, `statuses` a
+    jsonb array of rows (message_id, status, is_final, reason, supporting_event_id, repeats,
+    conflicts, progress_events, deadline_superseded, supporting_reception_id, basis_level,
+    basis_stat, basis_err, basis_done_at, flags joined by spaces)."""
     return _STATUS_UPSERT.replace("{statuses}", statuses)
 
 
 _STATUS_UPSERT = """
     INSERT INTO dlr.message_status (
         login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
-        progress_events, deadline_superseded, rules_version, updated_at)
+        progress_events, deadline_superseded, rules_version, updated_at,
+        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
     SELECT $1, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
-           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $2, now()
+           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, $2, now(),
+           (s.r->>9)::bigint, (s.r->>10)::bigint, s.r->>11, s.r->>12,
+           (s.r->>13)::timestamptz, string_to_array(s.r->>14, ' ')
     FROM jsonb_array_elements({statuses}::jsonb) AS s(r)
     ON CONFLICT (login, message_id) DO UPDATE SET
         status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
         supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
         conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
         deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
+        supporting_reception_id = EXCLUDED.supporting_reception_id,
+        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
+        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
+        flags = EXCLUDED.flags
 """
 
 # -- name: lock_messages
 # P10: exact correlation by message id within the login; the row lock serialises every status
-# computation of that message. $2 is sorted (Python order), and the rows are locked in that
-# order, one primary-key probe per id: the locking LATERAL subquery cannot be flattened, so
+# computation of that message; its submission time is what the planner checks reported times
+# against (P19). $2 is sorted (Python order), and the rows are locked in that order, one
+# primary-key probe per id: the locking LATERAL subquery cannot be flattened, so
 # even a plan made on a young table's stale statistics never hashes every message of the login
 # (which cost more than the rest of the batch's reads together; bench_store).
 LOCK_MESSAGES = """
-SELECT m.message_id
+SELECT m.message_id, m.submitted_at
 FROM unnest($2::text[]) WITH ORDINALITY AS k(message_id, position)
 CROSS JOIN LATERAL (
-    SELECT m.message_id
+    SELECT m.message_id, m.submitted_at
     FROM dlr.messages AS m
     WHERE m.login = $1 AND m.message_id = k.message_id
     FOR NO KEY UPDATE
@@ -64,23 +73,26 @@ FROM (SELECT k FROM unnest($2::text[]) AS k ORDER BY k) AS sorted
 """
 
 # -- name: insert_events_read_statuses
-# One round trip after the message locks, two parts:
+# One round trip after the message locks, three parts:
 # - P14: insert-or-detect of logical events, one row per distinct key of the batch in $4 order
-#   (sorted by key by the client). $4 is a JSON array of rows [message_id, correlation_id,
-#   level, stat, status, err, done_raw, done_at, fingerprint, flags, received_at]: one parameter
-#   instead of eleven arrays, because the driver's per-element array encoding costs more than
-#   the server's JSON parse (bench_store). Cheap to encode: correlation_id is null when it is
-#   the message id (nearly always), received_at integer microseconds (a float costs the JSON
-#   encoder a Python call). Returns (id, message_id, level) per new event.
-# - The held status of each correlated message in $5, its supporting event's facts, and - for
-#   messages with no status yet - the repeat/conflict counts of their earlier (unapplied) events.
-#   These rows have a NULL id. Read in the statement's snapshot, taken after the locks were
-#   granted, so every status committed under those locks is seen; events inserted by this same
-#   statement are not (the counts are of earlier events, as intended). Events of a correlation
-#   id are found by id where the two are equal, by the partial correlation index where they
-#   differ (migration 0005); WAITING_EVENTS reads them the same way.
-# - The id blocks of the batch's receptions (migration 0006), drawn here so that the receptions
-#   can be copied in as soon as the plan decides each one's outcome.
+#   (the order of each key's first delivery, so event ids follow arrival). $4 is a JSON array
+#   of rows [message_id, correlation_id, level, stat, status, err, done_raw, done_at,
+#   fingerprint, flags, received_at]: one parameter instead of eleven arrays, because the
+#   driver's per-element array encoding costs more than the server's JSON parse (bench_store).
+#   Cheap to encode: correlation_id is null when it is the message id (nearly always),
+#   received_at integer microseconds (a float costs the JSON encoder a Python call). Returns
+#   (id, message_id, level) per new event.
+# - The planner's held state of each correlated message in $5, from its status row alone (the
+#   basis is kept on the row, migration 0008), and - for messages with no status yet - the
+#   repeat/conflict counts of their earlier (unapplied) events. These rows have a NULL id. Read
+#   in the statement's snapshot, taken after the locks were granted, so every status committed
+#   under those locks is seen; events inserted by this same statement are not (the counts are
+#   of earlier events, as intended). Events of a correlation id are found by id where the two
+#   are equal, by the partial correlation index where they differ (migration 0005);
+#   WAITING_RECEPTIONS reads them the same way.
+# - The id blocks of the batch's receptions (migration 0006), drawn here, under the locks, so
+#   that reception ids follow the arrival order of each id's deliveries (P19) and the
+#   receptions can be copied in as soon as the planner decides each one's outcome.
 INSERT_EVENTS_READ_STATUSES = """
 WITH new AS (
     INSERT INTO dlr.events (
@@ -97,34 +109,32 @@ WITH new AS (
     RETURNING id, message_id, level
 )
 SELECT n.id, n.message_id, n.level,
-       NULL::text AS status, NULL::boolean AS is_final, NULL::text AS reason,
-       NULL::bigint AS supporting_event_id, NULL::int AS repeats, NULL::int AS conflicts,
-       NULL::int AS progress_events, NULL::boolean AS deadline_superseded,
-       NULL::text AS basis_status, NULL::text AS basis_stat, NULL::text AS basis_err,
-       NULL::timestamptz AS basis_done_at, NULL::text AS basis_fingerprint,
+       NULL::text AS status, NULL::bigint AS supporting_event_id, NULL::int AS repeats,
+       NULL::int AS conflicts, NULL::int AS progress_events,
+       NULL::boolean AS deadline_superseded, NULL::bigint AS supporting_reception_id,
+       NULL::bigint AS basis_level, NULL::text AS basis_stat, NULL::text AS basis_err,
+       NULL::timestamptz AS basis_done_at, NULL::text[] AS status_flags,
        NULL::int AS orphan_repeats, NULL::int AS orphan_conflicts
 FROM new AS n
 UNION ALL
 SELECT NULL, k.message_id, NULL,
-       s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
-       s.progress_events, s.deadline_superseded,
-       s.basis_status, s.basis_stat, s.basis_err, s.basis_done_at, s.basis_fingerprint,
+       s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
+       s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
+       s.basis_err, s.basis_done_at, s.flags,
        o.repeats, o.conflicts
 FROM unnest($5::text[]) AS k(message_id)
 -- LATERAL ... OFFSET 0: one primary-key probe per id, whatever the table statistics say (a
 -- young table's stale statistics otherwise invite a scan of every status of the login).
 LEFT JOIN LATERAL (
-    SELECT s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
-           s.progress_events, s.deadline_superseded,
-           e.status AS basis_status, e.stat AS basis_stat, e.err AS basis_err,
-           e.done_at AS basis_done_at, e.fingerprint AS basis_fingerprint
+    SELECT s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
+           s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
+           s.basis_err, s.basis_done_at, s.flags
     FROM dlr.message_status AS s
-    JOIN dlr.events AS e ON e.id = s.supporting_event_id
     WHERE s.login = $1 AND s.message_id = k.message_id
     OFFSET 0
 ) AS s ON true
 LEFT JOIN LATERAL (
-    SELECT coalesce(sum(x.times_received - 1), 0)::int AS repeats,
+    SELECT coalesce(sum(x.times_received - 1 - cardinality(x.updates)), 0)::int AS repeats,
            coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
     FROM dlr.events AS x
     WHERE s.status IS NULL AND x.login = $1 AND x.correlation_id = k.message_id
@@ -134,15 +144,16 @@ UNION ALL
 -- The batch's reception id blocks (queries.RECEPTION_ID_BLOCK ids each), $6 of them: rows
 -- with a NULL message_id and the block's first id as `id`.
 SELECT nextval('dlr.receptions_id_seq'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM generate_series(1, $6::int)
 """
 
 # -- name: lock_existing_events
-# Keys that were already stored: their content fingerprint, rows locked in key order (their
-# counters are updated at the end of the transaction).
+# Keys that were already stored: the contents they hold (P14: the first content's fingerprint
+# and status, the further accepted fingerprints), rows locked in key order (their counters are
+# updated at the end of the transaction).
 LOCK_EXISTING_EVENTS = """
-SELECT e.id, e.message_id, e.level, e.fingerprint
+SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, e.updates
 FROM dlr.events AS e
 JOIN unnest($2::text[], $3::bigint[]) AS k(message_id, level)
   ON e.message_id = k.message_id AND e.level = k.level
@@ -159,7 +170,8 @@ RECEPTION_ID_BLOCK = 1000
 # Everything of the batch but the receptions themselves: exceptions (joined to their reception
 # by batch position p, 1-based: the reception ids are the blocks $3 drawn by
 # INSERT_EVENTS_READ_STATUSES, p getting $3[(p - 1) / RECEPTION_ID_BLOCK + 1] +
-# (p - 1) % RECEPTION_ID_BLOCK), the new statuses, the events' counters.
+# (p - 1) % RECEPTION_ID_BLOCK), the new statuses, the events' counters and accepted contents
+# ($14: each event's new fingerprints joined by spaces).
 WRITE_BATCH = (
     f"""
 WITH exc AS (
@@ -176,11 +188,12 @@ st AS (
     + """),
 ev AS (
     UPDATE dlr.events AS e SET
-        times_received = e.times_received + c.repeats,
+        times_received = e.times_received + c.accepted,
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
-        last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at))
-    FROM unnest($10::bigint[], $11::int[], $12::int[], $13::float8[])
-         AS c(id, repeats, conflicts, received_at)
+        last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at)),
+        updates = e.updates || string_to_array(c.updates, ' ')
+    FROM unnest($10::bigint[], $11::int[], $12::int[], $13::float8[], $14::text[])
+         AS c(id, accepted, conflicts, received_at, updates)
     WHERE e.id = c.id
 )
 SELECT 1
@@ -225,7 +238,9 @@ RETURNING id
 """
 
 # -- name: insert_messages
-# P5: the sending side; a message id already recorded is left as it was (idempotent).
+# P5: the sending side; a message id already recorded is left as it was (idempotent; a
+# different record of it is compared by the caller, P12). Returns each new message with its
+# submission time (the planner checks reported times against it, P19).
 INSERT_MESSAGES = """
 INSERT INTO dlr.messages (
     login, message_id, internal_id, destination, destination_raw, destination_is_e164, source,
@@ -238,39 +253,66 @@ FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::boolean[], $7::t
           submitted_at, dlr_requested, dlr_level)
 ORDER BY u.message_id
 ON CONFLICT (login, message_id) DO NOTHING
-RETURNING message_id
+RETURNING message_id, submitted_at
 """
 
-# -- name: waiting_events
-# Late correlation: the events that arrived before their message was recorded, oldest first.
-# P10: per id, two index probes - events whose id is the correlation id, by the unique key; the
+# -- name: recorded_messages
+# P12: the recorded fields of messages, to compare a second record with (rules.RECORD_FIELDS).
+RECORDED_MESSAGES = """
+SELECT message_id, internal_id, destination_raw, source, route, submitted_at, dlr_requested,
+       dlr_level
+FROM dlr.messages
+WHERE login = $1 AND message_id = ANY($2::text[])
+"""
+
+# -- name: open_second_records
+# P12: each distinct second record of a sent message id, kept once (evidence_key: a digest of
+# the record) in a `second_record` exception; recording the same file again opens nothing.
+OPEN_SECOND_RECORDS = """
+INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence_key)
+SELECT 'second_record', $1, n.message_id, n.details::jsonb, n.evidence_key
+FROM unnest($2::text[], $3::text[], $4::text[]) AS n(message_id, details, evidence_key)
+WHERE NOT EXISTS (
+    SELECT 1 FROM dlr.exceptions AS x
+    WHERE x.login = $1 AND x.message_id = n.message_id AND x.kind = 'second_record'
+      AND x.evidence_key = n.evidence_key)
+"""
+
+# -- name: waiting_receptions
+# Late correlation and recompute: every delivery of the events of each correlation id in $2,
+# in recorded arrival order (the reception id, P19), with what the planner needs of it. The
+# receptions are read by their primary key (login, message_id, ...). P10: the events are found
+# per id by two index probes - those whose id is the correlation id, by the unique key; the
 # others, by the partial correlation index (migration 0005) - each a plain equality on an
 # index's leading columns. One OR of the two would leave the planner a choice: a generic plan
 # made while dlr.events was young (statements prepared on an empty database) chose a scan of
 # the table per id, and kept it while a first drain grew the table faster than autovacuum
 # analyzed it (minutes for 5,000 ids at 400 k events). An equality probe stays the cheapest
 # plan at any table size and any statistics.
-WAITING_EVENTS = """
-SELECT e.id, e.message_id, e.correlation_id, e.level, e.status, e.stat, e.err, e.done_at,
-       e.fingerprint, e.times_received, e.conflicting_receptions
+WAITING_RECEPTIONS = """
+SELECT r.id, r.event_id, r.message_id, e.correlation_id, r.level, r.stat, r.err,
+       r.done_date_raw, r.done_at, r.received_at, r.fingerprint, r.flags
 FROM unnest($2::text[]) AS k(correlation_id)
 CROSS JOIN LATERAL (
-    SELECT e.*
+    SELECT e.id, e.message_id, e.correlation_id
     FROM dlr.events AS e
     WHERE e.login = $1 AND e.message_id = k.correlation_id
       AND e.correlation_id = k.correlation_id
     UNION ALL
-    SELECT e.*
+    SELECT e.id, e.message_id, e.correlation_id
     FROM dlr.events AS e
     WHERE e.login = $1 AND e.correlation_id = k.correlation_id
       AND e.correlation_id <> e.message_id
 ) AS e
-ORDER BY e.correlation_id, e.id
+JOIN dlr.receptions AS r
+  ON r.login = $1 AND r.message_id = e.message_id AND r.event_id = e.id
+ORDER BY e.correlation_id, r.id
 """
 
 # -- name: write_late_correlation
-# The statuses computed from the waiting events, their uncorrelated exceptions resolved with the
-# reason, and any conflict/unrecognized exception the rules raised on the way.
+# The statuses the planner computed from the waiting deliveries, their events' uncorrelated
+# exceptions resolved with the reason, and the exceptions the message layer raised on the way
+# (joined to their reception by id).
 WRITE_LATE_CORRELATION = (
     """
 WITH st AS (
@@ -284,11 +326,62 @@ resolved AS (
     RETURNING x.id
 ),
 opened AS (
-    INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id)
-    SELECT n.kind, $1, n.message_id, n.details::jsonb, n.event_id
-    FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[])
-         AS n(kind, message_id, details, event_id)
+    INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
+    SELECT n.kind, $1, n.message_id, n.details::jsonb, n.event_id, n.reception_id
+    FROM unnest($6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[])
+         AS n(kind, message_id, details, event_id, reception_id)
 )
 SELECT count(*) FROM resolved
+"""
+)
+
+# -- name: stale_statuses
+# Recompute: the next status rows after ($1, $2) in key order, those of another rules version
+# unless $4 (every row); $3 rows at most.
+STALE_STATUSES = """
+SELECT login, message_id
+FROM dlr.message_status
+WHERE (login, message_id) > ($1, $2) AND ($4 OR rules_version <> $5)
+ORDER BY login, message_id
+LIMIT $3
+"""
+
+# -- name: lock_statuses
+# Recompute: the status rows of one login's messages, locked after their messages (the order
+# the ingest takes), as they are before the recompute.
+LOCK_STATUSES = """
+SELECT message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
+       progress_events, deadline_superseded, rules_version
+FROM dlr.message_status
+WHERE login = $1 AND message_id = ANY($2::text[])
+ORDER BY message_id
+FOR UPDATE
+"""
+
+# -- name: write_recompute
+# Recompute: the statuses computed again ($3), those with no applicable receipt under the
+# current rules removed ($4), and the audit trail of every change ($5: a jsonb array of rows
+# [message_id, old status, old is_final, old reason, old supporting event, old rules version,
+# new status, new is_final, new reason, new supporting event, why]).
+WRITE_RECOMPUTE = (
+    """
+WITH st AS (
+"""
+    + _upsert_statuses("$3")
+    + """),
+gone AS (
+    DELETE FROM dlr.message_status
+    WHERE login = $1 AND message_id = ANY($4::text[])
+),
+audit AS (
+    INSERT INTO dlr.status_recomputations (
+        login, message_id, old_status, old_is_final, old_reason, old_supporting_event_id,
+        old_rules_version, new_status, new_is_final, new_reason, new_supporting_event_id,
+        new_rules_version, why)
+    SELECT $1, a.r->>0, a.r->>1, (a.r->>2)::boolean, a.r->>3, (a.r->>4)::bigint, a.r->>5,
+           a.r->>6, (a.r->>7)::boolean, a.r->>8, (a.r->>9)::bigint, $2, a.r->>10
+    FROM jsonb_array_elements($5::jsonb) AS a(r)
+)
+SELECT 1
 """
 )

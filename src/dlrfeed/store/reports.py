@@ -64,7 +64,8 @@ ORDER BY login
 # -- name: status_row
 _STATUS = """
 SELECT s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats, s.conflicts,
-       s.progress_events, s.deadline_superseded, s.rules_version, s.updated_at
+       s.progress_events, s.deadline_superseded, s.rules_version, s.updated_at,
+       s.supporting_reception_id, s.flags
 FROM dlr.message_status AS s
 WHERE s.login = $1 AND s.message_id = $2
 """
@@ -206,16 +207,16 @@ GROUP BY kind
 ORDER BY kind
 """
 
-# DLR latency: the reported done time of the event behind a final status minus the time the
+# DLR latency: the reported done time of the receipt behind a final status minus the time the
 # message was submitted (as recorded by the sender; P19 — reported times, never arrival).
+# `basis_done_at` is that time only when plausible (NULL when absent or implausible).
 _LATENCY = """
 SELECT count(*) AS samples,
        percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (
-           ORDER BY extract(epoch FROM e.done_at - m.submitted_at)) AS seconds
+           ORDER BY extract(epoch FROM s.basis_done_at - m.submitted_at)) AS seconds
 FROM dlr.message_status AS s
-JOIN dlr.events AS e ON e.id = s.supporting_event_id
 JOIN dlr.messages AS m ON m.login = s.login AND m.message_id = s.message_id
-WHERE s.is_final AND e.done_at IS NOT NULL AND m.submitted_at IS NOT NULL
+WHERE s.is_final AND s.basis_done_at IS NOT NULL AND m.submitted_at IS NOT NULL
   AND ($1::text IS NULL OR s.login = $1)
 """
 

@@ -9,6 +9,7 @@ in place; a data error → the batch is bisected and the poison receipt kept raw
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 from collections import Counter
@@ -22,6 +23,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import asyncpg
@@ -30,10 +32,24 @@ import asyncpg.exceptions._base as asyncpg_base  # the client-side DataError liv
 
 from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, parse
+from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, fingerprint, parse
 from dlrfeed.domain.receipt import Receipt
-from dlrfeed.domain.rules import RULES_VERSION, EventFacts, MessageStatus, apply, count
-from dlrfeed.domain.status import Outcome, Status
+from dlrfeed.domain.rules import (
+    EMPTY_STATE,
+    RECORD_FIELDS,
+    RULES_VERSION,
+    Basis,
+    Delivery,
+    KeyContents,
+    MessageState,
+    PlannedException,
+    Planner,
+    explain,
+    is_final,
+    record_differences,
+    status_change,
+)
+from dlrfeed.domain.status import STAT_TO_STATUS, Outcome, Status
 from dlrfeed.domain.wire_format import evidence_key
 from dlrfeed.errors import (
     BadDataError,
@@ -104,8 +120,8 @@ if TYPE_CHECKING:
         asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
     )
 
-# Parse flags that deserve a `malformed` exception; ND/empty dates are documented absences.
-_BENIGN_FLAG_SUFFIXES = ("_nd", "_empty", "stat_unrecognized")
+# Where each of rules.RECORD_FIELDS sits in a row of Submission.normalised.
+_RECORD_POSITIONS = (1, 3, 5, 6, 7, 8, 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,47 +134,50 @@ class IngestResult:
     bisections: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class RecomputeResult:
+    """What `Store.recompute` did."""
+
+    examined: int
+    """Status rows computed again."""
+    changed: int
+    """Of those, rows whose status, reason, basis or counters changed (each audited)."""
+
+
 @dataclass(slots=True)
 class _Plan:
-    """The rows one batch writes, built in Python after the reads: its receptions' outcomes
-    a piece at a time while they are copied in, then the statuses, exceptions and counters."""
+    """What one batch writes besides the receptions, built as the planner decides each
+    delivery: the receptions' outcomes and event ids a piece at a time while they are copied
+    in, then the exceptions; the statuses and event counters are the planner's own."""
 
+    planner: Planner
     outcomes: list[Outcome] = field(default_factory=list)
     event_ids: list[int] = field(default_factory=list)
     exceptions: list[tuple[str, str, str, int | None, int | None]] = field(default_factory=list)
-    statuses: dict[str, MessageStatus] = field(default_factory=dict)
-    event_repeats: Counter[int] = field(default_factory=Counter)
-    event_conflicts: Counter[int] = field(default_factory=Counter)
-    event_last: dict[int, float] = field(default_factory=dict)
 
 
-def _status_from_row(row: asyncpg.Record) -> MessageStatus:
-    basis = EventFacts(
-        ref=row["supporting_event_id"],
-        status=Status(row["basis_status"]),
-        stat=row["basis_stat"],
-        err=row["basis_err"],
-        done_at=row["basis_done_at"],
-        fingerprint=row["basis_fingerprint"],
+def _state_from_row(row: asyncpg.Record) -> MessageState:
+    """The planner's state of a message from its status row (and, with no row, the counters of
+    its earlier events that the rules never applied)."""
+    if row["status"] is None:
+        return MessageState(None, row["orphan_repeats"], row["orphan_conflicts"])
+    basis = Basis(
+        row["supporting_event_id"],
+        row["supporting_reception_id"] or 0,
+        row["basis_level"],
+        Status(row["status"]),
+        row["basis_stat"],
+        row["basis_err"],
+        row["basis_done_at"],
     )
-    return MessageStatus(
-        status=Status(row["status"]),
-        is_final=row["is_final"],
-        reason=row["reason"],
-        basis=basis,
-        repeats=row["repeats"],
-        conflicts=row["conflicts"],
-        progress_events=row["progress_events"],
-        deadline_superseded=row["deadline_superseded"],
+    return MessageState(
+        basis,
+        row["repeats"],
+        row["conflicts"],
+        row["progress_events"],
+        row["deadline_superseded"],
+        frozenset(row["status_flags"]),
     )
-
-
-def _facts(event: LogicalEvent, ref: int) -> EventFacts:
-    return EventFacts(ref, event.status, event.stat, event.err, event.done_at, event.fingerprint)
-
-
-def _is_malformed(flags: tuple[str, ...]) -> bool:
-    return any(not flag.endswith(_BENIGN_FLAG_SUFFIXES) for flag in flags)
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -198,21 +217,53 @@ def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
     )
 
 
-def _status_json(statuses: Mapping[str, MessageStatus]) -> str:
-    return _json(
-        [
-            key,
-            s.status,  # StrEnum: JSON-encoded as its value
-            s.is_final,
-            s.reason,
-            s.basis.ref,
-            s.repeats,
-            s.conflicts,
-            s.progress_events,
-            s.deadline_superseded,
-        ]
-        for key, s in sorted(statuses.items())
-    )
+def _status_json(statuses: Mapping[str, MessageState]) -> str:
+    """The status rows of queries.upsert_statuses for the states that have a basis."""
+    rows = []
+    iso: dict[int, str] = {}  # by object: a batch's statuses mostly share parsed done dates
+    for key, s in sorted(statuses.items()):
+        basis = s.basis
+        if basis is None:
+            continue
+        at = basis.order_at
+        if at is None:
+            done = None
+        else:
+            done = iso.get(id(at))
+            if done is None:
+                done = iso[id(at)] = at.isoformat()
+        rows.append(
+            [
+                key,
+                basis.status,  # StrEnum: JSON-encoded as its value
+                is_final(s),
+                explain(s),
+                basis.event_id,
+                s.repeats,
+                s.conflicts,
+                s.progress_events,
+                s.deadline_superseded,
+                basis.reception_id,
+                basis.level,
+                basis.stat,
+                basis.err,
+                done,
+                " ".join(sorted(s.flags)) if s.flags else "",
+            ]
+        )
+    return _dumps(rows)
+
+
+def _planned_exceptions(
+    exceptions: Iterable[PlannedException],
+    message_id: str,
+    event_id: int,
+    position: int | None,
+) -> Iterator[tuple[str, str, str, int | None, int | None]]:
+    """The planner's exceptions of one delivery as rows (kind, message id, details, event id,
+    batch position or reception id)."""
+    for planned in exceptions:
+        yield planned.kind, message_id, json.dumps(planned.details), event_id, position
 
 
 async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
@@ -229,19 +280,17 @@ def _printable(value: str) -> str:
     return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\u0000")
 
 
-def _first_events(
-    events: list[LogicalEvent],
-) -> tuple[dict[tuple[str, int], int], list[LogicalEvent], str]:
-    """P14: the first delivery of each key in the batch, sorted by key, and their insert rows.
+def _first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
+    """P14: the first delivery of each key in the batch, in arrival order, and their insert rows.
 
-    Returns (position of each key's first delivery, those events, the JSON parameter of
-    queries.INSERT_EVENTS_READ_STATUSES).
+    Returns (those events, the JSON parameter of queries.INSERT_EVENTS_READ_STATUSES).
+    Arrival order, not key order: event ids then follow the order the batch's receipts arrived
+    in (the locks serialise the events of one id, so key order buys no deadlock safety here).
     """
     first_of_key: dict[tuple[str, int], int] = {}
     for position, event in enumerate(events):
         first_of_key.setdefault((event.message_id, event.level), position)
-    firsts = [events[p] for p in sorted(first_of_key.values())]
-    firsts.sort(key=lambda e: (e.message_id, e.level))
+    firsts = [events[p] for p in first_of_key.values()]
     done_at: dict[str | None, str | None] = {None: None}  # many receipts share a done date
     rows = []
     for e in firsts:
@@ -265,7 +314,51 @@ def _first_events(
                 int(e.received_at * 1_000_000),
             ]
         )
-    return first_of_key, firsts, _dumps(rows)
+    return firsts, _dumps(rows)
+
+
+def _replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:
+    """A stored reception as the planner's delivery, with its event id and its reception id
+    (late correlation, recompute)."""
+    stat = row["stat"]
+    err = row["err"]
+    done_raw = row["done_date_raw"]
+    # Receptions stored before migration 0008 have no fingerprint: derived from the stored
+    # values, which equal the raw ones unless a field had to be cut or NUL-escaped.
+    content = row["fingerprint"] or fingerprint(stat, err, done_raw)
+    delivery = Delivery(
+        row["message_id"],
+        row["correlation_id"],
+        row["level"],
+        STAT_TO_STATUS.get(stat, Status.UNRECOGNIZED),
+        stat,
+        err,
+        row["done_at"],
+        row["received_at"].timestamp(),
+        content,
+        tuple(row["flags"]),
+    )
+    return delivery, row["event_id"], row["id"]
+
+
+def _plan_piece(
+    plan: _Plan,
+    events: list[LogicalEvent],
+    positions: range,
+    event_ids: list[int],
+    reception_ids: list[int],
+) -> None:
+    """Ask the planner about the deliveries at `positions` (the next ones, in batch order) and
+    add their outcomes and exceptions to `plan` (exceptions joined to their reception by batch
+    position, 1-based)."""
+    decide = plan.planner.decide
+    for position in positions:
+        e = events[position]
+        event_id = event_ids[position]
+        outcome, exceptions = decide(e, event_id, reception_ids[position])
+        if exceptions:
+            plan.exceptions += _planned_exceptions(exceptions, e.message_id, event_id, position + 1)
+        plan.outcomes.append(outcome)
 
 
 class Store:
@@ -484,14 +577,18 @@ class Store:
             if await conn.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY, *arguments) is not None:
                 return
 
-    async def _correlate(self, conn: _Connection, login: str, ids: list[str]) -> set[str]:
-        """Lock the messages of `ids` (sorted) and return those that exist (P10-P12)."""
-        found = {r[0] for r in await conn.fetch(queries.LOCK_MESSAGES, login, ids)}
+    async def _correlate(
+        self, conn: _Connection, login: str, ids: list[str]
+    ) -> dict[str, datetime | None]:
+        """Lock the messages of `ids` (sorted); those that exist with their submission time."""
+        found = {r[0]: r[1] for r in await conn.fetch(queries.LOCK_MESSAGES, login, ids)}
         missing = [i for i in ids if i not in found]
         if missing:
             await conn.fetchval(queries.LOCK_CORRELATION_IDS, login, missing)
             # A new statement, so a message committed while we waited is seen now.
-            found.update(r[0] for r in await conn.fetch(queries.LOCK_MESSAGES, login, missing))
+            found.update(
+                (r[0], r[1]) for r in await conn.fetch(queries.LOCK_MESSAGES, login, missing)
+            )
         return found
 
     async def _ingest_once(
@@ -500,7 +597,7 @@ class Store:
         # P10: correlation and the message locks first (sorted), then held statuses. Meanwhile
         # the client prepares the events insert (it depends on the receipts alone).
         correlation_ids = sorted({e.correlation_id for e in events})
-        correlated, (first_of_key, firsts, events_json) = await _overlapped(
+        submitted, (firsts, events_json) = await _overlapped(
             self._correlate(conn, login, correlation_ids), lambda: _first_events(events)
         )
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
@@ -513,25 +610,23 @@ class Store:
                 PARSER_VERSION,
                 RULES_VERSION,
                 events_json,
-                sorted(correlated),
+                sorted(submitted),
                 -(-len(events) // queries.RECEPTION_ID_BLOCK),  # blocks: the ceiling
             ),
             lambda: copy_rows.encode_receipt_fields(login, events),
         )
         inserted: dict[tuple[str, int], int] = {}
-        held: dict[str, MessageStatus] = {}
-        pending: dict[str, list[int]] = {}
+        held: dict[str, MessageState] = {}
         id_blocks: list[int] = []
         for row in returned:
             if row["message_id"] is None:  # only the id block rows have none
                 id_blocks.append(row["id"])
             elif row["id"] is not None:
                 inserted[(row["message_id"], row["level"])] = row["id"]
-            elif row["status"] is not None:
-                held[row["message_id"]] = _status_from_row(row)
             else:
-                pending[row["message_id"]] = [row["orphan_repeats"], row["orphan_conflicts"]]
-        stored: dict[tuple[str, int], tuple[int, str]] = {}
+                held[row["message_id"]] = _state_from_row(row)
+        stored: dict[tuple[str, int], int] = {}
+        keys: dict[tuple[str, int], KeyContents] = {}
         if len(inserted) < len(firsts):
             existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
             for r in await conn.fetch(
@@ -540,26 +635,30 @@ class Store:
                 [e.message_id for e in existing],
                 [e.level for e in existing],
             ):
-                stored[(r[1], r[2])] = (r[0], r[3])
+                stored[(r[1], r[2])] = r[0]
+                keys[(r[1], r[2])] = KeyContents(Status(r[4]), (r[3], *r[5]))
 
         # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
-        # insert path: far less work and WAL than INSERT ... SELECT per row). The plan decides
-        # each delivery's outcome a piece of the batch at a time, and each piece's receptions
-        # go to the server as soon as they are complete: it inserts them while the client
-        # plans the next piece.
-        plan = _Plan(statuses=dict(held))
+        # insert path: far less work and WAL than INSERT ... SELECT per row). The planner
+        # decides each delivery's outcome a piece of the batch at a time, and each piece's
+        # receptions go to the server as soon as they are complete: it inserts them while the
+        # client plans the next piece.
+        plan = _Plan(Planner(self.options, keys, dict(held), submitted))
         reception_ids = list(_reception_ids(id_blocks, len(events)))
+        event_ids = [
+            inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
+        ]
 
         async def planned_receptions() -> AsyncIterator[bytes]:
             yield copy_rows.SIGNATURE
             for start in range(0, len(events), _COPY_PIECE):
                 piece = range(start, min(start + _COPY_PIECE, len(events)))
-                self._plan(plan, events, piece, first_of_key, inserted, stored, correlated, pending)
+                _plan_piece(plan, events, piece, event_ids, reception_ids)
                 yield copy_rows.complete(
                     receipt_fields[piece.start : piece.stop],
                     reception_ids[piece.start : piece.stop],
                     plan.outcomes[piece.start : piece.stop],
-                    plan.event_ids[piece.start : piece.stop],
+                    event_ids[piece.start : piece.stop],
                 )
             yield copy_rows.TRAILER
 
@@ -570,7 +669,9 @@ class Store:
             source=planned_receptions(),
             format="binary",
         )
-        changed = {k: v for k, v in plan.statuses.items() if held.get(k) is not v}
+        planner = plan.planner
+        changed = {k: v for k, v in planner.messages.items() if held.get(k) is not v}
+        counted = list(planner.event_last)
         await conn.execute(
             queries.WRITE_BATCH,
             login,
@@ -578,177 +679,24 @@ class Store:
             id_blocks,
             *_columns(plan.exceptions, 5),
             _status_json(changed),
-            list(plan.event_last),
-            [plan.event_repeats[i] for i in plan.event_last],
-            [plan.event_conflicts[i] for i in plan.event_last],
-            list(plan.event_last.values()),
+            counted,
+            [planner.event_accepted.get(i, 0) for i in counted],
+            [planner.event_conflicts.get(i, 0) for i in counted],
+            [planner.event_last[i] for i in counted],
+            [" ".join(planner.key_updates.get(i, ())) for i in counted],
         )
         return plan.outcomes
-
-    def _plan(
-        self,
-        plan: _Plan,
-        events: list[LogicalEvent],
-        positions: range,
-        first_of_key: dict[tuple[str, int], int],
-        inserted: dict[tuple[str, int], int],
-        stored: dict[tuple[str, int], tuple[int, str]],
-        correlated: set[str],
-        pending: dict[str, list[int]],
-    ) -> None:
-        """Add to `plan` the outcome of the deliveries at `positions` (the next ones, in batch
-        order), new statuses, exceptions and event counters (P14-P19)."""
-        options = self.options
-        for position in positions:
-            event = events[position]
-            key = (event.message_id, event.level)
-            cid = event.correlation_id
-            new_id = inserted.get(key)
-            if new_id is not None and first_of_key[key] == position:
-                event_id = new_id
-                outcome = self._apply_new(plan, event, event_id, position, cid in correlated)
-                if cid in correlated and outcome is not Outcome.UNRECOGNIZED:
-                    previous = plan.statuses.get(cid)
-                    status, outcome = apply(previous, _facts(event, event_id), options)
-                    if status is not None:
-                        if previous is None:
-                            carried = pending.pop(cid, [0, 0])
-                            status = count(status, repeats=carried[0], conflicts=carried[1])
-                        plan.statuses[cid] = status
-                    self._open_rule_exception(plan, event, event_id, position, outcome, previous)
-            else:
-                if new_id is not None:
-                    event_id, stored_fp = new_id, events[first_of_key[key]].fingerprint
-                else:
-                    event_id, stored_fp = stored[key]
-                repeat = stored_fp == event.fingerprint
-                outcome = Outcome.REPEAT if repeat else Outcome.CONFLICT
-                if repeat:
-                    plan.event_repeats[event_id] += 1
-                else:
-                    plan.event_conflicts[event_id] += 1
-                    plan.exceptions.append(
-                        (
-                            "conflict",
-                            event.message_id,
-                            json.dumps(
-                                {
-                                    "cause": "same_key_other_content",
-                                    "rule": "P14",
-                                    "level": event.level,
-                                    "stored_event_id": event_id,
-                                    "stored_fingerprint": stored_fp,
-                                    "fingerprint": event.fingerprint,
-                                    "stat": event.stat,
-                                    "err": event.err,
-                                    "done_date": event.done_date_raw,
-                                }
-                            ),
-                            event_id,
-                            position + 1,
-                        )
-                    )
-                if cid in correlated:
-                    current = plan.statuses.get(cid)
-                    if current is None:
-                        counts = pending.setdefault(cid, [0, 0])
-                        counts[0 if repeat else 1] += 1
-                    else:
-                        plan.statuses[cid] = count(
-                            current, repeats=int(repeat), conflicts=int(not repeat)
-                        )
-                plan.event_last[event_id] = max(
-                    plan.event_last.get(event_id, 0.0), event.received_at
-                )
-            if event.flags and outcome is not Outcome.REPEAT and _is_malformed(event.flags):
-                plan.exceptions.append(
-                    (
-                        "malformed",
-                        event.message_id,
-                        json.dumps({"flags": list(event.flags), "rule": "C4"}),
-                        event_id,
-                        position + 1,
-                    )
-                )
-            plan.outcomes.append(outcome)
-            plan.event_ids.append(event_id)
-
-    @staticmethod
-    def _apply_new(
-        plan: _Plan, event: LogicalEvent, event_id: int, position: int, correlated: bool
-    ) -> Outcome:
-        """Outcome of a new logical event before the rules: uncorrelated/unrecognized waits."""
-        if not correlated:
-            # P12/C5: no message with this id; never guessed from destination or text.
-            plan.exceptions.append(
-                (
-                    "uncorrelated",
-                    event.message_id,
-                    json.dumps(
-                        {
-                            "rule": "P12",
-                            "correlation_id": event.correlation_id,
-                            "level": event.level,
-                            "stat": event.stat,
-                        }
-                    ),
-                    event_id,
-                    position + 1,
-                )
-            )
-            return Outcome.UNCORRELATED
-        if event.status is Status.UNRECOGNIZED:
-            plan.exceptions.append(
-                (
-                    "unrecognized",
-                    event.message_id,
-                    json.dumps({"rule": "P17", "stat": event.stat, "level": event.level}),
-                    event_id,
-                    position + 1,
-                )
-            )
-            return Outcome.UNRECOGNIZED
-        return Outcome.APPLIED
-
-    @staticmethod
-    def _open_rule_exception(
-        plan: _Plan,
-        event: LogicalEvent,
-        event_id: int,
-        position: int | None,
-        outcome: Outcome,
-        previous: MessageStatus | None,
-    ) -> None:
-        if outcome is Outcome.CONFLICT and previous is not None:
-            # P18/C3: the first final applied stays; the later incompatible one is kept here.
-            plan.exceptions.append(
-                (
-                    "conflict",
-                    event.message_id,
-                    json.dumps(
-                        {
-                            "cause": "incompatible_final",
-                            "rule": "P18",
-                            "held_status": previous.status.value,
-                            "held_event_id": previous.basis.ref,
-                            "incoming_status": event.status.value,
-                            "incoming_stat": event.stat,
-                        }
-                    ),
-                    event_id,
-                    None if position is None else position + 1,
-                )
-            )
 
     # ---------------------------------------------------------------- submissions
 
     async def record_submissions(self, submissions: Sequence[Submission]) -> SubmissionResult:
         """Record sent messages (P5) and correlate the receipts that were waiting for them.
 
-        Idempotent: a message id already recorded for its login is left unchanged. Chunks of 500
-        commit one by one; BadDataError when the database refuses a value. Events that
-        arrived first (open `uncorrelated` exceptions) are applied by the same rules, in the
-        order they were first received, and their exceptions resolved with the reason.
+        Idempotent: a message id already recorded for its login is left unchanged; a different
+        record of it is kept in a `second_record` exception (P12). Chunks of 500 commit one by
+        one; BadDataError when the database refuses a value. Deliveries that arrived first are
+        replayed through the same planner in their arrival order, and the `uncorrelated`
+        exceptions of their events resolved with the reason.
         """
         by_login: dict[str, list[Submission]] = {}
         for submission in submissions:
@@ -778,87 +726,180 @@ class Store:
         self, conn: _Connection, login: str, chunk: list[Submission]
     ) -> tuple[int, int]:
         rows = [s.normalised(self.options) for s in chunk]
-        new_ids = sorted(
-            r[0]
-            for r in await conn.fetch(
-                queries.INSERT_MESSAGES,
-                login,
-                *[[row[i] for row in rows] for i in range(10)],
-            )
-        )
+        ids = sorted({row[0] for row in rows})
+        # The same advisory locks as ingest takes for ids it cannot correlate: whichever of us
+        # comes second sees what the first committed (late correlation is never missed), and
+        # two recorders of one id see each other's record.
+        await conn.fetchval(queries.LOCK_CORRELATION_IDS, login, ids)
+        first_rows: dict[str, tuple[Any, ...]] = {}
+        for row in rows:
+            first_rows.setdefault(row[0], row)
+        firsts = list(first_rows.values())
+        inserted: dict[str, datetime | None] = {
+            r[0]: r[1]
+            for r in await conn.fetch(queries.INSERT_MESSAGES, login, *_columns(firsts, 10))
+        }
+        # P12: every record that was not inserted is compared with the one recorded.
+        others = [row for row in rows if row[0] not in inserted or first_rows[row[0]] is not row]
+        if others:
+            await self._keep_second_records(conn, login, others)
+        new_ids = sorted(inserted)
         if not new_ids:
             return 0, 0
-        # The same advisory locks as ingest takes for ids it cannot correlate: whichever of us
-        # comes second sees what the first committed.
-        await conn.fetchval(queries.LOCK_CORRELATION_IDS, login, new_ids)
-        waiting = await conn.fetch(queries.WAITING_EVENTS, login, new_ids)
+        waiting = await conn.fetch(queries.WAITING_RECEPTIONS, login, new_ids)
         if not waiting:
             return len(new_ids), 0
-        plan = _Plan()
-        resolved_ids: list[int] = []
-        resolutions: list[str] = []
-        counters: dict[str, list[int]] = {}
-        for row in waiting:
-            cid = row["correlation_id"]
-            event_id = row["id"]
-            totals = counters.setdefault(cid, [0, 0])
-            totals[0] += row["times_received"] - 1
-            totals[1] += row["conflicting_receptions"]
-            facts = EventFacts(
+        # Late correlation: every delivery that arrived before the message was recorded,
+        # replayed through the planner in its recorded arrival order (P19), from no state.
+        planner = Planner(self.options, {}, dict.fromkeys(new_ids, EMPTY_STATE), inserted)
+        resolutions: dict[int, str] = {}
+        exceptions: list[tuple[str, str, str, int | None, int | None]] = []
+        for reception in waiting:
+            delivery, event_id, reception_id = _replayed(reception)
+            outcome, planned = planner.decide(delivery, event_id, reception_id)
+            resolutions.setdefault(
                 event_id,
-                Status(row["status"]),
-                row["stat"],
-                row["err"],
-                row["done_at"],
-                row["fingerprint"],
+                f"correlated late: message {delivery.correlation_id} recorded; "
+                f"rules outcome {outcome.value}",
             )
-            previous = plan.statuses.get(cid)
-            status, outcome = apply(previous, facts, self.options)
-            if status is not None:
-                plan.statuses[cid] = status
-            if outcome is Outcome.UNRECOGNIZED:
-                plan.exceptions.append(
-                    (
-                        "unrecognized",
-                        row["message_id"],
-                        json.dumps({"rule": "P17", "stat": row["stat"], "level": row["level"]}),
-                        event_id,
-                        None,
-                    )
-                )
-            elif outcome is Outcome.CONFLICT and previous is not None:
-                plan.exceptions.append(
-                    (
-                        "conflict",
-                        row["message_id"],
-                        json.dumps(
-                            {
-                                "cause": "incompatible_final",
-                                "rule": "P18",
-                                "held_status": previous.status.value,
-                                "held_event_id": previous.basis.ref,
-                                "incoming_status": row["status"],
-                                "incoming_stat": row["stat"],
-                            }
-                        ),
-                        event_id,
-                        None,
-                    )
-                )
-            resolved_ids.append(event_id)
-            resolutions.append(
-                f"correlated late: message {cid} recorded; rules outcome {outcome.value}"
+            # Only the message layer's items: the others were opened when it was stored.
+            exceptions += _planned_exceptions(
+                (p for p in planned if p.message_level),
+                delivery.message_id,
+                event_id,
+                reception_id,
             )
-        for cid, status in list(plan.statuses.items()):
-            totals = counters[cid]
-            plan.statuses[cid] = count(status, repeats=totals[0], conflicts=totals[1])
         await conn.fetchval(
             queries.WRITE_LATE_CORRELATION,
             login,
             RULES_VERSION,
-            _status_json(plan.statuses),
-            resolved_ids,
-            resolutions,
-            *_columns(plan.exceptions, 4),
+            _status_json(planner.messages),
+            list(resolutions),
+            list(resolutions.values()),
+            *_columns(exceptions, 5),
         )
-        return len(new_ids), len(waiting)
+        return len(new_ids), len(resolutions)
+
+    async def _keep_second_records(
+        self, conn: _Connection, login: str, others: list[tuple[Any, ...]]
+    ) -> None:
+        """P12: a record of an already recorded message id that differs from it is kept as
+        evidence in a `second_record` exception (once per distinct record); an identical one
+        changes nothing."""
+        recorded = {
+            r["message_id"]: r
+            for r in await conn.fetch(
+                queries.RECORDED_MESSAGES, login, sorted({row[0] for row in others})
+            )
+        }
+        found: dict[str, tuple[str, str]] = {}
+        for row in others:
+            second = {
+                name: row[i] for name, i in zip(RECORD_FIELDS, _RECORD_POSITIONS, strict=True)
+            }
+            differs = record_differences(dict(recorded[row[0]]), second)
+            if not differs:
+                continue
+            evidence = {
+                name: value.isoformat() if isinstance(value, datetime) else value
+                for name, value in second.items()
+            }
+            details = json.dumps(
+                {
+                    "rule": "P12",
+                    "cause": "second_record",
+                    "differs_in": differs,
+                    "recorded_internal_id": recorded[row[0]]["internal_id"],
+                    "second_record": evidence,
+                },
+                ensure_ascii=False,
+            )
+            key = hashlib.sha256(
+                json.dumps([row[0], evidence], sort_keys=True).encode("utf-8")
+            ).hexdigest()
+            found.setdefault(key, (row[0], details))
+        if found:
+            await conn.execute(
+                queries.OPEN_SECOND_RECORDS,
+                login,
+                [v[0] for v in found.values()],
+                [v[1] for v in found.values()],
+                list(found),
+            )
+
+    # ---------------------------------------------------------------- recompute
+
+    async def recompute(self, *, every: bool = False, chunk: int = 200) -> RecomputeResult:
+        """Compute stored statuses again under the current rules (RULES_VERSION), from every
+        delivery of each message replayed in its recorded arrival order through the planner.
+
+        Rows of another rules version are the stale ones (P8); `every` takes all rows. Each
+        change is written to `dlr.status_recomputations` with its before, after and why; a row
+        with no applicable receipt under the current rules is removed (and audited). Chunks of
+        `chunk` messages commit one by one, each under the same message locks as the ingest,
+        so it runs safely beside a live daemon; running it again finds nothing stale.
+        """
+        examined = changed = 0
+        after = ("", "")
+        try:
+            async with self._pool.acquire() as conn:
+                while True:
+                    keys = await conn.fetch(
+                        queries.STALE_STATUSES, *after, chunk, every, RULES_VERSION
+                    )
+                    if not keys:
+                        break
+                    after = (keys[-1]["login"], keys[-1]["message_id"])
+                    by_login: dict[str, list[str]] = {}
+                    for key in keys:
+                        by_login.setdefault(key["login"], []).append(key["message_id"])
+                    for login, message_ids in by_login.items():
+                        async with conn.transaction():
+                            changed += await self._recompute_chunk(conn, login, message_ids)
+                        examined += len(message_ids)
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+        return RecomputeResult(examined=examined, changed=changed)
+
+    async def _recompute_chunk(self, conn: _Connection, login: str, message_ids: list[str]) -> int:
+        submitted = await self._correlate(conn, login, sorted(message_ids))
+        before = {
+            r["message_id"]: r for r in await conn.fetch(queries.LOCK_STATUSES, login, message_ids)
+        }
+        planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
+        for reception in await conn.fetch(queries.WAITING_RECEPTIONS, login, sorted(submitted)):
+            planner.decide(*_replayed(reception))
+        audit: list[list[Any]] = []
+        gone: list[str] = []
+        for message_id, old in sorted(before.items()):
+            state = planner.messages.get(message_id, EMPTY_STATE)
+            why = status_change(dict(old), state)
+            if state.basis is None:
+                gone.append(message_id)
+            if why is None:
+                continue
+            basis = state.basis
+            audit.append(
+                [
+                    message_id,
+                    old["status"],
+                    old["is_final"],
+                    old["reason"],
+                    old["supporting_event_id"],
+                    old["rules_version"],
+                    None if basis is None else basis.status,
+                    None if basis is None else is_final(state),
+                    None if basis is None else explain(state),
+                    None if basis is None else basis.event_id,
+                    f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
+                ]
+            )
+        await conn.execute(
+            queries.WRITE_RECOMPUTE,
+            login,
+            RULES_VERSION,
+            _status_json({m: s for m, s in planner.messages.items() if m in before}),
+            gone,
+            _dumps(audit),
+        )
+        return len(audit)

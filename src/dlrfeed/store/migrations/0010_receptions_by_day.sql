@@ -134,6 +134,11 @@ DO $grants$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_writer') THEN
         GRANT INSERT ON dlr.receptions TO dlrfeed_writer;
+        -- As 0008 granted on the table this one replaces: late correlation replays the
+        -- deliveries (P19), never reading the payload.
+        GRANT SELECT (id, login, message_id, level, stat, err, done_date_raw, done_at,
+                      received_at, fingerprint, flags, event_id)
+              ON dlr.receptions TO dlrfeed_writer;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN
         GRANT SELECT ON dlr.receptions, dlr.receptions_readable, dlr.day_partitions
