@@ -28,9 +28,6 @@ CITATION = re.compile(rf"(?<![A-Za-z0-9_]){_ID}(?![A-Za-z0-9_])")
 HEADING = re.compile(rf'^#{{2,6}}\s+<a id="([a-z0-9]+)"></a>({_ID})\b')
 TABLE_ROW = re.compile(rf'^\|\s*<a id="([a-z0-9]+)"></a>({_ID})\s*\|')
 TRACKER_REFERENCE = re.compile(r"\bissues?\s*#?\s*\d+", re.IGNORECASE)
-# Temporary: these files are being rewritten on another branch, which removes their tracker
-# references; this list goes once that branch is merged, and must not grow.
-TRACKER_REFERENCES_BEING_REWRITTEN = frozenset({"docs/rules.md"})
 
 
 def defined_ids() -> Counter[str]:
@@ -85,8 +82,6 @@ def test_no_file_cites_a_tracker_number() -> None:
     found: dict[str, list[str]] = {}
     for path in citing_files(CITING_TREES + PROSE_TREES):
         name = str(path.relative_to(ROOT))
-        if name in TRACKER_REFERENCES_BEING_REWRITTEN:
-            continue
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:

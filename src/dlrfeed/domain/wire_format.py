@@ -49,7 +49,7 @@ def _walk(
     """Read fields from `pos` to the end (or to the end of `group`); `found` None skips them.
     Unknown groups are skipped whole, as protobuf does, so both agree on what follows; nesting
     deeper than protobuf's own limit is damage (bytes of start-group tags must not recurse
-    without bound - found by the fuzzer)."""
+    without bound, C8)."""
     if depth > _MAX_GROUP_DEPTH:
         raise WireDamageError
     while pos < len(data):
