@@ -45,7 +45,7 @@ from fakegw.traffic import Scenario, TrafficMix, scenario  # noqa: E402
 from gateway.receipts.v1 import feed_pb2  # noqa: E402
 from invariants import check, read_ledger, wait_for_drain  # noqa: E402
 from logged_ports import logged_receiver_port  # noqa: E402
-from pgcluster import PgCluster, ReplicatedPair, free_port  # noqa: E402
+from pgcluster import PgCluster, ReplicatedPair, free_port, scratch_directory  # noqa: E402
 from webhook_receiver import delivery_problems, read_log  # noqa: E402
 
 TEMPLATE = "chaos_template"
@@ -420,7 +420,7 @@ async def failover(rig: Rig, *, synchronous: bool) -> str:
     daemon on a multi-host URL (target_session_attrs=read-write), kill -9 of the primary
     mid-drain, promotion of the standby while the traffic goes on."""
     receipts = 20_000 if rig.full else 4_000
-    pair = ReplicatedPair(rig.workdir / "replicated", synchronous=synchronous)
+    pair = ReplicatedPair(scratch_directory("replicated"), synchronous=synchronous)
     rig.teardown.append(pair.destroy)
     await pair.start()
     await migrate(pair.primary.dsn)  # the database `postgres` of the pair

@@ -74,15 +74,23 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
             )
         backend = await store._pool.fetchval("SELECT pg_backend_pid()")
         # The drain: BACKLOG events whose messages are not recorded yet (ids like a gateway's,
-        # random-looking), inserted set-based as the ingest would have left them.
+        # random-looking), each with the delivery that late correlation replays, inserted
+        # set-based as the ingest would have left them.
         await db.execute(
             """
-            INSERT INTO dlr.events (login, message_id, correlation_id, level, stat, status,
-                fingerprint, parser_version, rules_version, first_received_at,
-                last_received_at)
-            SELECT $1, md5(g::text), md5(g::text), 1 + g % 2, 'DELIVRD', 'DELIVERED',
-                   md5(g::text || 'f'), 'p', 'r', now(), now()
-            FROM generate_series(1, $2::int) AS g
+            WITH e AS (
+                INSERT INTO dlr.events (login, message_id, correlation_id, level, stat, status,
+                    fingerprint, parser_version, rules_version, first_received_at,
+                    last_received_at)
+                SELECT $1, md5(g::text), md5(g::text), 1 + g % 2, 'DELIVRD', 'DELIVERED',
+                       md5(g::text || 'f'), 'p', 'r', now(), now()
+                FROM generate_series(1, $2::int) AS g
+                RETURNING id, login, message_id, level, stat, fingerprint, first_received_at)
+            INSERT INTO dlr.receptions (login, message_id, level, delivery_count, received_at,
+                payload, event_id, outcome, stat, parser_version, fingerprint)
+            SELECT login, message_id, level, 1, first_received_at, ''::bytea, id,
+                   'uncorrelated', stat, 'p', fingerprint
+            FROM e
             """,
             LOGIN,
             BACKLOG,
