@@ -2,7 +2,7 @@
 
 Every option of every sub-command can also come from the environment (`DLRFEED_<OPTION>`, upper
 case, `-` → `_`) or from a TOML file given with `--config`; a flag wins over the environment,
-the environment over the file, the file over the built-in default (CONTRACT §3).
+the environment over the file, the file over the built-in default (docs/spec/interfaces.md §3).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ act on their own login. Methods:
 Malformed requests answer INVALID_ARGUMENT with the reason.
 
 Authentication: the login's Basic credentials, exactly as on the feed. For command-line
-convenience (CONTRACT section 2: `fakegw inject --login NAME` takes no password) a caller on
-the loopback interface may instead name a configured login in metadata `fakegw-login`. The feed
-itself never accepts that header.
+convenience (docs/spec/interfaces.md §2: `fakegw inject --login NAME` takes no password) a
+caller on the loopback interface may instead name a configured login in metadata
+`fakegw-login`. The feed itself never accepts that header.
 """
 
 from __future__ import annotations

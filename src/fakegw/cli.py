@@ -1,4 +1,4 @@
-"""`fakegw`: serve the fake gateway, and feed or inspect a running one (CONTRACT section 2)."""
+"""`fakegw`: serve the fake gateway, and feed or inspect one (docs/spec/interfaces.md §2)."""
 
 from __future__ import annotations
 

@@ -301,7 +301,7 @@ class FakeGateway:
 
     # -- inspection and housekeeping ------------------------------------------------------
     def stats(self, login: str) -> dict[str, int]:
-        """CONTRACT section 2 counters (`queued`, `in_flight`, `acked`, `redelivered`,
+        """docs/spec/interfaces.md §2 counters (`queued`, `in_flight`, `acked`, `redelivered`,
         `dropped_at_cap`) and more, for one login."""
         activity = self._activities[login]
         queued, in_flight = self._started_backend.sizes(login)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from gateway.receipts.v1 import feed_pb2
 
-# Receipt fields 1-13 (CONTRACT section 1): the webhook body, in field-number order.
+# Receipt fields 1-13 (docs/spec/interfaces.md §1): the webhook body, in field-number order.
 RECEIPT_FIELDS: tuple[str, ...] = (
     "id",
     "level",

@@ -1,4 +1,4 @@
-"""fakegw as a process: durability across kill -9 (F1, F5, F9) and the CLI of CONTRACT section 2."""
+"""fakegw as a process: durability across kill -9 (F1, F5, F9) and the CLI of interfaces §2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The operator commands (CONTRACT §3) against a real store: human tables and stable JSON."""
+"""The operator commands (interfaces §3) against a real store: human tables and stable JSON."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`dlrfeed migrate` and `dlrfeed record-submissions` through the real CLI (CONTRACT §3)."""
+"""`dlrfeed migrate` and `dlrfeed record-submissions` through the real CLI (interfaces §3)."""
 
 from __future__ import annotations
 

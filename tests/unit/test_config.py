@@ -1,4 +1,4 @@
-"""CONTRACT §3: flag > env (DLRFEED_*) > TOML file (--config) > default, with one-line errors."""
+"""interfaces §3: flag > env (DLRFEED_*) > TOML file (--config) > default, with one-line errors."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """Every rule id the repository cites resolves in its own catalogue, docs/spec/, and nothing
-cites a tracker instead.
+cites a tracker instead or a document outside the repository.
 
 Code, tests and documents cite rules by id (`F7`, `FD3`, `P14`, `C8`); a reader with only a
 clone must be able to look each one up. An id is defined where docs/spec/ gives it a heading
 (`### <a id="f7"></a>F7 — ...`) or a table row (`| <a id="c8"></a>C8 | ... |`). A tracker's
 number (the word issue and a number, with or without `#`) resolves nowhere in a clone: say
-why, or cite the rule.
+why, or cite the rule. The project's public surfaces are cited by section of
+docs/spec/interfaces.md (`docs/spec/interfaces.md §3`), never of a contract kept elsewhere.
 """
 
 from __future__ import annotations
@@ -122,3 +123,33 @@ def test_the_citation_pattern_sees_ids_and_only_ids() -> None:
     text = f"# {undefined}: see FD2, P14 and C8 (F1-F16); not UTF8, SHA256 or F7a"
     assert citations(text) == {undefined, "FD2", "P14", "C8", "F1", "F16"}
     assert undefined not in defined_ids()
+
+
+# Built at run time, so this file itself does not hold the phrases it looks for.
+_OUTSIDE_DOCUMENT = "CONTRACT"
+OUTSIDE_CITATIONS = (f"{_OUTSIDE_DOCUMENT} §", f"{_OUTSIDE_DOCUMENT}.md")
+
+
+def outside_citations(text: str) -> list[str]:
+    """The citations of the contract document that lives outside the repository."""
+    return [phrase for phrase in OUTSIDE_CITATIONS if phrase in text]
+
+
+def test_no_file_cites_the_contract_outside_the_repository() -> None:
+    # The public surfaces are described in docs/spec/interfaces.md, with the same section
+    # numbers: cite `docs/spec/interfaces.md §3` (or `interfaces §3`), which a clone resolves.
+    found: dict[str, list[str]] = {}
+    for path in citing_files(CITING_TREES + PROSE_TREES):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # not a text file
+        if phrases := outside_citations(text):
+            found[str(path.relative_to(ROOT))] = phrases
+    assert not found, f"cite docs/spec/interfaces.md instead: {found}"
+
+
+def test_the_interfaces_sections_have_anchors() -> None:
+    text = (CATALOGUE / "interfaces.md").read_text(encoding="utf-8")
+    anchors = re.findall(r'^## <a id="(s[0-9a-z]+)"></a>§', text, re.MULTILINE)
+    assert anchors == ["s1", "s2", "s3", "s4", "s4b", "s5"]

@@ -174,7 +174,7 @@ def test_daemon_unit_is_notify_with_watchdog_and_bounded_restarts(unit_name: str
 
 @pytest.mark.parametrize("unit_name", DAEMON_UNITS)
 def test_fatal_exit_codes_do_not_restart(unit_name: str) -> None:
-    """CONTRACT §3: a fatal exit (bad config, stale schema, refused login) is not restarted."""
+    """interfaces §3: a fatal exit (bad config, stale schema, refused login) is not restarted."""
     unit = _unit(unit_name)
     prevented = {int(code) for code in _only(unit, "Service", "RestartPreventExitStatus").split()}
     fatal_codes = {
@@ -235,7 +235,7 @@ def _example_keys(name: str) -> set[str]:
     ],
 )
 def test_example_env_files_name_real_options(command: str, files: list[str]) -> None:
-    """CONTRACT §3: each DLRFEED_* in the examples (and the units) is an option of the command."""
+    """interfaces §3: each DLRFEED_* in the examples (and the units) is a command option."""
     _, subparsers = build_parser()
     known = {env_name(action.dest) for action in settable_actions(subparsers[command])}
     shown: set[str] = set()

@@ -1,4 +1,8 @@
-"""Record sent messages (JSON lines) so their receipts can be correlated (CONTRACT §3)."""
+"""Record sent messages (JSON lines) so their receipts can be correlated.
+
+The sending application's side of the command line (docs/spec/interfaces.md §3): its first
+docstring line is the command's help and its entry in docs/configuration.md.
+"""
 
 from __future__ import annotations
 

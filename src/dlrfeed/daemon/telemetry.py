@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("dlrfeed.daemon")
 
-# Outcomes that open an item in the investigation queue (CONTRACT §4 `dlr.exceptions` kinds).
+# Outcomes that open an investigation-queue item (docs/spec/interfaces.md §4, exception kinds).
 EXCEPTION_OUTCOMES = (
     Outcome.CONFLICT,
     Outcome.UNCORRELATED,

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
-    """P17 normalised layer: an internal category of the raw `stat` (CONTRACT §4)."""
+    """P17 normalised layer: an internal category of the raw `stat` (docs/spec/interfaces.md §4)."""
 
     ACCEPTED = "ACCEPTED"
     ENROUTE = "ENROUTE"
@@ -45,7 +45,7 @@ class Outcome(StrEnum):
     """C8: the database refused the receipt; its raw bytes are in the exceptions queue."""
 
 
-# P16 / CONTRACT §4: the documented mapping of raw `stat` to the normalised status.
+# P16 / docs/spec/interfaces.md §4: the documented mapping of raw `stat` to the normalised status.
 STAT_TO_STATUS: dict[str, Status] = {
     "ACCEPTD": Status.ACCEPTED,
     "ENROUTE": Status.ENROUTE,

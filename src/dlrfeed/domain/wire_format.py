@@ -11,7 +11,7 @@ import hashlib
 from typing import NamedTuple
 
 ACK_TOKEN_FIELD, DELIVERY_COUNT_FIELD = 100, 101
-"""Receipt's two delivery fields (CONTRACT §1): they change at every delivery of a receipt."""
+"""A Receipt's two delivery fields (docs/spec/interfaces.md §1): new at every delivery."""
 
 _UINT64 = 0xFFFFFFFFFFFFFFFF
 _MAX_GROUP_DEPTH = 100  # protobuf's default recursion limit

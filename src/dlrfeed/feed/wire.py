@@ -18,7 +18,7 @@ from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.wire_format import ACK_TOKEN_FIELD, DELIVERY_COUNT_FIELD, top_level_fields
 from gateway.receipts.v1 import feed_pb2
 
-# Receipt field numbers (CONTRACT §1) of the string fields, by domain attribute name.
+# Receipt field numbers (docs/spec/interfaces.md §1) of the string fields, by domain attribute name.
 _TEXT_FIELDS = {
     1: "message_id",
     3: "stat",

@@ -1,4 +1,4 @@
--- The receipt store (CONTRACT §4, P5–P8). Applied by `dlrfeed migrate` inside one transaction.
+-- The receipt store (interfaces §4, P5–P8). Applied by `dlrfeed migrate` inside one transaction.
 -- Five tables: what was sent (messages), every delivery as evidence (receptions, append-only),
 -- one row per logical event (events), the computed summary (message_status) and the
 -- investigation queue (exceptions).

@@ -9,7 +9,7 @@
 -- however many NULs it holds, and tags and lengths longer than 5 bytes are refused. What
 -- protobuf reads is shown as before.
 
--- The receipt in `payload` (a serialized gateway.receipts.v1.Receipt, CONTRACT §1) as JSON,
+-- The receipt in `payload` (a serialized gateway.receipts.v1.Receipt, interfaces §1) as JSON,
 -- read as protobuf reads it: its fields by their proto names, absent optional fields absent,
 -- `message_id` under `id`, the last occurrence of a field winning, numbers cut to uint32,
 -- unknown fields, groups and fields of an unexpected wire type skipped. `ack_token` is left
