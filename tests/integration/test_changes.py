@@ -9,13 +9,10 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -33,7 +30,8 @@ from dlrfeed.store.changes import (
     save_cursor,
 )
 from gateway.receipts.v1 import feed_pb2
-from pgcluster import PgCluster, free_port
+from pgbouncer import PgBouncer
+from pgcluster import PgCluster, free_port, scratch_directory
 
 LOGIN = "acme"
 
@@ -476,42 +474,13 @@ async def test_changes_on_a_database_never_migrated_is_one_line_exit_78(
 @pytest.fixture
 def transaction_pooler(pg_cluster: PgCluster, database_url: str) -> Iterator[str]:
     """PgBouncer in transaction mode in front of the test database; yields its DSN."""
-    pgbouncer = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not Path(pgbouncer).exists():
-        pytest.fail("pgbouncer not found: install Debian's `pgbouncer` package")
-    workdir = Path(tempfile.mkdtemp(prefix="dlrfeed-pgbouncer-"))
-    workdir.chmod(0o755)  # pgbouncer runs as the postgres user
-    port = free_port()
-    database = database_url.rsplit("/", 1)[1]
-    (workdir / "users.txt").write_text('"postgres" ""\n')
-    (workdir / "pgbouncer.ini").write_text(
-        f"[databases]\n{database} = host=127.0.0.1 port={pg_cluster.port} dbname={database}\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
-        f"auth_file = {workdir}/users.txt\npool_mode = transaction\nunix_socket_dir =\n"
-        "default_pool_size = 2\nignore_startup_parameters = extra_float_digits\n"
-    )
-    for path in workdir.iterdir():
-        path.chmod(0o644)
-    with (workdir / "pgbouncer.err").open("wb") as errors:
-        process = subprocess.Popen(
-            [pgbouncer, "-u", "postgres", str(workdir / "pgbouncer.ini")],
-            stdout=subprocess.DEVNULL,
-            stderr=errors,
-        )
+    pooler = PgBouncer(scratch_directory("pgbouncer"), free_port(), pg_cluster.port, pool_size=2)
+    pooler.start()
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert process.poll() is None, (workdir / "pgbouncer.err").read_text()
-            assert time.monotonic() < deadline, "pgbouncer did not listen"
-            time.sleep(0.05)
-        yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
+        yield pooler.dsn_for(database_url.rsplit("/", 1)[1])
     finally:
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
+        pooler.stop()
+        shutil.rmtree(pooler.root, ignore_errors=True)
 
 
 async def test_follower_through_a_transaction_pooler_polls_and_says_so_once(
