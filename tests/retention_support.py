@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
-from gateway.receipts.v1 import feed_pb2
+from dlrfeed.domain.receipt import Receipt
+from rule_receipts import feed_receipt
 
 
 def receipt(message_id: str, received_at: float, *, delivery_count: int = 1) -> Receipt:
     """A final receipt with its real serialized proto, received at `received_at`."""
-    wire = feed_pb2.Receipt(id=message_id, level=2, stat="DELIVRD", ack_token=f"t-{message_id}")
-    wire.err = "000"
-    wire.delivery_count = delivery_count
-    return Receipt(
-        message_id=MessageId(message_id),
-        level=2,
-        stat="DELIVRD",
-        err="000",
-        sub=None,
-        dlvrd=None,
-        submit_date=None,
-        done_date=None,
-        text=None,
-        source_addr=None,
-        destination_addr=None,
-        smsc_message_id=None,
-        connector=None,
-        delivery_count=delivery_count,
-        ack_token=AckToken(wire.ack_token),
-        raw=wire.SerializeToString(),
+    return feed_receipt(
+        message_id,
+        2,
+        "DELIVRD",
+        ack_token=f"t-{message_id}",
         received_at=received_at,
+        delivery_count=delivery_count,
     )

@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 import structlog
 
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import (
     FollowTiming,
@@ -29,9 +29,9 @@ from dlrfeed.store.changes import (
     read_changes,
     save_cursor,
 )
-from gateway.receipts.v1 import feed_pb2
 from pgbouncer import PgBouncer
 from pgcluster import PgCluster, free_port, scratch_directory
+from rule_receipts import feed_receipt
 
 LOGIN = "acme"
 
@@ -40,28 +40,14 @@ def receipt(
     message_id: str, level: int = 2, stat: str = "DELIVRD", done_date: str | None = "2611291200"
 ) -> Receipt:
     """A receipt as the feed adapter builds it, the serialized proto as `raw`."""
-    wire = feed_pb2.Receipt(id=message_id, level=level, stat=stat, err="000", delivery_count=1)
-    if done_date is not None:
-        wire.done_date = done_date
-    wire.ack_token = f"tok-{message_id}-{level}"
-    return Receipt(
-        message_id=MessageId(message_id),
-        level=level,
-        stat=stat,
-        err="000",
-        sub=None,
-        dlvrd=None,
-        submit_date="2611291159",
-        done_date=done_date,
-        text=None,
-        source_addr=None,
-        destination_addr=None,
-        smsc_message_id=None,
-        connector=None,
-        delivery_count=1,
-        ack_token=AckToken(wire.ack_token),
-        raw=wire.SerializeToString(),
+    return feed_receipt(
+        message_id,
+        level,
+        stat,
+        ack_token=f"tok-{message_id}-{level}",
         received_at=time.time(),
+        done_date=done_date,
+        submit_date="2611291159",
     )
 
 
