@@ -1,32 +1,51 @@
-"""Receipts with a chosen receive time, for the tests of day partitions (migration 0010)."""
+"""For the tests of day partitions and retention (migrations 0010, 0011): receipts with a chosen
+receive time, the start of today, and a database installed as released before a migration."""
 
 from __future__ import annotations
 
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
-from gateway.receipts.v1 import feed_pb2
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from dlrfeed.domain.receipt import Receipt
+from dlrfeed.store.migrate import available_migrations
+from rule_receipts import feed_receipt
 
 
 def receipt(message_id: str, received_at: float, *, delivery_count: int = 1) -> Receipt:
     """A final receipt with its real serialized proto, received at `received_at`."""
-    wire = feed_pb2.Receipt(id=message_id, level=2, stat="DELIVRD", ack_token=f"t-{message_id}")
-    wire.err = "000"
-    wire.delivery_count = delivery_count
-    return Receipt(
-        message_id=MessageId(message_id),
-        level=2,
-        stat="DELIVRD",
-        err="000",
-        sub=None,
-        dlvrd=None,
-        submit_date=None,
-        done_date=None,
-        text=None,
-        source_addr=None,
-        destination_addr=None,
-        smsc_message_id=None,
-        connector=None,
-        delivery_count=delivery_count,
-        ack_token=AckToken(wire.ack_token),
-        raw=wire.SerializeToString(),
+    return feed_receipt(
+        message_id,
+        2,
+        "DELIVRD",
+        ack_token=f"t-{message_id}",
         received_at=received_at,
+        delivery_count=delivery_count,
     )
+
+
+DAY = timedelta(days=1)
+
+
+def today() -> datetime:
+    """The start of today, UTC: where today's day partition begins."""
+    return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+async def install_schema_before(conn: asyncpg.Connection, version: int) -> None:
+    """Apply every migration older than `version` to an empty database, recording each in
+    dlr.schema_version as `dlrfeed migrate` would: a database as released before `version`."""
+    await conn.execute(
+        "CREATE SCHEMA dlr; CREATE TABLE dlr.schema_version ("
+        " version integer PRIMARY KEY, name text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    for migration in available_migrations():
+        if migration.version < version:
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )

@@ -168,6 +168,25 @@ def add_database_pooler(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     )
 
 
+def add_logging_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, debug_help: str
+) -> None:
+    """`--log-level` and `--log-format`, shared by the long-running commands; `debug_help` says
+    what `--log-level debug` adds for this command."""
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help=debug_help,
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="auto: a human renderer on a terminal, JSON lines otherwise",
+    )
+
+
 def required(args: argparse.Namespace, dest: str) -> str:
     """The value of a setting that has no default, or a one-line ConfigError naming its sources."""
     value = getattr(args, dest, None)

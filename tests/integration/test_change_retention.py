@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -31,17 +31,12 @@ from dlrfeed.store.changes import read_changes, save_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.retention import RetentionPolicy, maintain
 from pgcluster import PgCluster
-from retention_support import receipt
+from retention_support import DAY, install_schema_before, receipt, today
 
 LOGIN = "acme"
-DAY = timedelta(days=1)
 PARTITIONING = 11  # the migration under test
 ROW_TEXT = "SELECT md5(string_agg(c::text, ',' ORDER BY c.position)) FROM {table} AS c"
 _numbers = itertools.count(1)
-
-
-def today() -> datetime:
-    return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 @pytest.fixture
@@ -232,20 +227,7 @@ async def installed_log(pg_cluster: PgCluster) -> AsyncIterator[str]:
     dsn = await pg_cluster.create_database(name)
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(
-            "CREATE SCHEMA dlr; CREATE TABLE dlr.schema_version ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for migration in available_migrations():
-            if migration.version < PARTITIONING:
-                async with conn.transaction():
-                    await conn.execute(migration.sql)
-                    await conn.execute(
-                        "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
-                        migration.version,
-                        migration.name,
-                    )
+        await install_schema_before(conn, PARTITIONING)
         await conn.execute(
             """
             INSERT INTO dlr.message_status (login, message_id, status, is_final, reason,

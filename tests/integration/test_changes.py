@@ -9,19 +9,16 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
 
 import asyncpg
 import pytest
 import structlog
 
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import (
     FollowTiming,
@@ -32,8 +29,9 @@ from dlrfeed.store.changes import (
     read_changes,
     save_cursor,
 )
-from gateway.receipts.v1 import feed_pb2
-from pgcluster import PgCluster, free_port
+from pgbouncer import PgBouncer
+from pgcluster import PgCluster, free_port, scratch_directory
+from rule_receipts import feed_receipt
 
 LOGIN = "acme"
 
@@ -42,28 +40,14 @@ def receipt(
     message_id: str, level: int = 2, stat: str = "DELIVRD", done_date: str | None = "2611291200"
 ) -> Receipt:
     """A receipt as the feed adapter builds it, the serialized proto as `raw`."""
-    wire = feed_pb2.Receipt(id=message_id, level=level, stat=stat, err="000", delivery_count=1)
-    if done_date is not None:
-        wire.done_date = done_date
-    wire.ack_token = f"tok-{message_id}-{level}"
-    return Receipt(
-        message_id=MessageId(message_id),
-        level=level,
-        stat=stat,
-        err="000",
-        sub=None,
-        dlvrd=None,
-        submit_date="2611291159",
-        done_date=done_date,
-        text=None,
-        source_addr=None,
-        destination_addr=None,
-        smsc_message_id=None,
-        connector=None,
-        delivery_count=1,
-        ack_token=AckToken(wire.ack_token),
-        raw=wire.SerializeToString(),
+    return feed_receipt(
+        message_id,
+        level,
+        stat,
+        ack_token=f"tok-{message_id}-{level}",
         received_at=time.time(),
+        done_date=done_date,
+        submit_date="2611291159",
     )
 
 
@@ -476,42 +460,13 @@ async def test_changes_on_a_database_never_migrated_is_one_line_exit_78(
 @pytest.fixture
 def transaction_pooler(pg_cluster: PgCluster, database_url: str) -> Iterator[str]:
     """PgBouncer in transaction mode in front of the test database; yields its DSN."""
-    pgbouncer = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not Path(pgbouncer).exists():
-        pytest.fail("pgbouncer not found: install Debian's `pgbouncer` package")
-    workdir = Path(tempfile.mkdtemp(prefix="dlrfeed-pgbouncer-"))
-    workdir.chmod(0o755)  # pgbouncer runs as the postgres user
-    port = free_port()
-    database = database_url.rsplit("/", 1)[1]
-    (workdir / "users.txt").write_text('"postgres" ""\n')
-    (workdir / "pgbouncer.ini").write_text(
-        f"[databases]\n{database} = host=127.0.0.1 port={pg_cluster.port} dbname={database}\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
-        f"auth_file = {workdir}/users.txt\npool_mode = transaction\nunix_socket_dir =\n"
-        "default_pool_size = 2\nignore_startup_parameters = extra_float_digits\n"
-    )
-    for path in workdir.iterdir():
-        path.chmod(0o644)
-    with (workdir / "pgbouncer.err").open("wb") as errors:
-        process = subprocess.Popen(
-            [pgbouncer, "-u", "postgres", str(workdir / "pgbouncer.ini")],
-            stdout=subprocess.DEVNULL,
-            stderr=errors,
-        )
+    pooler = PgBouncer(scratch_directory("pgbouncer"), free_port(), pg_cluster.port, pool_size=2)
+    pooler.start()
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert process.poll() is None, (workdir / "pgbouncer.err").read_text()
-            assert time.monotonic() < deadline, "pgbouncer did not listen"
-            time.sleep(0.05)
-        yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
+        yield pooler.dsn_for(database_url.rsplit("/", 1)[1])
     finally:
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
+        pooler.stop()
+        shutil.rmtree(pooler.root, ignore_errors=True)
 
 
 async def test_follower_through_a_transaction_pooler_polls_and_says_so_once(

@@ -19,7 +19,7 @@ import pytest
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from pgcluster import PgCluster
-from retention_support import receipt
+from retention_support import install_schema_before, receipt
 
 PARTITIONING = 10  # the migration under test
 RECEPTIONS = 1_000_000
@@ -34,20 +34,7 @@ async def installed_store(pg_cluster: PgCluster) -> AsyncIterator[str]:
     dsn = await pg_cluster.create_database(name)
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(
-            "CREATE SCHEMA dlr; CREATE TABLE dlr.schema_version ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for migration in available_migrations():
-            if migration.version < PARTITIONING:
-                async with conn.transaction():
-                    await conn.execute(migration.sql)
-                    await conn.execute(
-                        "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)",
-                        migration.version,
-                        migration.name,
-                    )
+        await install_schema_before(conn, PARTITIONING)
         # ~300-byte receipts with random-looking ids, received over the last 30 days.
         await conn.execute(
             """

@@ -14,7 +14,7 @@ import io
 import json
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -34,15 +34,10 @@ from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import message_reports, statistics
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from retention_support import receipt
+from retention_support import DAY, receipt, today
 
-DAY = timedelta(days=1)
 # The content of every reception, in id order (to compare an archive with its source).
 ROW_TEXT = "SELECT md5(string_agg(r::text, ',' ORDER BY r.id)) FROM {table} AS r"
-
-
-def today() -> datetime:
-    return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 @pytest.fixture

@@ -22,16 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.domain.receipt import MessageId, Receipt
 from dlrfeed.store import Store, Submission
-from gateway.receipts.v1 import feed_pb2
 from oracle import Expected, Sent, expect
 from receipt_strategies import FUZZING
+from rule_receipts import RECEIVED, SUBMITTED, feed_receipt
 
 pytestmark = pytest.mark.fuzz
 LOGINS = itertools.count(1)
-SUBMITTED = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-RECEIVED = datetime(2026, 11, 29, 13, 0, tzinfo=UTC).timestamp()
 # Reported done dates: absent, ND, ordinary ones (some equal), one within the clock-skew
 # tolerance before the submission, one far before it and one more than a day after receipt.
 DONE_DATES = [
@@ -86,30 +84,14 @@ def arrivals(draw: st.DrawFn, max_size: int = 9) -> list[Content]:
 
 def receipt(message_id: str, content: Content, number: int) -> Receipt:
     level, stat, err, done = content
-    wire = feed_pb2.Receipt(id=message_id, level=level, stat=stat, ack_token=f"t{number}")
-    wire.delivery_count = 1
-    if err is not None:
-        wire.err = err
-    if done is not None:
-        wire.done_date = done
-    return Receipt(
-        message_id=MessageId(message_id),
-        level=level,
-        stat=stat,
-        err=err,
-        sub=None,
-        dlvrd=None,
-        submit_date=None,
-        done_date=done,
-        text=None,
-        source_addr=None,
-        destination_addr=None,
-        smsc_message_id=None,
-        connector=None,
-        delivery_count=1,
-        ack_token=AckToken(wire.ack_token),
-        raw=wire.SerializeToString(),
+    return feed_receipt(
+        message_id,
+        level,
+        stat,
+        ack_token=f"t{number}",
         received_at=RECEIVED,
+        err=err,
+        done_date=done,
     )
 
 

@@ -16,6 +16,7 @@ from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import SchemaOutOfDateError, StoreUnavailableError
 from dlrfeed.store import Store, Submission, queries
 from gateway.receipts.v1 import feed_pb2
+from rule_receipts import feed_receipt
 
 LOGIN = "acme"
 
@@ -32,33 +33,18 @@ def receipt(
     delivery_count: int = 1,
 ) -> Receipt:
     """A receipt as the feed adapter builds it, with the real serialized proto as `raw`."""
-    wire = feed_pb2.Receipt(
-        id=message_id, level=level, stat=stat, ack_token=f"tok-{message_id}-{level}"
-    )
-    wire.delivery_count = delivery_count
-    for name, value in (("err", err), ("done_date", done_date), ("text", text)):
-        if value is not None:
-            setattr(wire, name, value)
-    if destination is not None:
-        wire.destination_addr = destination
-    return Receipt(
-        message_id=MessageId(message_id),
-        level=level,
-        stat=stat,
-        err=err,
-        sub=None,
-        dlvrd=None,
-        submit_date="2611291159",
-        done_date=done_date,
-        text=text,
-        source_addr=None,
-        destination_addr=destination,
-        smsc_message_id=None,
-        connector=None,
-        delivery_count=delivery_count,
-        ack_token=AckToken(wire.ack_token),
-        raw=wire.SerializeToString(),
+    return feed_receipt(
+        message_id,
+        level,
+        stat,
+        ack_token=f"tok-{message_id}-{level}",
         received_at=time.time(),
+        err=err,
+        done_date=done_date,
+        submit_date="2611291159",
+        text=text,
+        destination=destination,
+        delivery_count=delivery_count,
     )
 
 

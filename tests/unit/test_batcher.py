@@ -23,6 +23,7 @@ from dlrfeed.daemon.store_gate import StoreGate
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.feed.reader import StreamReleased
+from frozen_clock import FrozenClock
 
 WITHIN = 5.0
 """Generous bound for something that must happen (the machine is shared and slow)."""
@@ -39,14 +40,6 @@ def receipt(message_id: str) -> Receipt:
 
 def receipts(n: int, prefix: str = "m") -> list[Receipt]:
     return [receipt(f"{prefix}{i}") for i in range(n)]
-
-
-class FrozenClock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

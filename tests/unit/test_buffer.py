@@ -9,19 +9,10 @@ import asyncio
 import pytest
 
 from dlrfeed.buffer import TimedBuffer
+from frozen_clock import FrozenClock
 
 WITHIN = 5.0
 """Generous bound for something that must happen (the machine is shared and slow)."""
-
-
-class FrozenClock:
-    """Time stands still until the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def buffer(

@@ -16,17 +16,10 @@ import pytest
 from dlrfeed.backoff import Backoff
 from dlrfeed.daemon.store_gate import StoreGate
 from dlrfeed.errors import StoreUnavailableError
+from frozen_clock import FrozenClock
 
 WITHIN = 5.0
 DOWN = StoreUnavailableError("connection refused")
-
-
-class FrozenClock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from dlrfeed.config import add_database_url, required
+from dlrfeed.config import add_database_url, add_logging_options, required
 from dlrfeed.daemon.http import MetricsServer
 from dlrfeed.daemon.logsetup import configure_logging
 from dlrfeed.daemon.sdnotify import SystemdNotifier
@@ -91,18 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest wait between two attempts of one batch (backoff from 0.5 s, jittered)",
     )
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics and /healthz here")
-    parser.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="info",
-        help="debug adds one event per delivered batch",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=["auto", "json", "console"],
-        default="auto",
-        help="auto: a human renderer on a terminal, JSON lines otherwise",
-    )
+    add_logging_options(parser, debug_help="debug adds one event per delivered batch")
 
 
 def _read_secret(path: Path, what: str) -> bytes:

@@ -22,6 +22,7 @@ from dlrfeed.config import (
     Pooler,
     add_database_pooler,
     add_integration_options,
+    add_logging_options,
     integration_options,
 )
 from dlrfeed.domain.options import IntegrationOptions
@@ -205,18 +206,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_integration_options(parser)
     obs = parser.add_argument_group("observability")
     obs.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics and /healthz here")
-    obs.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="info",
-        help="debug adds one event per batch and per Ack",
-    )
-    obs.add_argument(
-        "--log-format",
-        choices=["auto", "json", "console"],
-        default="auto",
-        help="auto: a human renderer on a terminal, JSON lines otherwise",
-    )
+    add_logging_options(obs, debug_help="debug adds one event per batch and per Ack")
     obs.add_argument(
         "--summary-interval",
         type=_non_negative_float,
