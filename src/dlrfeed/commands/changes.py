@@ -82,7 +82,7 @@ def render(change: StatusChange) -> str:
     final = "final" if change.is_final else "progress"
     return (
         f"{change.position}  {change.changed_at.isoformat()}  {change.login}  "
-        f"{change.message_id}  {cell(change.previous_status)} -> {change.status} ({final})  "
+        f"{change.message_id}  {cell(change.previous_status)} -> {cell(change.status)} ({final})  "
         f"{cell(change.reason)}"
     )
 
