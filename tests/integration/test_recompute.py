@@ -151,7 +151,7 @@ def test_a_status_withdrawn_by_recompute_is_a_change_with_a_null_status(
     nulls = [line for line in lines if line["status"] is None]
     assert [(n["message_id"], n["previous_status"]) for n in nulls] == [("b", "DELIVERED")]
     assert main(["changes", "--database-url", database_url]) == 0
-    assert "DELIVERED -> - (progress)" in capsys.readouterr().out
+    assert "DELIVERED -> - (withdrawn)" in capsys.readouterr().out
     # A second run deletes nothing and writes nothing.
     assert main(["recompute", "--database-url", database_url]) == 0
     capsys.readouterr()
