@@ -2,7 +2,8 @@
 
 Batched: one POST carries up to `batch_size` consecutive changes as `{"changes": [...]}`, in
 position order, one request in flight at a time (so the changes of each message arrive in
-order). The body is signed, `X-Dlrfeed-Signature: sha256=<hex HMAC-SHA256 of the raw body>`;
+order; a status withdrawn by a recompute is a change with `"status": null`). The body is
+signed, `X-Dlrfeed-Signature: sha256=<hex HMAC-SHA256 of the raw body>`;
 each change carries its `position`, the idempotency key a receiver dedupes on (a batch can be
 delivered again after a crash, and may then hold more changes than the first time). A 2xx
 moves the consumer's durable cursor past the batch; anything else — a 5xx, a 4xx, a timeout,

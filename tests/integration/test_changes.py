@@ -499,3 +499,52 @@ async def test_follower_through_a_transaction_pooler_polls_and_says_so_once(
     unavailable = [e for e in logs if e["event"] == "changes_listen_unavailable"]
     assert len(unavailable) == 1
     assert unavailable[0]["mode"] == "polling"
+
+
+# -- a status withdrawn ------------------------------------------------------------------------
+
+
+async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages_order(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """A DELETE of status rows (migration 0012) writes one change per row: status null,
+    is_final false, the deleted status as previous; outside a recompute the reason is the
+    fixed text and the rules version the row's. Its position follows the message's previous
+    change even when the deleting transaction's id is older (the epoch is raised), and the
+    message's last change is its status, or null when it has none."""
+    await db.execute(_STATUS_ROW, LOGIN, "d1", "ENROUTE")
+    await db.execute(_STATUS_ROW, LOGIN, "d2", "ACCEPTED")
+    old = await asyncpg.connect(database_url)
+    try:
+        old_xid = await _begin_with_xid(old)  # an id older than the next change's
+        await db.execute(_STATUS_ROW, LOGIN, "d1", "DELIVERED")
+        await old.execute(
+            "DELETE FROM dlr.message_status WHERE login = $1 AND message_id = ANY($2::text[])",
+            LOGIN,
+            ["d1", "d2"],
+        )
+        await old.execute("COMMIT")
+    finally:
+        await old.close()
+    await db.execute("DELETE FROM dlr.message_status WHERE message_id = 'none'")  # no row
+    changes = await _all_changes(db)
+    withdrawn = sorted((c for c in changes if c.status is None), key=lambda c: c.message_id)
+    assert [(c.message_id, c.previous_status, c.previous_reason) for c in withdrawn] == [
+        ("d1", "DELIVERED", "DELIVERED"),
+        ("d2", "ACCEPTED", "ACCEPTED"),
+    ]
+    for change in withdrawn:
+        assert change.is_final is False
+        assert change.reason == "withdrawn: no computed status any more"
+        assert change.rules_version == "test"
+        assert change.supporting_event_id == 0
+    d1 = [c for c in changes if c.message_id == "d1"]
+    assert [c.status for c in d1] == ["ENROUTE", "DELIVERED", None]
+    assert d1[-1].position // 10**19 > old_xid  # raised to the DELIVERED change's epoch
+    await db.execute(_STATUS_ROW, LOGIN, "d1", "DELIVERED")  # a status again: a first change
+    changes = await _all_changes(db)
+    assert (changes[-1].message_id, changes[-1].previous_status) == ("d1", None)
+    last = {c.message_id: c.status for c in changes}
+    held = await _held_statuses(db)
+    assert last == {m: held.get(m) for m in last}
+    assert set(held) <= set(last)

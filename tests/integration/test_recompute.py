@@ -4,6 +4,7 @@ audited (P8), through the real CLI and a real database."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import asyncpg
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from dlrfeed.cli import main
 from dlrfeed.domain.rules import RULES_VERSION
 from dlrfeed.store import Store, Submission
+from dlrfeed.store.changes import StatusChange, follow_changes
 from rule_receipts import LOGIN, SUBMITTED, receipt
 
 
@@ -91,3 +93,67 @@ def test_recompute_rewrites_stale_statuses_and_audits_each_change(
     assert "no applicable receipt" in audit[1]["why"]
     assert main(["recompute", "--database-url", database_url]) == 0
     assert "recomputed 0 statuses" in capsys.readouterr().out
+
+
+async def _log_and_follower(database_url: str) -> tuple[list[asyncpg.Record], list[StatusChange]]:
+    """The whole change log, and what a follower from 0 reads of it (until it has b's last)."""
+    db = await asyncpg.connect(database_url)
+    try:
+        log = await db.fetch("SELECT * FROM dlr.status_changes ORDER BY position")
+        statuses = await db.fetch("SELECT login, message_id, status FROM dlr.message_status")
+    finally:
+        await db.close()
+    stop = asyncio.Event()
+    seen: list[StatusChange] = []
+    async with asyncio.timeout(20):
+        async for batch in follow_changes(database_url, 0, stop=stop):
+            seen.extend(batch)
+            if any(c.message_id == "b" and c.status is None for c in seen):
+                stop.set()
+    last: dict[tuple[str, str], str | None] = {}
+    for row in log:
+        last[(row["login"], row["message_id"])] = row["status"]
+    current = {(r["login"], r["message_id"]): r["status"] for r in statuses}
+    # The invariant: every message's last change is its status, or null when it has none.
+    assert last == {key: current.get(key) for key in last}
+    assert set(current) <= set(last)
+    return log, seen
+
+
+def test_a_status_withdrawn_by_recompute_is_a_change_with_a_null_status(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """b's DELIVERED (applied from a level-0 receipt by an older rules version) is deleted by
+    the recompute: the log gets exactly one change with a null status, DELIVERED as the
+    previous status and the recompute's why; a follower and `dlrfeed changes --json` see it."""
+    asyncio.run(_prepare(database_url))
+    assert main(["recompute", "--database-url", database_url]) == 0
+    capsys.readouterr()
+    log, seen = asyncio.run(_log_and_follower(database_url))
+    withdrawn = [r for r in log if r["status"] is None]
+    assert len(withdrawn) == 1
+    (gone,) = withdrawn
+    assert gone["message_id"] == "b"
+    assert (gone["previous_status"], gone["previous_is_final"], gone["is_final"]) == (
+        "DELIVERED",
+        True,
+        False,
+    )
+    assert "no applicable receipt" in gone["reason"]
+    assert gone["rules_version"] == RULES_VERSION
+    assert [r for r in log if r["message_id"] == "b"][-1] == gone
+    followed = [c for c in seen if c.status is None]
+    assert [(c.message_id, c.position, c.previous_status) for c in followed] == [
+        ("b", int(gone["position"]), "DELIVERED")
+    ]
+    assert main(["changes", "--database-url", database_url, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    nulls = [line for line in lines if line["status"] is None]
+    assert [(n["message_id"], n["previous_status"]) for n in nulls] == [("b", "DELIVERED")]
+    assert main(["changes", "--database-url", database_url]) == 0
+    assert "DELIVERED -> - (withdrawn)" in capsys.readouterr().out
+    # A second run deletes nothing and writes nothing.
+    assert main(["recompute", "--database-url", database_url]) == 0
+    capsys.readouterr()
+    again, _ = asyncio.run(_log_and_follower(database_url))
+    assert again == log

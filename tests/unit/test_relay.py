@@ -20,7 +20,9 @@ from dlrfeed.store.changes import StatusChange
 from webhook_receiver import delivery_problems
 
 
-def _change(position: int, message_id: str = "m1", status: str = "DELIVERED") -> StatusChange:
+def _change(
+    position: int, message_id: str = "m1", status: str | None = "DELIVERED"
+) -> StatusChange:
     return StatusChange(
         position=position,
         login="acme",
@@ -55,6 +57,13 @@ def test_body_holds_every_field_and_the_position_as_an_exact_integer() -> None:
         "changed_at",
     }  # fmt: skip
     assert [c["message_id"] for c in document["changes"]] == ["m1", "m2"]
+
+
+def test_a_withdrawn_status_goes_out_as_a_json_null() -> None:
+    """A status a recompute deleted is a change with `"status": null` (docs/changes.md)."""
+    (change,) = json.loads(encode_batch([_change(5, status=None)]))["changes"]
+    assert change["status"] is None
+    assert b'"status":null' in encode_batch([_change(5, status=None)])
 
 
 def test_secret_from_file_then_env_then_systemd_credential(tmp_path: Path) -> None:
@@ -127,3 +136,12 @@ def test_delivery_checker_catches_every_kind_of_bad_delivery() -> None:
     assert "last delivered change is not its status" in " ".join(
         delivery_problems([_entry(1, 2, 3, 4)], logged, stale)
     )
+
+
+def test_delivery_checker_takes_a_null_last_change_for_a_message_with_no_status() -> None:
+    logged = [{"position": p, "login": "acme", "message_id": "m1"} for p in (1, 3)]
+    withdrawn = {"position": 3, "login": "acme", "message_id": "m1", "status": None}
+    entries = [{"signature_valid": True, "changes": [_entry(1)["changes"][0], withdrawn]}]
+    assert delivery_problems(entries, logged, {}) == []
+    assert "not its status" in " ".join(delivery_problems(entries, logged, {("acme", "m1"): "S1"}))
+    assert "not its status" in " ".join(delivery_problems([_entry(1)], logged[:1], {}))

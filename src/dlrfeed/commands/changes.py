@@ -79,10 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def render(change: StatusChange) -> str:
     """One change as a line of text."""
-    final = "final" if change.is_final else "progress"
+    kinds = {None: "withdrawn", True: "final", False: "progress"}
+    final = kinds[None if change.status is None else change.is_final]
     return (
         f"{change.position}  {change.changed_at.isoformat()}  {change.login}  "
-        f"{change.message_id}  {cell(change.previous_status)} -> {change.status} ({final})  "
+        f"{change.message_id}  {cell(change.previous_status)} -> {cell(change.status)} ({final})  "
         f"{cell(change.reason)}"
     )
 

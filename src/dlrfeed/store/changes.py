@@ -99,7 +99,9 @@ class StatusChange:
     position: int
     login: str
     message_id: str
-    status: str
+    status: str | None
+    """None: the message has no computed status any more (withdrawn by a recompute; the
+    withdrawn one is `previous_status`)."""
     is_final: bool
     reason: str
     previous_status: str | None
