@@ -34,6 +34,46 @@ class Pooler(StrEnum):
     """Through a transaction (or statement) pooler: no named prepared statements."""
 
 
+def _number(text: str, kind: type[int] | type[float]) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An option's type: a whole number of at least 1, else a message saying so."""
+    value: int = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An option's type: a whole number of at least 0."""
+    value: int = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An option's type: a number above 0 (seconds, mostly)."""
+    value: float = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An option's type: a number of at least 0 (0 turns a delay off)."""
+    value: float = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
 def env_name(dest: str) -> str:
     """`database_url` → `DLRFEED_DATABASE_URL`."""
     return ENV_PREFIX + dest.upper().replace("-", "_")

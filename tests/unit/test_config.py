@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dlrfeed.config import LayeredDefaults
+from dlrfeed.config import (
+    LayeredDefaults,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from dlrfeed.errors import ConfigError
 
 
@@ -107,3 +115,26 @@ def test_integration_rules_are_off_by_default_and_one_set_for_both_commands() ->
     )
     with pytest.raises(ConfigError, match="--receipt-timezone"):
         integration_options(bad)
+
+
+@pytest.mark.parametrize(
+    ("convert", "text", "message"),
+    [
+        (positive_int, "0", "must be at least 1, got 0"),
+        (positive_int, "1.5", "expected a whole number, got '1.5'"),
+        (non_negative_int, "-1", "must not be negative, got -1"),
+        (positive_float, "0", "must be above 0, got 0.0"),
+        (non_negative_float, "-0.5", "must not be negative, got -0.5"),
+        (non_negative_float, "soon", "expected a number, got 'soon'"),
+    ],
+)
+def test_a_numeric_option_out_of_range_says_what_it_needs(
+    convert: Callable[[str], float], text: str, message: str
+) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+        convert(text)
+
+
+def test_numeric_options_accept_their_bounds() -> None:
+    assert (positive_int("1"), non_negative_int("0")) == (1, 0)
+    assert (positive_float("0.001"), non_negative_float("0")) == (0.001, 0.0)

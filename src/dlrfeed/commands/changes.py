@@ -12,7 +12,13 @@ import sys
 import asyncpg
 
 from dlrfeed.commands.output import cell
-from dlrfeed.config import add_database_url, required
+from dlrfeed.config import (
+    add_database_url,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    required,
+)
 from dlrfeed.daemon.logsetup import configure_logging
 from dlrfeed.errors import ConfigError
 from dlrfeed.store.changes import (
@@ -26,33 +32,12 @@ from dlrfeed.store.changes import (
 from dlrfeed.store.reports import connect
 
 
-def _position(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"must not be negative, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError(f"must be above 0, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--after, --follow, --limit, --json, --consumer, --poll-interval."""
     add_database_url(parser)
     parser.add_argument(
         "--after",
-        type=_position,
+        type=non_negative_int,
         metavar="POSITION",
         help="print changes after this position (default: the consumer's cursor, else 0)",
     )
@@ -60,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--follow", action="store_true", help="keep printing new changes as they commit"
     )
     parser.add_argument(
-        "--limit", type=_positive_int, metavar="N", help="print at most N changes, then exit"
+        "--limit", type=positive_int, metavar="N", help="print at most N changes, then exit"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument(
@@ -70,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--poll-interval",
-        type=_positive_float,
+        type=positive_float,
         default=0.1,
         metavar="SECONDS",
         help="with --follow where LISTEN is unavailable (a transaction pooler): poll this often",

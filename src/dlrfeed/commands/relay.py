@@ -12,7 +12,13 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from dlrfeed.config import add_database_url, add_logging_options, required
+from dlrfeed.config import (
+    add_database_url,
+    add_logging_options,
+    positive_float,
+    positive_int,
+    required,
+)
 from dlrfeed.daemon.http import MetricsServer
 from dlrfeed.daemon.logsetup import configure_logging
 from dlrfeed.daemon.sdnotify import SystemdNotifier
@@ -43,20 +49,6 @@ class _RefuseSecretOnArgv(argparse.Action):
         raise argparse.ArgumentError(self, REFUSED_ON_ARGV)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError(f"must be above 0, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--url, --secret-file, --consumer, --batch-size, --timeout, --metrics, logging."""
     parser.allow_abbrev = False  # no `--secret` → --secret-file guessing
@@ -78,14 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the durable cursor this relay keeps (one per endpoint)",
     )
     parser.add_argument(
-        "--batch-size", type=_positive_int, default=100, help="changes per POST (at most)"
+        "--batch-size", type=positive_int, default=100, help="changes per POST (at most)"
     )
     parser.add_argument(
-        "--timeout", type=_positive_float, default=10.0, help="seconds per POST attempt"
+        "--timeout", type=positive_float, default=10.0, help="seconds per POST attempt"
     )
     parser.add_argument(
         "--retry-max",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         metavar="SECONDS",
         help="longest wait between two attempts of one batch (backoff from 0.5 s, jittered)",

@@ -24,6 +24,8 @@ from dlrfeed.config import (
     add_integration_options,
     add_logging_options,
     integration_options,
+    non_negative_float,
+    positive_int,
 )
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
@@ -41,20 +43,6 @@ def host_port(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError(f"must not be negative, got {value}")
-    return value
 
 
 class _RefusePasswordOnArgv(argparse.Action):
@@ -100,13 +88,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls-server-name", metavar="NAME", help="name to verify in the server certificate"
     )
     feed.add_argument(
-        "--max-message-mb", type=_positive_int, default=64, help="largest gRPC message accepted"
+        "--max-message-mb", type=positive_int, default=64, help="largest gRPC message accepted"
     )
     store = parser.add_argument_group("store")
     store.add_argument("--database-url", metavar="URL", help="PostgreSQL URL (libpq style)")
     store.add_argument(
         "--db-pool-size",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="connections per process (default: streams + 1)",
     )
@@ -126,43 +114,43 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="subscribe, pull, or auto: Subscribe when caught up, Pull to drain a backlog, "
         "Pull while Subscribe is unimplemented or failing",
     )
-    work.add_argument("--streams", type=_positive_int, default=2, help="readers per process")
+    work.add_argument("--streams", type=positive_int, default=2, help="readers per process")
     work.add_argument(
         "--processes",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="worker processes under one supervisor that restarts a dead one",
     )
     work.add_argument(
-        "--batch-size", type=_positive_int, default=500, help="receipts per store transaction"
+        "--batch-size", type=positive_int, default=500, help="receipts per store transaction"
     )
     work.add_argument(
         "--linger-ms",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=50.0,
         help="longest a partial batch waits before it is stored",
     )
     work.add_argument(
         "--ack-batch",
-        type=_positive_int,
+        type=positive_int,
         default=500,
         help=f"tokens per Ack call (at most {MAX_ACK_TOKENS})",
     )
     work.add_argument(
         "--ack-linger-ms",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=50.0,
         help="longest a partial Ack waits",
     )
     work.add_argument(
         "--window",
-        type=_positive_int,
+        type=positive_int,
         default=GATEWAY_MAX_WINDOW,
         help="Subscribe window: unacked receipts a stream may hold (F11)",
     )
     work.add_argument(
         "--lease-seconds",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=120.0,
         help="the gateway's lease (F6): acks are retried while it may run; latency warns near it",
     )
@@ -174,32 +162,32 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     work.add_argument(
         "--max-reopens",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="at most this many stream/pull reopens per reader per 10 s",
     )
     work.add_argument(
         "--auto-cooldown",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=60.0,
         help="auto mode: seconds on Pull before Subscribe is tried again after it failed",
     )
     work.add_argument(
         "--auto-pull-rate",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=2000.0,
         help="auto mode: receipts/s per Subscribe stream (over 0.5 s) that move it to Pull",
     )
     work.add_argument(
         "--release-after",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=60.0,
         help="seconds of database outage after which streams close so the gateway releases "
         "their receipts (F7)",
     )
     work.add_argument(
         "--shutdown-timeout",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=30.0,
         help="seconds a clean stop may take (commit batch in hand, flush acks, close)",
     )
@@ -209,7 +197,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_logging_options(obs, debug_help="debug adds one event per batch and per Ack")
     obs.add_argument(
         "--summary-interval",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=30.0,
         help="seconds between `summary` log events (0 = none)",
     )
