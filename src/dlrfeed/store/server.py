@@ -25,6 +25,7 @@ import asyncpg.exceptions._base as asyncpg_base  # where InternalClientError liv
 
 from dlrfeed.config import Pooler
 from dlrfeed.errors import ConfigError
+from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -39,19 +40,10 @@ SYNCHRONOUS_COMMIT_LEVELS = ("on", "remote_write", "remote_apply")
 # asyncpg's default cache size, kept for direct connections.
 _STATEMENT_CACHE_SIZE = 100
 
-_SERVER_FACTS = """
-SELECT pg_is_in_recovery() AS in_recovery,
-       current_setting('transaction_read_only') = 'on' AS read_only,
-       current_setting('synchronous_commit') AS synchronous_commit,
-       current_setting('synchronous_standby_names') AS standby_names
-"""
-# sync_state is NULL for a role that may not see replication details (pg_read_all_stats).
-_SYNC_STANDBYS = """
-SELECT count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) AS synchronous,
-       count(*) FILTER (WHERE sync_state IS NULL) AS hidden
-FROM pg_stat_replication
-"""
-WRITABLE = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on')"
+# The statements live in sql/server.sql.
+_SERVER_FACTS = query("server_facts")
+_SYNC_STANDBYS = query("synchronous_standbys")
+WRITABLE = query("writable")
 
 
 async def _answers_as_pgbouncer(dsn: str) -> bool:
@@ -112,7 +104,7 @@ async def check_server(
     connected as synchronous (sync or quorum) in pg_stat_replication right now. Without the
     last, commits would wait for a standby that is not there, so the daemon would hang.
     """
-    facts = cast("asyncpg.Record", await conn.fetchrow(_SERVER_FACTS))  # one row, always
+    facts = cast("asyncpg.Record", await _SERVER_FACTS.fetchrow(conn))  # one row, always
     if facts["in_recovery"]:
         raise ConfigError(
             "the database server is a standby (in recovery, read-only): point --database-url at "
@@ -136,7 +128,7 @@ async def check_server(
                 "--require-synchronous-commit: synchronous_standby_names is empty on the "
                 "primary, commits do not wait for any standby"
             )
-        standbys = cast("asyncpg.Record", await conn.fetchrow(_SYNC_STANDBYS))
+        standbys = cast("asyncpg.Record", await _SYNC_STANDBYS.fetchrow(conn))
         if standbys["hidden"]:
             raise ConfigError(
                 "--require-synchronous-commit: this role may not see pg_stat_replication; "
