@@ -149,7 +149,8 @@ async def maintain(
     run again at any time (a partition already created or dropped is not touched again)."""
     moment = now or datetime.now(UTC)
     report = MaintenanceReport()
-    conn = await asyncpg.connect(dsn)
+    # No named prepared statements and no session state: safe through a transaction pooler.
+    conn = await asyncpg.connect(dsn, statement_cache_size=0)
     try:
         # A schema of another version may partition other tables, or none (exit 78).
         await ensure_current(conn)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 import asyncpg
 import asyncpg.exceptions
@@ -46,6 +47,24 @@ _SYNC_STANDBYS = query("synchronous_standbys")
 WRITABLE = query("writable")
 
 
+class _UnrecognisedServerError(Exception):
+    """The probed server let us in but announced no server_version the driver can read."""
+
+
+class _ProbeConnection(asyncpg.Connection):
+    """The probe's connection: a server whose greeting the driver cannot read (it fails in
+    the connection's constructor) is closed here at once, rather than left to the garbage
+    collector as an open socket and a half-built connection."""
+
+    def __init__(self, protocol: Any, transport: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(protocol, transport, *args, **kwargs)
+        except (ValueError, AttributeError) as exc:
+            self._aborted = True  # what is_closed reads, so no unclosed-connection warning
+            transport.abort()
+            raise _UnrecognisedServerError(f"{type(exc).__name__}: {exc}") from exc
+
+
 async def _answers_as_pgbouncer(dsn: str) -> bool:
     """True when the host of `dsn` is a PgBouncer: its admin console `pgbouncer` either lets
     us in or refuses us with PgBouncer's own SQLSTATE; PostgreSQL has no such database."""
@@ -55,13 +74,28 @@ async def _answers_as_pgbouncer(dsn: str) -> bool:
             database=_PGBOUNCER_ADMIN_DATABASE,
             statement_cache_size=0,
             timeout=_PROBE_TIMEOUT_S,
+            connection_class=_ProbeConnection,
         )
     except asyncpg.exceptions.PostgresError as exc:
         return exc.sqlstate == _PGBOUNCER_SQLSTATE
     except (OSError, TimeoutError, asyncpg_base.InterfaceError, asyncpg_base.InternalClientError):
         return False  # unreachable: the real connection that follows reports it
+    except _UnrecognisedServerError as exc:
+        # A server that let us in but speaks neither as PgBouncer nor as PostgreSQL does: some
+        # other pooler, which `auto` cannot judge.
+        raise ConfigError(
+            f"--database-pooler auto: the server at {_address(dsn)} answered the pooler probe "
+            f"in a way neither PgBouncer nor PostgreSQL does ({exc}); "
+            "say what it is with --database-pooler transaction or none"
+        ) from exc
     await conn.close()
     return True
+
+
+def _address(dsn: str) -> str:
+    """host:port of `dsn` for a message (never its password); the URL's authority part."""
+    authority = urlsplit(dsn).netloc.rpartition("@")[2]
+    return authority or "the default host"
 
 
 async def behind_transaction_pooler(dsn: str, pooler: Pooler) -> bool:
