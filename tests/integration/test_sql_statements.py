@@ -94,7 +94,7 @@ async def test_maintain_waits_for_a_held_table_only_as_long_as_its_lock_timeout(
         async with holder.transaction():
             await holder.execute("LOCK TABLE dlr.receptions IN ACCESS SHARE MODE")
             later = datetime.now(UTC) + timedelta(days=60)
-            with pytest.raises(FatalError, match="dlr.receptions stayed locked"):
+            with pytest.raises(FatalError, match=r"dlr\.receptions stayed locked"):
                 async with asyncio.timeout(60):  # a generous bound; the timeout is 2 s
                     await maintain(database_url, RetentionPolicy(days_ahead=2), now=later)
     finally:

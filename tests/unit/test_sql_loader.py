@@ -47,7 +47,7 @@ def test_an_unknown_parameter_raises_naming_it() -> None:
 def test_a_duplicate_block_name_is_refused_within_a_file_and_across_files() -> None:
     with pytest.raises(SqlFileError, match="'q' already defined"):
         parse({"a.sql": "-- name: q\nSELECT 1\n-- name: q\nSELECT 2\n"})
-    with pytest.raises(SqlFileError, match="'q' already defined in a.sql"):
+    with pytest.raises(SqlFileError, match=r"'q' already defined in a\.sql"):
         parse({"a.sql": "-- name: q\nSELECT 1\n", "b.sql": "-- name: q\nSELECT 2\n"})
 
 
