@@ -175,12 +175,12 @@ def test_show_reads_only_through_indexes(database_url: str) -> None:
         try:
             await conn.execute("SET enable_seqscan = off")
             queries = {
-                "logins": (reports._LOGINS, ()),
-                "messages": (reports._MESSAGES, (["acme"], "m-1")),
-                "status": (reports._STATUS, ("acme", "m-1")),
-                "events": (reports._EVENTS, (["acme"], "m-1")),
-                "receptions": (reports._RECEPTIONS, (["acme"], ["m-1"], [1])),
-                "exceptions": (reports._MESSAGE_EXCEPTIONS, (["acme"], "m-1", [1])),
+                "logins": (reports._LOGINS.text, ()),
+                "messages": (reports._MESSAGES.text, (["acme"], "m-1")),
+                "status": (reports._STATUS.text, ("acme", "m-1")),
+                "events": (reports._EVENTS.text, (["acme"], "m-1")),
+                "receptions": (reports._RECEPTIONS.text, (["acme"], ["m-1"], [1])),
+                "exceptions": (reports._MESSAGE_EXCEPTIONS.text, (["acme"], "m-1", [1])),
             }
             found = {}
             for name, (query, arguments) in queries.items():

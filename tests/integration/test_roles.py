@@ -176,9 +176,9 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
     writer = await asyncpg.connect(roles_db.writer)
     try:  # C8: the unstorable path's own statements, as the writer (a receipt, then again)
         poison = ("acme", "poison", "{}", b"\x00\xff", "key-of-poison")
-        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE, *poison) is not None
-        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE, *poison) is None
-        await writer.execute(store_queries.RECORD_UNSTORABLE_REDELIVERY, *poison)
+        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is not None
+        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is None
+        await writer.execute(store_queries.RECORD_UNSTORABLE_REDELIVERY.text, *poison)
     finally:
         await writer.close()
     conn = await asyncpg.connect(roles_db.superuser)

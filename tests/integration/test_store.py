@@ -460,7 +460,7 @@ async def test_c8_poison_delivered_again_is_one_open_exception_with_every_delive
     # store goes round and opens a new investigation instead.
     key = await db.fetchval("SELECT evidence_key FROM dlr.exceptions WHERE id = $1", open_one["id"])
     late = (LOGIN, "bad", "{}", again.raw, key)
-    assert await db.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY, *late) is None
+    assert await db.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY.text, *late) is None
     await store.ingest(LOGIN, [first])
     assert len(await open_exceptions(db, "unstorable")) == 2
 

@@ -29,6 +29,7 @@ import structlog
 
 from dlrfeed.backoff import Backoff
 from dlrfeed.errors import ConfigError, FatalError, SchemaOutOfDateError, StoreUnavailableError
+from dlrfeed.store.sql import query
 
 log = structlog.get_logger("dlrfeed.changes")
 
@@ -38,58 +39,19 @@ RECONNECT_BACKOFF = Backoff(0.2, 10.0)
 CHANNEL = "dlr_status_changes"
 """The NOTIFY channel the log's trigger signals at every commit that wrote changes."""
 
-# The exposure horizon: positions below the oldest running transaction's id (migration 0009).
-_HORIZON = "pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19"
+# The statements live in sql/changes.sql.
+READ_CHANGES = query("read_changes")
+CHANGES_HELD_BACK = query("changes_held_back")
+BACKLOG = query("backlog")
+LOAD_CURSOR = query("load_cursor")
+SAVE_CURSOR = query("save_cursor")
+CREATE_CURSOR = query("create_cursor")
+LOCK_CURSOR = query("lock_cursor")
+_NOTIFY_PROBE = query("notify_probe")
 
-_COLUMNS = """position, login, message_id, status, is_final, reason, previous_status,
-    previous_is_final, previous_reason, supporting_event_id, rules_version, changed_at"""
-
-# -- name: read_changes
-# One index range scan of the primary key, (position, changed_at).
-READ_CHANGES = f"""
-SELECT {_COLUMNS}
-FROM dlr.status_changes
-WHERE position > $1 AND position < {_HORIZON}
-ORDER BY position
-LIMIT $2
-"""
-
-# -- name: changes_held_back
-# Committed changes after $1 not yet exposed (an older transaction still runs): worth a quick
-# second look rather than the full idle wait.
-CHANGES_HELD_BACK = f"""
-SELECT EXISTS (SELECT 1 FROM dlr.status_changes WHERE position > $1 AND position >= {_HORIZON})
-"""
-
-# -- name: backlog
-# Everything committed after $1, exposed or not: what a consumer still has to handle. Bounded
-# so that a relay refreshing its gauges every second never scans a huge backlog: the count
-# stops at BACKLOG_COUNT_CAP, and the oldest is the first by position (one index probe; the
-# writing transactions' times follow their ids closely).
 BACKLOG_COUNT_CAP = 1_000_000
-BACKLOG = f"""
-SELECT (SELECT count(*) FROM (SELECT 1 FROM dlr.status_changes WHERE position > $1
-                              LIMIT {BACKLOG_COUNT_CAP}) AS capped) AS pending,
-       (SELECT changed_at FROM dlr.status_changes WHERE position > $1
-        ORDER BY position LIMIT 1) AS oldest
-"""
-
-LOAD_CURSOR = "SELECT position FROM dlr.change_cursors WHERE consumer = $1"
-
-# A cursor only moves forward: a consumer restarted with an old --after cannot rewind another
-# instance's progress by accident.
-SAVE_CURSOR = """
-INSERT INTO dlr.change_cursors AS c (consumer, position) VALUES ($1, $2)
-ON CONFLICT (consumer) DO UPDATE
-    SET position = greatest(c.position, EXCLUDED.position), updated_at = now()
-"""
-
-# Locks the consumer's row (created at 0 when new, CREATE_CURSOR) so that two instances of
-# one consumer take turns: each batch is handled by exactly one of them.
-CREATE_CURSOR = """
-INSERT INTO dlr.change_cursors (consumer) VALUES ($1) ON CONFLICT (consumer) DO NOTHING
-"""
-LOCK_CURSOR = "SELECT position FROM dlr.change_cursors WHERE consumer = $1 FOR UPDATE"
+"""The most changes `backlog` counts: a relay refreshing its gauges every second never scans
+a huge backlog."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +122,7 @@ async def read_changes(
     a change and never repeats one, however many writers run at once.
     """
     try:
-        return [_change(r) for r in await conn.fetch(READ_CHANGES, after, limit)]
+        return [_change(r) for r in await READ_CHANGES.fetch(conn, after=after, limit=limit)]
     except _DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
 
@@ -168,7 +130,7 @@ async def read_changes(
 async def changes_held_back(conn: asyncpg.Connection, after: int) -> bool:
     """True when changes after `after` have committed but wait for an older transaction."""
     try:
-        return bool(await conn.fetchval(CHANGES_HELD_BACK, after))
+        return bool(await CHANGES_HELD_BACK.fetchval(conn, after=after))
     except _DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
 
@@ -177,7 +139,7 @@ async def backlog(conn: asyncpg.Connection, after: int) -> tuple[int, datetime |
     """(how many changes are committed after `after`, at most BACKLOG_COUNT_CAP; when the
     first of them was made)."""
     try:
-        row = await conn.fetchrow(BACKLOG, after)
+        row = await BACKLOG.fetchrow(conn, after=after, count_cap=BACKLOG_COUNT_CAP)
     except _DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
     assert row is not None
@@ -187,7 +149,7 @@ async def backlog(conn: asyncpg.Connection, after: int) -> tuple[int, datetime |
 async def load_cursor(conn: asyncpg.Connection, consumer: str) -> int:
     """The last position `consumer` handled (0, the beginning, for a new consumer)."""
     try:
-        position = await conn.fetchval(LOAD_CURSOR, consumer)
+        position = await LOAD_CURSOR.fetchval(conn, consumer=consumer)
     except _DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
     return 0 if position is None else int(position)
@@ -196,7 +158,7 @@ async def load_cursor(conn: asyncpg.Connection, consumer: str) -> int:
 async def save_cursor(conn: asyncpg.Connection, consumer: str, position: int) -> None:
     """Record that `consumer` has handled everything up to `position` (never moves back)."""
     try:
-        await conn.execute(SAVE_CURSOR, consumer, position)
+        await SAVE_CURSOR.execute(conn, consumer=consumer, position=position)
     except _DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
 
@@ -218,8 +180,8 @@ async def consume_changes(
     """
     try:
         async with conn.transaction():
-            await conn.execute(CREATE_CURSOR, consumer)
-            after = int(await conn.fetchval(LOCK_CURSOR, consumer))
+            await CREATE_CURSOR.execute(conn, consumer=consumer)
+            after = int(await LOCK_CURSOR.fetchval(conn, consumer=consumer))
             changes = await read_changes(conn, after, limit)
             if changes:
                 await handler(conn, changes)
@@ -257,7 +219,7 @@ class _Wakeups:
             await conn.add_listener(probe, on_probe)
             sender = await asyncpg.connect(dsn, statement_cache_size=0)
             try:
-                await sender.execute("SELECT pg_notify($1, '')", probe)
+                await _NOTIFY_PROBE.execute(sender, channel=probe)
             finally:
                 await _close_quietly(sender)
             async with asyncio.timeout(self.PROBE_TIMEOUT):

@@ -16,20 +16,19 @@ from importlib import resources
 import asyncpg
 
 from dlrfeed.errors import SchemaOutOfDateError
+from dlrfeed.store.sql import query
 
 # An arbitrary, fixed key so every dlrfeed process serialises migrations on the same lock.
 _MIGRATION_LOCK_KEY = 0x646C7266  # "dlrf"
 _FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
-# Run before the migrations, so that a database never migrated gets its version table.
-_BOOTSTRAP = (
-    "CREATE SCHEMA IF NOT EXISTS dlr;\n"
-    "CREATE TABLE IF NOT EXISTS dlr.schema_version ("
-    " version integer PRIMARY KEY,"
-    " name text NOT NULL,"
-    " applied_at timestamptz NOT NULL DEFAULT now());"
-)
-_RECORD_MIGRATION = "INSERT INTO dlr.schema_version (version, name) VALUES ($1, $2)"
+# The statements live in sql/schema.sql. The bootstrap runs before the migrations, so that a
+# database never migrated gets its version table.
+_BOOTSTRAP = (query("create_schema"), query("create_version_table"))
+_LOCK = query("lock_migrations")
+_RECORD_MIGRATION = query("record_migration")
+_VERSION_TABLE_EXISTS = query("version_table_exists")
+_SCHEMA_VERSION = query("schema_version")
 
 
 @dataclass(frozen=True)
@@ -58,10 +57,9 @@ def expected_version() -> int:
 
 async def current_version(conn: asyncpg.Connection) -> int:
     """The schema version recorded in the database (0 when never migrated)."""
-    exists = await conn.fetchval("SELECT to_regclass('dlr.schema_version') IS NOT NULL")
-    if not exists:
+    if not await _VERSION_TABLE_EXISTS.fetchval(conn):
         return 0
-    version = await conn.fetchval("SELECT coalesce(max(version), 0) FROM dlr.schema_version")
+    version = await _SCHEMA_VERSION.fetchval(conn)
     return int(version)
 
 
@@ -76,16 +74,19 @@ async def migrate(dsn: str) -> list[str]:
     applied: list[str] = []
     try:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
-            await conn.execute(_BOOTSTRAP)
+            await _LOCK.execute(conn, migration_lock_key=_MIGRATION_LOCK_KEY)
+            for statement in _BOOTSTRAP:
+                await statement.execute(conn)
             refuse_newer_schema(await current_version(conn))
         for migration in available_migrations():
             async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
+                await _LOCK.execute(conn, migration_lock_key=_MIGRATION_LOCK_KEY)
                 if migration.version <= await current_version(conn):
                     continue
                 await conn.execute(migration.sql)
-                await conn.execute(_RECORD_MIGRATION, migration.version, migration.name)
+                await _RECORD_MIGRATION.execute(
+                    conn, migration_version=migration.version, migration_name=migration.name
+                )
             applied.append(migration.name)
     finally:
         await conn.close()
@@ -101,7 +102,8 @@ def migration_plan(version: int) -> str:
     """The SQL `migrate` would run on a database at schema `version`, as one psql script.
 
     Each migration is wrapped in the transaction `migrate` gives it, followed by the row that
-    records it, all under the advisory lock `migrate` holds (so the script, run by hand, waits
+    records it (the very statement `migrate` runs, its parameters given as psql variables),
+    all under the advisory lock `migrate` holds (so the script, run by hand, waits
     for a `migrate` in progress and the other way round); psql stops at its first error. An
     up-to-date database gets an empty plan (a comment saying so).
     """
@@ -114,22 +116,24 @@ def migration_plan(version: int) -> str:
         f"-- dlrfeed migrate: schema dlr from version {version} to {target}, "
         f"{len(pending)} migration(s)",
         "\\set ON_ERROR_STOP on",
-        f"SELECT pg_advisory_lock({_MIGRATION_LOCK_KEY});",
-        _BOOTSTRAP,
+        f"\\set migration_lock_key {_MIGRATION_LOCK_KEY}",
+        f"{query('lock_migrations_session').source};",
+        *(f"{statement.source};" for statement in _BOOTSTRAP),
     ]
     for migration in pending:
-        record = _RECORD_MIGRATION.replace("$1", str(migration.version)).replace(
-            "$2",
-            f"'{migration.name}'",  # file names match _FILE_NAME: nothing to escape
-        )
         parts += [
             f"\n-- {migration.name}",
             "BEGIN;",
             migration.sql.strip(),
-            f"{record};",
+            # The recording statement as `migrate` runs it, its parameters psql variables; in
+            # psql quoting '' is one quote, so the name variable holds a SQL literal (file
+            # names match _FILE_NAME: nothing else to escape).
+            f"\\set migration_version {migration.version}",
+            f"\\set migration_name '''{migration.name}'''",
+            f"{_RECORD_MIGRATION.source};",
             "COMMIT;",
         ]
-    parts.append(f"\nSELECT pg_advisory_unlock({_MIGRATION_LOCK_KEY});")
+    parts.append(f"\n{query('unlock_migrations_session').source};")
     return "\n".join(parts) + "\n"
 
 

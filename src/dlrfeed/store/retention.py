@@ -32,6 +32,7 @@ import asyncpg.exceptions
 
 from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store.migrate import ensure_current
+from dlrfeed.store.sql import Query, query
 
 # F16: the fake gateway keeps an unacked receipt 7 days (fakegw --retention-seconds 604800).
 DEFAULT_REDELIVERY_HORIZON_DAYS = 7
@@ -47,39 +48,24 @@ _LOCK_ATTEMPTS = 30
 
 _T = TypeVar("_T")
 
-_PARTITIONS_TO_DROP = """
-SELECT partition_name, lower_bound, upper_bound
-FROM dlr.day_partitions
-WHERE parent_table = $1 AND NOT is_default AND upper_bound <= $2
-ORDER BY upper_bound
-"""
-
-_COLUMNS = """
-SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type
-FROM pg_attribute AS a
-WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-
-# The consumer furthest behind that has not read every change of a partition (its cursor lies
-# below the partition's last position): dropping the day would take changes it never saw.
-# Run after LOCK TABLE dlr.change_cursors IN SHARE MODE, so no cursor appears meanwhile.
-_UNREAD_BY = """
-SELECT c.consumer, c.position
-FROM dlr.change_cursors AS c
-WHERE c.position < (SELECT max(position) FROM {partition}) AND c.consumer <> ALL($1::text[])
-ORDER BY c.position, c.consumer
-LIMIT 1
-"""
+# The statements live in sql/retention.sql.
+_SET_LOCK_TIMEOUT = query("set_lock_timeout")
+_PARTITIONS_TO_DROP = query("partitions_to_drop")
+_COLUMNS = query("table_columns")
+_LOCK_CHANGE_CURSORS = query("lock_change_cursors")
+_UNREAD_BY = query("unread_by")
+_DROP_PARTITION = query("drop_partition")
+_COUNT_PARTITION = query("count_partition")
+_PARTITION_HOLDS_ROWS = query("partition_holds_rows")
 
 
 @dataclass(frozen=True)
 class DayPartitioned:
-    """One table partitioned by UTC day: its name in dlr, its partition-creating function and
-    the name of the day column in an archive's manifest."""
+    """One table partitioned by UTC day: its name in dlr, the statement that creates its
+    partitions ahead and the name of the day column in an archive's manifest."""
 
     table: str
-    create_function: str
+    create_partitions: Query
     manifest_bound: str
 
     @property
@@ -88,8 +74,10 @@ class DayPartitioned:
         return f"{self.table}_default"
 
 
-RECEPTIONS = DayPartitioned("receptions", "dlr.create_reception_partitions", "received")
-STATUS_CHANGES = DayPartitioned("status_changes", "dlr.create_status_change_partitions", "changed")
+RECEPTIONS = DayPartitioned("receptions", query("create_reception_partitions"), "received")
+STATUS_CHANGES = DayPartitioned(
+    "status_changes", query("create_status_change_partitions"), "changed"
+)
 DAY_PARTITIONED = (RECEPTIONS, STATUS_CHANGES)
 
 
@@ -161,11 +149,11 @@ async def maintain(
     run again at any time (a partition already created or dropped is not touched again)."""
     moment = now or datetime.now(UTC)
     report = MaintenanceReport()
-    conn = await asyncpg.connect(dsn)
+    # No named prepared statements and no session state: safe through a transaction pooler.
+    conn = await asyncpg.connect(dsn, statement_cache_size=0)
     try:
         # A schema of another version may partition other tables, or none (exit 78).
         await ensure_current(conn)
-        await conn.execute(f"SET lock_timeout = '{_LOCK_TIMEOUT}'")
         today = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         through = today + timedelta(days=policy.days_ahead + 1)
         for parent in DAY_PARTITIONED:
@@ -181,7 +169,10 @@ async def maintain(
         if policy.retention_days is not None:
             cutoff = moment - timedelta(days=policy.retention_days)
             for parent in DAY_PARTITIONED:
-                for row in await conn.fetch(_PARTITIONS_TO_DROP, parent.table, cutoff):
+                partitions = await _PARTITIONS_TO_DROP.fetch(
+                    conn, parent_table=parent.table, cutoff=cutoff
+                )
+                for row in partitions:
                     name = str(row["partition_name"])
                     if parent is STATUS_CHANGES:
                         # Before the archive: a refused day is neither written out nor dropped.
@@ -206,16 +197,24 @@ async def maintain(
                     await _with_lock_retries(parent, drop)
                     report.dropped.append(name)
         for parent in DAY_PARTITIONED:
-            default = f"{PARTITION_SCHEMA}.{parent.default_partition}"
-            if await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {default})"):
+            holds_rows = _PARTITION_HOLDS_ROWS.naming(partition=parent.default_partition)
+            if await holds_rows.fetchval(conn):
                 report.defaults_holding_rows.append(parent.default_partition)
     finally:
         await conn.close()
     return report
 
 
+async def _guard_locks(conn: asyncpg.Connection) -> None:
+    """Bound the lock waits of the transaction under way (SET LOCAL: nothing of it outlives
+    the transaction, so it is safe through a transaction pooler)."""
+    await _SET_LOCK_TIMEOUT.fetchval(conn, lock_timeout=_LOCK_TIMEOUT)
+
+
 async def _drop(conn: asyncpg.Connection, partition: str) -> None:
-    await conn.execute(f'DROP TABLE {PARTITION_SCHEMA}."{partition}"')
+    async with conn.transaction():
+        await _guard_locks(conn)
+        await _DROP_PARTITION.naming(partition=partition).execute(conn)
 
 
 async def _drop_read_changes(
@@ -225,18 +224,17 @@ async def _drop_read_changes(
     abandoned) has read it: the cursors are locked against a new one starting at 0 meanwhile
     (they only move forward otherwise, so a check that passed stays true)."""
     async with conn.transaction():
+        await _guard_locks(conn)
         await _refuse_unread(conn, partition, abandoned, lock=True)
-        await conn.execute(f'DROP TABLE {PARTITION_SCHEMA}."{partition}"')
+        await _DROP_PARTITION.naming(partition=partition).execute(conn)
 
 
 async def _refuse_unread(
     conn: asyncpg.Connection, partition: str, abandoned: Sequence[str], *, lock: bool
 ) -> None:
     if lock:
-        await conn.execute("LOCK TABLE dlr.change_cursors IN SHARE MODE")
-    behind = await conn.fetchrow(
-        _UNREAD_BY.format(partition=f'{PARTITION_SCHEMA}."{partition}"'), list(abandoned)
-    )
+        await _LOCK_CHANGE_CURSORS.execute(conn)
+    behind = await _UNREAD_BY.naming(partition=partition).fetchrow(conn, abandoned=list(abandoned))
     if behind is not None:
         raise FatalError(
             f"refused to drop {PARTITION_SCHEMA}.{partition}: consumer {behind['consumer']!r}"
@@ -250,7 +248,8 @@ async def _created(
     conn: asyncpg.Connection, parent: DayPartitioned, through: datetime
 ) -> list[str]:
     async with conn.transaction():
-        rows = await conn.fetch(f"SELECT {parent.create_function}($1) AS name", through)
+        await _guard_locks(conn)
+        rows = await parent.create_partitions.fetch(conn, through=through)
     return [str(r["name"]) for r in rows]
 
 
@@ -284,10 +283,11 @@ async def archive_partition(
     partial = await asyncio.to_thread(_partial_file, archive_dir, partition)
     # One snapshot for the count and the copy (the day is over: nothing is added to it anyway).
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = int(await conn.fetchval(f'SELECT count(*) FROM {PARTITION_SCHEMA}."{partition}"'))
+        await _guard_locks(conn)
+        rows = int(await _COUNT_PARTITION.naming(partition=partition).fetchval(conn))
         columns = [
             (str(r["name"]), str(r["type"]))
-            for r in await conn.fetch(_COLUMNS, f"dlr.{parent.table}")
+            for r in await _COLUMNS.fetch(conn, table_name=f"dlr.{parent.table}")
         ]
         with partial.open("wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as packed:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 import asyncpg
 import asyncpg.exceptions
@@ -25,6 +26,7 @@ import asyncpg.exceptions._base as asyncpg_base  # where InternalClientError liv
 
 from dlrfeed.config import Pooler
 from dlrfeed.errors import ConfigError
+from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -39,19 +41,28 @@ SYNCHRONOUS_COMMIT_LEVELS = ("on", "remote_write", "remote_apply")
 # asyncpg's default cache size, kept for direct connections.
 _STATEMENT_CACHE_SIZE = 100
 
-_SERVER_FACTS = """
-SELECT pg_is_in_recovery() AS in_recovery,
-       current_setting('transaction_read_only') = 'on' AS read_only,
-       current_setting('synchronous_commit') AS synchronous_commit,
-       current_setting('synchronous_standby_names') AS standby_names
-"""
-# sync_state is NULL for a role that may not see replication details (pg_read_all_stats).
-_SYNC_STANDBYS = """
-SELECT count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) AS synchronous,
-       count(*) FILTER (WHERE sync_state IS NULL) AS hidden
-FROM pg_stat_replication
-"""
-WRITABLE = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on')"
+# The statements live in sql/server.sql.
+_SERVER_FACTS = query("server_facts")
+_SYNC_STANDBYS = query("synchronous_standbys")
+WRITABLE = query("writable")
+
+
+class _UnrecognisedServerError(Exception):
+    """The probed server let us in but announced no server_version the driver can read."""
+
+
+class _ProbeConnection(asyncpg.Connection):
+    """The probe's connection: a server whose greeting the driver cannot read (it fails in
+    the connection's constructor) is closed here at once, rather than left to the garbage
+    collector as an open socket and a half-built connection."""
+
+    def __init__(self, protocol: Any, transport: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(protocol, transport, *args, **kwargs)
+        except (ValueError, AttributeError) as exc:
+            self._aborted = True  # what is_closed reads, so no unclosed-connection warning
+            transport.abort()
+            raise _UnrecognisedServerError(f"{type(exc).__name__}: {exc}") from exc
 
 
 async def _answers_as_pgbouncer(dsn: str) -> bool:
@@ -63,13 +74,28 @@ async def _answers_as_pgbouncer(dsn: str) -> bool:
             database=_PGBOUNCER_ADMIN_DATABASE,
             statement_cache_size=0,
             timeout=_PROBE_TIMEOUT_S,
+            connection_class=_ProbeConnection,
         )
     except asyncpg.exceptions.PostgresError as exc:
         return exc.sqlstate == _PGBOUNCER_SQLSTATE
     except (OSError, TimeoutError, asyncpg_base.InterfaceError, asyncpg_base.InternalClientError):
         return False  # unreachable: the real connection that follows reports it
+    except _UnrecognisedServerError as exc:
+        # A server that let us in but speaks neither as PgBouncer nor as PostgreSQL does: some
+        # other pooler, which `auto` cannot judge.
+        raise ConfigError(
+            f"--database-pooler auto: the server at {_address(dsn)} answered the pooler probe "
+            f"in a way neither PgBouncer nor PostgreSQL does ({exc}); "
+            "say what it is with --database-pooler transaction or none"
+        ) from exc
     await conn.close()
     return True
+
+
+def _address(dsn: str) -> str:
+    """host:port of `dsn` for a message (never its password); the URL's authority part."""
+    authority = urlsplit(dsn).netloc.rpartition("@")[2]
+    return authority or "the default host"
 
 
 async def behind_transaction_pooler(dsn: str, pooler: Pooler) -> bool:
@@ -112,7 +138,7 @@ async def check_server(
     connected as synchronous (sync or quorum) in pg_stat_replication right now. Without the
     last, commits would wait for a standby that is not there, so the daemon would hang.
     """
-    facts = cast("asyncpg.Record", await conn.fetchrow(_SERVER_FACTS))  # one row, always
+    facts = cast("asyncpg.Record", await _SERVER_FACTS.fetchrow(conn))  # one row, always
     if facts["in_recovery"]:
         raise ConfigError(
             "the database server is a standby (in recovery, read-only): point --database-url at "
@@ -136,7 +162,7 @@ async def check_server(
                 "--require-synchronous-commit: synchronous_standby_names is empty on the "
                 "primary, commits do not wait for any standby"
             )
-        standbys = cast("asyncpg.Record", await conn.fetchrow(_SYNC_STANDBYS))
+        standbys = cast("asyncpg.Record", await _SYNC_STANDBYS.fetchrow(conn))
         if standbys["hidden"]:
             raise ConfigError(
                 "--require-synchronous-commit: this role may not see pg_stat_replication; "

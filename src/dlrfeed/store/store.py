@@ -120,6 +120,20 @@ if TYPE_CHECKING:
         asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
     )
 
+# The parameters of queries.INSERT_MESSAGES that take the columns of Submission.normalised,
+# in its order.
+_SUBMISSION_COLUMNS = (
+    "message_ids",
+    "internal_ids",
+    "destinations",
+    "destinations_raw",
+    "destinations_e164",
+    "sources",
+    "routes",
+    "submitted_at",
+    "dlr_requested",
+    "dlr_levels",
+)
 # Where each of rules.RECORD_FIELDS sits in a row of Submission.normalised.
 _RECORD_POSITIONS = (1, 3, 5, 6, 7, 8, 9)
 
@@ -218,7 +232,8 @@ def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
 
 
 def _status_json(statuses: Mapping[str, MessageState]) -> str:
-    """The status rows of queries.upsert_statuses for the states that have a basis."""
+    """The :statuses rows of the upsert_statuses fragment (sql/ingest.sql) for the states
+    that have a basis."""
     rows = []
     iso: dict[int, str] = {}  # by object: a batch's statuses mostly share parsed done dates
     for key, s in sorted(statuses.items()):
@@ -437,7 +452,7 @@ class Store:
         no longer take writes (a primary demoted, or failed over to while still a standby)."""
         try:
             async with self._pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
-                writable = await conn.fetchval(WRITABLE, timeout=_CONNECT_TIMEOUT_S)
+                writable = await conn.fetchval(WRITABLE.text, timeout=_CONNECT_TIMEOUT_S)
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
         if not writable:
@@ -563,31 +578,32 @@ class Store:
             "receipt": _printable(repr(receipt)[:4000]),
             "delivery_count": receipt.delivery_count,
         }
-        arguments = (
-            login,
-            _printable(receipt.message_id)[:MAX_ID_CHARS],
-            json.dumps(details, ensure_ascii=True),
-            bytes(receipt.raw),
-            evidence_key(receipt.raw),
-        )
+        arguments = {
+            "login": login,
+            "message_id": _printable(receipt.message_id)[:MAX_ID_CHARS],
+            "details": json.dumps(details, ensure_ascii=True),
+            "evidence": bytes(receipt.raw),
+            "evidence_key": evidence_key(receipt.raw),
+        }
         # Delivered again while an earlier delivery is under investigation: one open exception
         # per receipt (never counted twice), every delivery's bytes kept. Only an operator
         # resolving that exception between our two statements sends us round again.
-        while await conn.fetchval(queries.OPEN_UNSTORABLE, *arguments) is None:
-            if await conn.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY, *arguments) is not None:
+        while await queries.OPEN_UNSTORABLE.fetchval(conn, **arguments) is None:
+            if await queries.RECORD_UNSTORABLE_REDELIVERY.fetchval(conn, **arguments) is not None:
                 return
 
     async def _correlate(
         self, conn: _Connection, login: str, ids: list[str]
     ) -> dict[str, datetime | None]:
         """Lock the messages of `ids` (sorted); those that exist with their submission time."""
-        found = {r[0]: r[1] for r in await conn.fetch(queries.LOCK_MESSAGES, login, ids)}
+        lock = queries.LOCK_MESSAGES
+        found = {r[0]: r[1] for r in await lock.fetch(conn, login=login, message_ids=ids)}
         missing = [i for i in ids if i not in found]
         if missing:
-            await conn.fetchval(queries.LOCK_CORRELATION_IDS, login, missing)
+            await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=missing)
             # A new statement, so a message committed while we waited is seen now.
             found.update(
-                (r[0], r[1]) for r in await conn.fetch(queries.LOCK_MESSAGES, login, missing)
+                (r[0], r[1]) for r in await lock.fetch(conn, login=login, message_ids=missing)
             )
         return found
 
@@ -604,14 +620,14 @@ class Store:
         # the held statuses and the batch's reception id blocks, in one statement, while the
         # client encodes the receptions.
         returned, receipt_fields = await _overlapped(
-            conn.fetch(
-                queries.INSERT_EVENTS_READ_STATUSES,
-                login,
-                PARSER_VERSION,
-                RULES_VERSION,
-                events_json,
-                sorted(submitted),
-                -(-len(events) // queries.RECEPTION_ID_BLOCK),  # blocks: the ceiling
+            queries.INSERT_EVENTS_READ_STATUSES.fetch(
+                conn,
+                login=login,
+                parser_version=PARSER_VERSION,
+                rules_version=RULES_VERSION,
+                events=events_json,
+                correlated=sorted(submitted),
+                id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
             ),
             lambda: copy_rows.encode_receipt_fields(login, events),
         )
@@ -629,11 +645,11 @@ class Store:
         keys: dict[tuple[str, int], KeyContents] = {}
         if len(inserted) < len(firsts):
             existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
-            for r in await conn.fetch(
-                queries.LOCK_EXISTING_EVENTS,
-                login,
-                [e.message_id for e in existing],
-                [e.level for e in existing],
+            for r in await queries.LOCK_EXISTING_EVENTS.fetch(
+                conn,
+                login=login,
+                message_ids=[e.message_id for e in existing],
+                levels=[e.level for e in existing],
             ):
                 stored[(r[1], r[2])] = r[0]
                 keys[(r[1], r[2])] = KeyContents(Status(r[4]), (r[3], *r[5]))
@@ -672,18 +688,24 @@ class Store:
         planner = plan.planner
         changed = {k: v for k, v in planner.messages.items() if held.get(k) is not v}
         counted = list(planner.event_last)
-        await conn.execute(
-            queries.WRITE_BATCH,
-            login,
-            RULES_VERSION,
-            id_blocks,
-            *_columns(plan.exceptions, 5),
-            _status_json(changed),
-            counted,
-            [planner.event_accepted.get(i, 0) for i in counted],
-            [planner.event_conflicts.get(i, 0) for i in counted],
-            [planner.event_last[i] for i in counted],
-            [" ".join(planner.key_updates.get(i, ())) for i in counted],
+        kinds, message_ids, details, exception_event_ids, positions = _columns(plan.exceptions, 5)
+        await queries.WRITE_BATCH.execute(
+            conn,
+            login=login,
+            rules_version=RULES_VERSION,
+            id_blocks=id_blocks,
+            id_block_size=queries.RECEPTION_ID_BLOCK,
+            exception_kinds=kinds,
+            exception_message_ids=message_ids,
+            exception_details=details,
+            exception_event_ids=exception_event_ids,
+            exception_positions=positions,
+            statuses=_status_json(changed),
+            event_ids=counted,
+            event_accepted=[planner.event_accepted.get(i, 0) for i in counted],
+            event_conflicts=[planner.event_conflicts.get(i, 0) for i in counted],
+            event_received_at=[planner.event_last[i] for i in counted],
+            event_updates=[" ".join(planner.key_updates.get(i, ())) for i in counted],
         )
         return plan.outcomes
 
@@ -730,14 +752,14 @@ class Store:
         # The same advisory locks as ingest takes for ids it cannot correlate: whichever of us
         # comes second sees what the first committed (late correlation is never missed), and
         # two recorders of one id see each other's record.
-        await conn.fetchval(queries.LOCK_CORRELATION_IDS, login, ids)
+        await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=ids)
         first_rows: dict[str, tuple[Any, ...]] = {}
         for row in rows:
             first_rows.setdefault(row[0], row)
         firsts = list(first_rows.values())
+        columns = dict(zip(_SUBMISSION_COLUMNS, _columns(firsts, 10), strict=True))
         inserted: dict[str, datetime | None] = {
-            r[0]: r[1]
-            for r in await conn.fetch(queries.INSERT_MESSAGES, login, *_columns(firsts, 10))
+            r[0]: r[1] for r in await queries.INSERT_MESSAGES.fetch(conn, login=login, **columns)
         }
         # P12: every record that was not inserted is compared with the one recorded.
         others = [row for row in rows if row[0] not in inserted or first_rows[row[0]] is not row]
@@ -746,7 +768,7 @@ class Store:
         new_ids = sorted(inserted)
         if not new_ids:
             return 0, 0
-        waiting = await conn.fetch(queries.WAITING_RECEPTIONS, login, new_ids)
+        waiting = await queries.WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=new_ids)
         if not waiting:
             return len(new_ids), 0
         # Late correlation: every delivery that arrived before the message was recorded,
@@ -769,14 +791,19 @@ class Store:
                 event_id,
                 reception_id,
             )
-        await conn.fetchval(
-            queries.WRITE_LATE_CORRELATION,
-            login,
-            RULES_VERSION,
-            _status_json(planner.messages),
-            list(resolutions),
-            list(resolutions.values()),
-            *_columns(exceptions, 5),
+        kinds, message_ids, details, event_ids, reception_ids = _columns(exceptions, 5)
+        await queries.WRITE_LATE_CORRELATION.fetchval(
+            conn,
+            login=login,
+            rules_version=RULES_VERSION,
+            statuses=_status_json(planner.messages),
+            resolved_event_ids=list(resolutions),
+            resolutions=list(resolutions.values()),
+            exception_kinds=kinds,
+            exception_message_ids=message_ids,
+            exception_details=details,
+            exception_event_ids=event_ids,
+            exception_reception_ids=reception_ids,
         )
         return len(new_ids), len(resolutions)
 
@@ -788,8 +815,8 @@ class Store:
         changes nothing."""
         recorded = {
             r["message_id"]: r
-            for r in await conn.fetch(
-                queries.RECORDED_MESSAGES, login, sorted({row[0] for row in others})
+            for r in await queries.RECORDED_MESSAGES.fetch(
+                conn, login=login, message_ids=sorted({row[0] for row in others})
             )
         }
         found: dict[str, tuple[str, str]] = {}
@@ -819,12 +846,12 @@ class Store:
             ).hexdigest()
             found.setdefault(key, (row[0], details))
         if found:
-            await conn.execute(
-                queries.OPEN_SECOND_RECORDS,
-                login,
-                [v[0] for v in found.values()],
-                [v[1] for v in found.values()],
-                list(found),
+            await queries.OPEN_SECOND_RECORDS.execute(
+                conn,
+                login=login,
+                message_ids=[v[0] for v in found.values()],
+                details=[v[1] for v in found.values()],
+                evidence_keys=list(found),
             )
 
     # ---------------------------------------------------------------- recompute
@@ -844,8 +871,13 @@ class Store:
         try:
             async with self._pool.acquire() as conn:
                 while True:
-                    keys = await conn.fetch(
-                        queries.STALE_STATUSES, *after, chunk, every, RULES_VERSION
+                    keys = await queries.STALE_STATUSES.fetch(
+                        conn,
+                        after_login=after[0],
+                        after_message_id=after[1],
+                        chunk=chunk,
+                        every=every,
+                        rules_version=RULES_VERSION,
                     )
                     if not keys:
                         break
@@ -864,10 +896,13 @@ class Store:
     async def _recompute_chunk(self, conn: _Connection, login: str, message_ids: list[str]) -> int:
         submitted = await self._correlate(conn, login, sorted(message_ids))
         before = {
-            r["message_id"]: r for r in await conn.fetch(queries.LOCK_STATUSES, login, message_ids)
+            r["message_id"]: r
+            for r in await queries.LOCK_STATUSES.fetch(conn, login=login, message_ids=message_ids)
         }
         planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
-        for reception in await conn.fetch(queries.WAITING_RECEPTIONS, login, sorted(submitted)):
+        for reception in await queries.WAITING_RECEPTIONS.fetch(
+            conn, login=login, correlation_ids=sorted(submitted)
+        ):
             planner.decide(*_replayed(reception))
         audit: list[list[Any]] = []
         gone: list[str] = []
@@ -894,12 +929,12 @@ class Store:
                     f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
                 ]
             )
-        await conn.execute(
-            queries.WRITE_RECOMPUTE,
-            login,
-            RULES_VERSION,
-            _status_json({m: s for m, s in planner.messages.items() if m in before}),
-            gone,
-            _dumps(audit),
+        await queries.WRITE_RECOMPUTE.execute(
+            conn,
+            login=login,
+            rules_version=RULES_VERSION,
+            statuses=_status_json({m: s for m, s in planner.messages.items() if m in before}),
+            gone=gone,
+            audit=_dumps(audit),
         )
         return len(audit)

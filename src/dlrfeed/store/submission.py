@@ -30,7 +30,8 @@ class Submission:
     route: str | None = None
 
     def normalised(self, options: IntegrationOptions) -> tuple[Any, ...]:
-        """The row of `queries.INSERT_MESSAGES` (after login), in parameter order."""
+        """The row of `queries.INSERT_MESSAGES` (after login): one value of each of its column
+        arrays, in the order of its parameters."""
         destination, is_e164 = normalise_destination(self.destination, options)
         return (
             self.message_id,

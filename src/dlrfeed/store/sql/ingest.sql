@@ -1,0 +1,201 @@
+-- The ingest transaction (dlrfeed.store.store): set-based statements over whole arrays
+-- (`unnest`, or one JSON array) so that a batch costs a handful of round trips, never one per
+-- receipt. Locks are always taken in sorted key order: message rows (or, for ids with no
+-- message yet, advisory locks) first, event rows second, so concurrent ingests never wait on
+-- each other in a cycle.
+
+-- fragment: upsert_statuses
+-- The computed statuses (P7), shared by the ingest, the late-correlation and the recompute
+-- writes: :statuses is a jsonb array of rows (message_id, status, is_final, reason,
+-- supporting_event_id, repeats, conflicts, progress_events, deadline_superseded,
+-- supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags joined
+-- by spaces).
+    INSERT INTO dlr.message_status (
+        login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
+        progress_events, deadline_superseded, rules_version, updated_at,
+        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
+    SELECT :login, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
+           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, :rules_version,
+           now(), (s.r->>9)::bigint, (s.r->>10)::bigint, s.r->>11, s.r->>12,
+           (s.r->>13)::timestamptz, string_to_array(s.r->>14, ' ')
+    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
+    ON CONFLICT (login, message_id) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
+        supporting_reception_id = EXCLUDED.supporting_reception_id,
+        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
+        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
+        flags = EXCLUDED.flags
+
+-- name: lock_messages
+-- P10: exact correlation by message id within the login; the row lock serialises every status
+-- computation of that message; its submission time is what the planner checks reported times
+-- against (P19). :message_ids is sorted (Python order), and the rows are locked in that order,
+-- one primary-key probe per id: the locking LATERAL subquery cannot be flattened, so even a
+-- plan made on a young table's stale statistics never hashes every message of the login
+-- (which cost more than the rest of the batch's reads together; bench_store).
+SELECT m.message_id, m.submitted_at
+FROM unnest(:message_ids::text[]) WITH ORDINALITY AS k(message_id, position)
+CROSS JOIN LATERAL (
+    SELECT m.message_id, m.submitted_at
+    FROM dlr.messages AS m
+    WHERE m.login = :login AND m.message_id = k.message_id
+    FOR NO KEY UPDATE
+) AS m
+ORDER BY k.position
+
+-- name: lock_correlation_ids
+-- Ids with no message yet: an advisory lock per id, in sorted order, so that a concurrent
+-- record_submissions either sees our uncorrelated exception or we see its message (late
+-- correlation is never missed). The two-int4 form with the namespace 6581362 (0x646C72,
+-- "dlr"), so these never collide with the migration lock (one bigint, schema.sql).
+SELECT count(pg_advisory_xact_lock(6581362, hashtext(:login || chr(31) || k)))
+FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
+
+-- name: insert_events_read_statuses
+-- One round trip after the message locks, three parts:
+-- - P14: insert-or-detect of logical events, one row per distinct key of the batch in :events
+--   order (the order of each key's first delivery, so event ids follow arrival). :events is a
+--   JSON array of rows [message_id, correlation_id, level, stat, status, err, done_raw,
+--   done_at, fingerprint, flags, received_at]: one parameter instead of eleven arrays, because
+--   the driver's per-element array encoding costs more than the server's JSON parse
+--   (bench_store). Cheap to encode: correlation_id is null when it is the message id (nearly
+--   always), received_at integer microseconds (a float costs the JSON encoder a Python call).
+--   Returns (id, message_id, level) per new event.
+-- - The planner's held state of each correlated message in :correlated, from its status row
+--   alone (the basis is kept on the row, migration 0008), and - for messages with no status
+--   yet - the repeat/conflict counts of their earlier (unapplied) events. These rows have a
+--   NULL id. Read in the statement's snapshot, taken after the locks were granted, so every
+--   status committed under those locks is seen; events inserted by this same statement are
+--   not (the counts are of earlier events, as intended). Events of a correlation id are found
+--   by id where the two are equal, by the partial correlation index where they differ
+--   (migration 0005); waiting_receptions reads them the same way.
+-- - The id blocks of the batch's receptions (migration 0006), drawn here, under the locks, so
+--   that reception ids follow the arrival order of each id's deliveries (P19) and the
+--   receptions can be copied in as soon as the planner decides each one's outcome.
+WITH new AS (
+    INSERT INTO dlr.events (
+        login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
+        fingerprint, flags, parser_version, rules_version, first_received_at,
+        last_received_at)
+    SELECT :login, u.r->>0, coalesce(u.r->>1, u.r->>0), (u.r->>2)::bigint, u.r->>3, u.r->>4,
+           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '),
+           :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
+           to_timestamp((u.r->>10)::float8 / 1000000)
+    FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
+    ORDER BY u.position
+    ON CONFLICT (login, message_id, level) DO NOTHING
+    RETURNING id, message_id, level
+)
+SELECT n.id, n.message_id, n.level,
+       NULL::text AS status, NULL::bigint AS supporting_event_id, NULL::int AS repeats,
+       NULL::int AS conflicts, NULL::int AS progress_events,
+       NULL::boolean AS deadline_superseded, NULL::bigint AS supporting_reception_id,
+       NULL::bigint AS basis_level, NULL::text AS basis_stat, NULL::text AS basis_err,
+       NULL::timestamptz AS basis_done_at, NULL::text[] AS status_flags,
+       NULL::int AS orphan_repeats, NULL::int AS orphan_conflicts
+FROM new AS n
+UNION ALL
+SELECT NULL, k.message_id, NULL,
+       s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
+       s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
+       s.basis_err, s.basis_done_at, s.flags,
+       o.repeats, o.conflicts
+FROM unnest(:correlated::text[]) AS k(message_id)
+-- LATERAL ... OFFSET 0: one primary-key probe per id, whatever the table statistics say (a
+-- young table's stale statistics otherwise invite a scan of every status of the login).
+LEFT JOIN LATERAL (
+    SELECT s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
+           s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
+           s.basis_err, s.basis_done_at, s.flags
+    FROM dlr.message_status AS s
+    WHERE s.login = :login AND s.message_id = k.message_id
+    OFFSET 0
+) AS s ON true
+LEFT JOIN LATERAL (
+    SELECT coalesce(sum(x.times_received - 1 - cardinality(x.updates)), 0)::int AS repeats,
+           coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
+    FROM dlr.events AS x
+    WHERE s.status IS NULL AND x.login = :login AND x.correlation_id = k.message_id
+      AND (x.message_id = k.message_id OR x.correlation_id <> x.message_id)
+) AS o ON true
+UNION ALL
+-- The batch's reception id blocks (queries.RECEPTION_ID_BLOCK ids each), :id_blocks of them:
+-- rows with a NULL message_id and the block's first id as `id`.
+SELECT nextval('dlr.receptions_id_seq'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM generate_series(1, :id_blocks::int)
+
+-- name: lock_existing_events
+-- Keys that were already stored: the contents they hold (P14: the first content's fingerprint
+-- and status, the further accepted fingerprints), rows locked in key order (their counters are
+-- updated at the end of the transaction).
+SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, e.updates
+FROM dlr.events AS e
+JOIN unnest(:message_ids::text[], :levels::bigint[]) AS k(message_id, level)
+  ON e.message_id = k.message_id AND e.level = k.level
+WHERE e.login = :login
+ORDER BY e.message_id, e.level
+FOR NO KEY UPDATE OF e
+
+-- name: write_batch
+-- Everything of the batch but the receptions themselves (copied in by binary COPY, P6/P13):
+-- exceptions (joined to their reception by batch position p, 1-based: the reception ids are
+-- the :id_blocks drawn by insert_events_read_statuses, p getting
+-- id_blocks[(p - 1) / :id_block_size + 1] + (p - 1) % :id_block_size), the new statuses, the
+-- events' counters and accepted contents (:event_updates: each event's new fingerprints
+-- joined by spaces).
+WITH exc AS (
+    INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
+    SELECT x.kind, :login, x.message_id, x.details::jsonb, x.event_id,
+           (:id_blocks::bigint[])[(x.position - 1) / :id_block_size::int + 1]
+           + (x.position - 1) % :id_block_size::int
+    FROM unnest(:exception_kinds::text[], :exception_message_ids::text[],
+                :exception_details::text[], :exception_event_ids::bigint[],
+                :exception_positions::int[])
+         AS x(kind, message_id, details, event_id, position)
+),
+st AS (
+-- include: upsert_statuses
+),
+ev AS (
+    UPDATE dlr.events AS e SET
+        times_received = e.times_received + c.accepted,
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+        last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at)),
+        updates = e.updates || string_to_array(c.updates, ' ')
+    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
+                :event_received_at::float8[], :event_updates::text[])
+         AS c(id, accepted, conflicts, received_at, updates)
+    WHERE e.id = c.id
+)
+SELECT 1
+
+-- name: open_unstorable
+-- C8: a receipt the database refused, kept as raw bytes in the exceptions queue - unless an
+-- open exception already holds the same receipt (`evidence_key`, migration 0004): then
+-- nothing, and the caller keeps this delivery's bytes with record_unstorable_redelivery.
+INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence, evidence_key)
+VALUES ('unstorable', :login, :message_id, :details::jsonb, :evidence, :evidence_key)
+ON CONFLICT (login, evidence_key) WHERE kind = 'unstorable' AND resolved_at IS NULL
+DO NOTHING
+RETURNING id
+
+-- name: record_unstorable_redelivery
+-- Another delivery of a receipt with an open `unstorable` exception: its bytes kept too (every
+-- delivery is evidence), in a row opened resolved that points to the open one. A new
+-- statement, so it sees the open exception that made open_unstorable do nothing; that
+-- exception is locked so it stays open until we commit. Returns no row when it was resolved
+-- in between (the caller then opens a new one).
+INSERT INTO dlr.exceptions (
+    kind, login, message_id, details, evidence, evidence_key, resolved_at, resolution)
+SELECT 'unstorable', :login, :message_id, :details::jsonb, :evidence, :evidence_key, now(),
+       'another delivery of the receipt of open exception ' || o.id
+FROM (SELECT x.id FROM dlr.exceptions AS x
+      WHERE x.login = :login AND x.evidence_key = :evidence_key AND x.kind = 'unstorable'
+        AND x.resolved_at IS NULL
+      FOR SHARE) AS o
+RETURNING id

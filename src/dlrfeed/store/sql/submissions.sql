@@ -1,0 +1,93 @@
+-- The sending side (Store.record_submissions) and late correlation: the receipts that
+-- arrived before their message was recorded, replayed through the planner.
+
+-- name: insert_messages
+-- P5: the sending side; a message id already recorded is left as it was (idempotent; a
+-- different record of it is compared by the caller, P12). Returns each new message with its
+-- submission time (the planner checks reported times against it, P19). The arrays are the
+-- columns of Submission.normalised, in its order.
+INSERT INTO dlr.messages (
+    login, message_id, internal_id, destination, destination_raw, destination_is_e164, source,
+    route, submitted_at, dlr_requested, dlr_level)
+SELECT :login, u.message_id, u.internal_id, u.destination, u.destination_raw, u.is_e164,
+       u.source, u.route, u.submitted_at, u.dlr_requested, u.dlr_level
+FROM unnest(:message_ids::text[], :internal_ids::text[], :destinations::text[],
+            :destinations_raw::text[], :destinations_e164::boolean[], :sources::text[],
+            :routes::text[], :submitted_at::timestamptz[], :dlr_requested::boolean[],
+            :dlr_levels::smallint[])
+     AS u(message_id, internal_id, destination, destination_raw, is_e164, source, route,
+          submitted_at, dlr_requested, dlr_level)
+ORDER BY u.message_id
+ON CONFLICT (login, message_id) DO NOTHING
+RETURNING message_id, submitted_at
+
+-- name: recorded_messages
+-- P12: the recorded fields of messages, to compare a second record with (rules.RECORD_FIELDS).
+SELECT message_id, internal_id, destination_raw, source, route, submitted_at, dlr_requested,
+       dlr_level
+FROM dlr.messages
+WHERE login = :login AND message_id = ANY(:message_ids::text[])
+
+-- name: open_second_records
+-- P12: each distinct second record of a sent message id, kept once (evidence_key: a digest of
+-- the record) in a `second_record` exception; recording the same file again opens nothing.
+INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence_key)
+SELECT 'second_record', :login, n.message_id, n.details::jsonb, n.evidence_key
+FROM unnest(:message_ids::text[], :details::text[], :evidence_keys::text[])
+     AS n(message_id, details, evidence_key)
+WHERE NOT EXISTS (
+    SELECT 1 FROM dlr.exceptions AS x
+    WHERE x.login = :login AND x.message_id = n.message_id AND x.kind = 'second_record'
+      AND x.evidence_key = n.evidence_key)
+
+-- name: waiting_receptions
+-- Late correlation and recompute: every delivery of the events of each correlation id in
+-- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
+-- needs of it. The receptions are read by their primary key (login, message_id, ...). P10:
+-- the events are found per id by two index probes - those whose id is the correlation id, by
+-- the unique key; the others, by the partial correlation index (migration 0005) - each a
+-- plain equality on an index's leading columns. One OR of the two would leave the planner a
+-- choice: a generic plan made while dlr.events was young (statements prepared on an empty
+-- database) chose a scan of the table per id, and kept it while a first drain grew the table
+-- faster than autovacuum analyzed it (minutes for 5,000 ids at 400 k events). An equality
+-- probe stays the cheapest plan at any table size and any statistics.
+SELECT r.id, r.event_id, r.message_id, e.correlation_id, r.level, r.stat, r.err,
+       r.done_date_raw, r.done_at, r.received_at, r.fingerprint, r.flags
+FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
+CROSS JOIN LATERAL (
+    SELECT e.id, e.message_id, e.correlation_id
+    FROM dlr.events AS e
+    WHERE e.login = :login AND e.message_id = k.correlation_id
+      AND e.correlation_id = k.correlation_id
+    UNION ALL
+    SELECT e.id, e.message_id, e.correlation_id
+    FROM dlr.events AS e
+    WHERE e.login = :login AND e.correlation_id = k.correlation_id
+      AND e.correlation_id <> e.message_id
+) AS e
+JOIN dlr.receptions AS r
+  ON r.login = :login AND r.message_id = e.message_id AND r.event_id = e.id
+ORDER BY e.correlation_id, r.id
+
+-- name: write_late_correlation
+-- The statuses the planner computed from the waiting deliveries, their events' uncorrelated
+-- exceptions resolved with the reason, and the exceptions the message layer raised on the way
+-- (joined to their reception by id). Returns how many exceptions were resolved.
+WITH st AS (
+-- include: upsert_statuses
+),
+resolved AS (
+    UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
+    FROM unnest(:resolved_event_ids::bigint[], :resolutions::text[]) AS r(event_id, resolution)
+    WHERE x.event_id = r.event_id AND x.kind = 'uncorrelated' AND x.resolved_at IS NULL
+    RETURNING x.id
+),
+opened AS (
+    INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
+    SELECT n.kind, :login, n.message_id, n.details::jsonb, n.event_id, n.reception_id
+    FROM unnest(:exception_kinds::text[], :exception_message_ids::text[],
+                :exception_details::text[], :exception_event_ids::bigint[],
+                :exception_reception_ids::bigint[])
+         AS n(kind, message_id, details, event_id, reception_id)
+)
+SELECT count(*) FROM resolved

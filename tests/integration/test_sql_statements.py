@@ -1,0 +1,148 @@
+"""Every SQL statement of dlrfeed against a real migrated database, and the store's dealings
+with what sits between it and PostgreSQL (a transaction pooler, an unknown pooler)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import struct
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from dlrfeed.cli import main
+from dlrfeed.config import Pooler
+from dlrfeed.errors import ConfigError, FatalError
+from dlrfeed.store import retention
+from dlrfeed.store.retention import RetentionPolicy, maintain
+from dlrfeed.store.server import behind_transaction_pooler
+from dlrfeed.store.sql import STATEMENTS
+from pgbouncer import PgBouncer
+from pgcluster import PgCluster, free_port, scratch_directory
+
+# A day partition that exists in every migrated database, for the statements that name one: of
+# the change log, the only table whose partitions unread_by reads.
+_EXISTING_PARTITION = "status_changes_default"
+
+
+async def test_every_statement_prepares_against_the_migrated_schema(database_url: str) -> None:
+    """A typo in any statement (a column, a table, a type, a parameter the server cannot
+    type) fails here, not in production: each is parsed and typed by the server (PREPARE,
+    nothing executed), in a transaction rolled back after."""
+    conn = await asyncpg.connect(database_url)
+    failures: dict[str, str] = {}
+    try:
+        for name, query in sorted(STATEMENTS.items()):
+            if query.identifiers:
+                query = query.naming(**dict.fromkeys(query.identifiers, _EXISTING_PARTITION))
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                statement = await conn.prepare(query.text)
+                if len(statement.get_parameters()) != len(query.parameters):
+                    failures[name] = f"server sees {len(statement.get_parameters())} parameters"
+            except asyncpg.PostgresError as exc:
+                failures[name] = f"{type(exc).__name__}: {exc}"
+            finally:
+                await transaction.rollback()
+    finally:
+        await conn.close()
+    assert not failures, failures
+
+
+@pytest.fixture(scope="module")
+def bouncer(pg_cluster: PgCluster) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode with one server connection per database and user, so
+    every client transaction runs on that one server session."""
+    pooler = PgBouncer(
+        scratch_directory("pgbouncer-sql"), free_port(), pg_cluster.port, pool_size=1
+    )
+    pooler.start()
+    try:
+        yield pooler
+    finally:
+        pooler.stop()
+        shutil.rmtree(pooler.root, ignore_errors=True)
+
+
+async def test_maintain_through_a_transaction_pooler_leaves_no_lock_timeout_behind(
+    bouncer: PgBouncer, database_url: str
+) -> None:
+    """`maintain`'s lock timeout is local to the transactions it guards: the server session
+    that PgBouncer hands to the next client has the server's own lock_timeout (0), not ours."""
+    pooled = bouncer.dsn_for(database_url.rsplit("/", 1)[1])
+    later = datetime.now(UTC) + timedelta(days=30)  # days with no partition yet: DDL runs
+    report = await maintain(pooled, RetentionPolicy(days_ahead=2), now=later)
+    assert report.created  # the guarded transactions really ran
+    other_client = await asyncpg.connect(pooled, statement_cache_size=0)
+    try:
+        assert await other_client.fetchval("SHOW lock_timeout") == "0"
+    finally:
+        await other_client.close()
+
+
+async def test_maintain_waits_for_a_held_table_only_as_long_as_its_lock_timeout(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another transaction holds dlr.receptions, creating a day partition gives up
+    after the lock timeout (one attempt here) in one line, instead of queueing forever."""
+    monkeypatch.setattr(retention, "_LOCK_ATTEMPTS", 1)
+    holder = await asyncpg.connect(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE dlr.receptions IN ACCESS SHARE MODE")
+            later = datetime.now(UTC) + timedelta(days=60)
+            with pytest.raises(FatalError, match=r"dlr\.receptions stayed locked"):
+                async with asyncio.timeout(60):  # a generous bound; the timeout is 2 s
+                    await maintain(database_url, RetentionPolicy(days_ahead=2), now=later)
+    finally:
+        await holder.close()
+
+
+@pytest.fixture
+async def unknown_pooler() -> AsyncIterator[str]:
+    """A server on loopback that accepts any login but announces a server_version that is
+    neither PostgreSQL's nor PgBouncer's, as an unfamiliar pooler might; the URL to reach it."""
+
+    def message(kind: bytes, body: bytes) -> bytes:
+        return kind + struct.pack("!I", len(body) + 4) + body
+
+    answer = (
+        message(b"R", struct.pack("!I", 0))  # AuthenticationOk
+        + message(b"S", b"server_version\x00odd-pooler\x00")
+        + message(b"Z", b"I")  # ReadyForQuery
+    )
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(4096)  # the startup packet
+        writer.write(answer)
+        await writer.drain()
+        await reader.read(4096)  # until the client goes
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"postgresql://dlrfeed@127.0.0.1:{port}/dlr?sslmode=disable"
+    finally:
+        server.close()
+
+
+async def test_an_unrecognised_pooler_answer_is_one_config_error(unknown_pooler: str) -> None:
+    with pytest.raises(ConfigError, match="neither PgBouncer nor PostgreSQL") as raised:
+        await behind_transaction_pooler(unknown_pooler, Pooler.AUTO)
+    assert "\n" not in str(raised.value)
+    assert "--database-pooler" in str(raised.value)
+
+
+async def test_a_command_facing_an_unrecognised_pooler_exits_78_in_one_line(
+    unknown_pooler: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The command runs its own event loop, in a thread, while this one serves the fake server.
+    code = await asyncio.to_thread(main, ["stats", "--database-url", unknown_pooler])
+    assert code == 78
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "neither PgBouncer nor PostgreSQL" in err
