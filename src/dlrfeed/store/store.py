@@ -1,30 +1,27 @@
-"""The PostgreSQL adapter: batch ingest of receipts and the sending side, on an asyncpg pool.
+"""The PostgreSQL adapter: the receipt store on an asyncpg pool, and its batch ingest.
 
-One transaction per batch, a handful of set-based statements (see `queries`), the status of
-each message computed by the pure rules module. Driver errors are translated here: connection
-trouble → StoreUnavailableError (retry the batch, ack nothing); deadlock/serialization → retried
-in place; a data error → the batch is bisected and the poison receipt kept raw (C8).
+The sending side (`recording`) and the recompute pass (`recompute`) run on a connection of the
+same pool, their driver errors translated here too. One ingest transaction per batch, a handful
+of set-based statements (see `queries`), the status of each message computed by the pure rules
+module. Driver errors are translated here: connection trouble → StoreUnavailableError (retry
+the batch, ack nothing); deadlock/serialization → retried in place; a data error → the batch
+is bisected and the poison receipt kept raw (C8).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import json
 from collections import Counter
 from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import asyncpg
 import asyncpg.exceptions
@@ -32,24 +29,15 @@ import asyncpg.exceptions._base as asyncpg_base  # the client-side DataError liv
 
 from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, fingerprint, parse
+from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, parse
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.rules import (
-    EMPTY_STATE,
-    RECORD_FIELDS,
     RULES_VERSION,
-    Basis,
-    Delivery,
     KeyContents,
     MessageState,
-    PlannedException,
     Planner,
-    explain,
-    is_final,
-    record_differences,
-    status_change,
 )
-from dlrfeed.domain.status import STAT_TO_STATUS, Outcome, Status
+from dlrfeed.domain.status import Outcome, Status
 from dlrfeed.domain.wire_format import evidence_key
 from dlrfeed.errors import (
     BadDataError,
@@ -57,8 +45,19 @@ from dlrfeed.errors import (
     SchemaOutOfDateError,
     StoreUnavailableError,
 )
-from dlrfeed.store import copy_rows, queries
+from dlrfeed.store import copy_rows, queries, recompute, recording
+from dlrfeed.store.correlation import correlate
 from dlrfeed.store.migrate import ensure_current
+from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
+from dlrfeed.store.rows import (
+    column_arrays,
+    first_events,
+    planned_exceptions,
+    printable,
+    reception_ids_in_blocks,
+    state_from_row,
+    status_json,
+)
 from dlrfeed.store.server import (
     WRITABLE,
     ServerFacts,
@@ -67,6 +66,10 @@ from dlrfeed.store.server import (
     connect_options,
 )
 from dlrfeed.store.submission import Submission, SubmissionResult
+
+if TYPE_CHECKING:
+    from dlrfeed.store.rows import Connection
+
 
 # Errors that mean "this input cannot be stored" (C8): retrying the same rows fails the same way.
 _DATA_ERRORS: tuple[type[BaseException], ...] = (
@@ -108,34 +111,8 @@ _COPY_PIECE = 100
 # another worker, so its bound is generous, but well inside the gateway's 120 s lease (F6).
 _CONNECT_TIMEOUT_S = 10.0
 _STATEMENT_TIMEOUT_S = 60.0
-_MISSING = "\x00missing"  # a dict.get default that no storable value equals (no NUL)
 _T = TypeVar("_T")
 _U = TypeVar("_U")
-
-if TYPE_CHECKING:
-    from asyncpg.pool import PoolConnectionProxy
-
-    # asyncpg's classes are generic only in its stubs.
-    _Connection: TypeAlias = (
-        asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
-    )
-
-# The parameters of queries.INSERT_MESSAGES that take the columns of Submission.normalised,
-# in its order.
-_SUBMISSION_COLUMNS = (
-    "message_ids",
-    "internal_ids",
-    "destinations",
-    "destinations_raw",
-    "destinations_e164",
-    "sources",
-    "routes",
-    "submitted_at",
-    "dlr_requested",
-    "dlr_levels",
-)
-# Where each of rules.RECORD_FIELDS sits in a row of Submission.normalised.
-_RECORD_POSITIONS = (1, 3, 5, 6, 7, 8, 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,16 +125,6 @@ class IngestResult:
     bisections: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class RecomputeResult:
-    """What `Store.recompute` did."""
-
-    examined: int
-    """Status rows computed again."""
-    changed: int
-    """Of those, rows whose status, reason, basis or counters changed (each audited)."""
-
-
 @dataclass(slots=True)
 class _Plan:
     """What one batch writes besides the receptions, built as the planner decides each
@@ -168,38 +135,6 @@ class _Plan:
     outcomes: list[Outcome] = field(default_factory=list)
     event_ids: list[int] = field(default_factory=list)
     exceptions: list[tuple[str, str, str, int | None, int | None]] = field(default_factory=list)
-
-
-def _state_from_row(row: asyncpg.Record) -> MessageState:
-    """The planner's state of a message from its status row (and, with no row, the counters of
-    its earlier events that the rules never applied)."""
-    if row["status"] is None:
-        return MessageState(None, row["orphan_repeats"], row["orphan_conflicts"])
-    basis = Basis(
-        row["supporting_event_id"],
-        row["supporting_reception_id"] or 0,
-        row["basis_level"],
-        Status(row["status"]),
-        row["basis_stat"],
-        row["basis_err"],
-        row["basis_done_at"],
-    )
-    return MessageState(
-        basis,
-        row["repeats"],
-        row["conflicts"],
-        row["progress_events"],
-        row["deadline_superseded"],
-        frozenset(row["status_flags"]),
-    )
-
-
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-
-
-def _json(rows: Iterable[list[Any]]) -> str:
-    """A JSON array of rows, the one parameter of a set-based statement (see queries)."""
-    return _dumps(list(rows))
 
 
 async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple[_T, _U]:
@@ -217,70 +152,6 @@ async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple
     return result, done
 
 
-def _columns(rows: Sequence[Sequence[Any]], count: int) -> list[list[Any]]:
-    """The first `count` columns of `rows` as arrays: a set-based statement's parameters."""
-    return [[row[column] for row in rows] for column in range(count)]
-
-
-def _reception_ids(blocks: list[int], count: int) -> Iterator[int]:
-    """The ids of a batch's `count` receptions in batch order, numbered inside the id blocks
-    queries.INSERT_EVENTS_READ_STATUSES drew (RECEPTION_ID_BLOCK consecutive ids from each)."""
-    size = queries.RECEPTION_ID_BLOCK
-    return itertools.islice(
-        itertools.chain.from_iterable(range(f, f + size) for f in blocks), count
-    )
-
-
-def _status_json(statuses: Mapping[str, MessageState]) -> str:
-    """The :statuses rows of the upsert_statuses fragment (sql/ingest.sql) for the states
-    that have a basis."""
-    rows = []
-    iso: dict[int, str] = {}  # by object: a batch's statuses mostly share parsed done dates
-    for key, s in sorted(statuses.items()):
-        basis = s.basis
-        if basis is None:
-            continue
-        at = basis.order_at
-        if at is None:
-            done = None
-        else:
-            done = iso.get(id(at))
-            if done is None:
-                done = iso[id(at)] = at.isoformat()
-        rows.append(
-            [
-                key,
-                basis.status,  # StrEnum: JSON-encoded as its value
-                is_final(s),
-                explain(s),
-                basis.event_id,
-                s.repeats,
-                s.conflicts,
-                s.progress_events,
-                s.deadline_superseded,
-                basis.reception_id,
-                basis.level,
-                basis.stat,
-                basis.err,
-                done,
-                " ".join(sorted(s.flags)) if s.flags else "",
-            ]
-        )
-    return _dumps(rows)
-
-
-def _planned_exceptions(
-    exceptions: Iterable[PlannedException],
-    message_id: str,
-    event_id: int,
-    position: int | None,
-) -> Iterator[tuple[str, str, str, int | None, int | None]]:
-    """The planner's exceptions of one delivery as rows (kind, message id, details, event id,
-    batch position or reception id)."""
-    for planned in exceptions:
-        yield planned.kind, message_id, json.dumps(planned.details), event_id, position
-
-
 async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     """Pool release hook: nothing to reset, so no extra round trip per call.
 
@@ -288,72 +159,6 @@ async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     only, no SET, LISTEN or cursors), and the pool still rolls back an unfinished transaction
     before this hook runs; the driver's default reset would cost a round trip per ingest.
     """
-
-
-def _printable(value: str) -> str:
-    """A form of any Python string that text and jsonb accept (C8 evidence labels)."""
-    return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\u0000")
-
-
-def _first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
-    """P14: the first delivery of each key in the batch, in arrival order, and their insert rows.
-
-    Returns (those events, the JSON parameter of queries.INSERT_EVENTS_READ_STATUSES).
-    Arrival order, not key order: event ids then follow the order the batch's receipts arrived
-    in (the locks serialise the events of one id, so key order buys no deadlock safety here).
-    """
-    first_of_key: dict[tuple[str, int], int] = {}
-    for position, event in enumerate(events):
-        first_of_key.setdefault((event.message_id, event.level), position)
-    firsts = [events[p] for p in first_of_key.values()]
-    done_at: dict[str | None, str | None] = {None: None}  # many receipts share a done date
-    rows = []
-    for e in firsts:
-        done_iso = done_at.get(e.done_date_raw, _MISSING)
-        if done_iso is _MISSING:
-            done_iso = done_at[e.done_date_raw] = (
-                None if e.done_at is None else e.done_at.isoformat()
-            )
-        rows.append(
-            [
-                e.message_id,
-                None if e.correlation_id == e.message_id else e.correlation_id,
-                e.level,
-                e.stat,
-                e.status,  # StrEnum: JSON-encoded as its value
-                e.err,
-                e.done_date_raw,
-                done_iso,
-                e.fingerprint,
-                " ".join(e.flags),
-                int(e.received_at * 1_000_000),
-            ]
-        )
-    return firsts, _dumps(rows)
-
-
-def _replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:
-    """A stored reception as the planner's delivery, with its event id and its reception id
-    (late correlation, recompute)."""
-    stat = row["stat"]
-    err = row["err"]
-    done_raw = row["done_date_raw"]
-    # Receptions stored before migration 0008 have no fingerprint: derived from the stored
-    # values, which equal the raw ones unless a field had to be cut or NUL-escaped.
-    content = row["fingerprint"] or fingerprint(stat, err, done_raw)
-    delivery = Delivery(
-        row["message_id"],
-        row["correlation_id"],
-        row["level"],
-        STAT_TO_STATUS.get(stat, Status.UNRECOGNIZED),
-        stat,
-        err,
-        row["done_at"],
-        row["received_at"].timestamp(),
-        content,
-        tuple(row["flags"]),
-    )
-    return delivery, row["event_id"], row["id"]
 
 
 def _plan_piece(
@@ -372,7 +177,7 @@ def _plan_piece(
         event_id = event_ids[position]
         outcome, exceptions = decide(e, event_id, reception_ids[position])
         if exceptions:
-            plan.exceptions += _planned_exceptions(exceptions, e.message_id, event_id, position + 1)
+            plan.exceptions += planned_exceptions(exceptions, e.message_id, event_id, position + 1)
         plan.outcomes.append(outcome)
 
 
@@ -511,7 +316,7 @@ class Store:
 
     async def _ingest_bisecting(
         self,
-        conn: _Connection,
+        conn: Connection,
         login: str,
         receipts: Sequence[Receipt],
         events: list[LogicalEvent],
@@ -528,7 +333,7 @@ class Store:
 
     async def _split(
         self,
-        conn: _Connection,
+        conn: Connection,
         login: str,
         receipts: Sequence[Receipt],
         events: list[LogicalEvent],
@@ -556,7 +361,7 @@ class Store:
         return outcomes, retries, bisections
 
     async def _ingest_retrying(
-        self, conn: _Connection, login: str, events: list[LogicalEvent]
+        self, conn: Connection, login: str, events: list[LogicalEvent]
     ) -> tuple[list[Outcome], int]:
         for attempt in range(_DEADLOCK_RETRIES + 1):
             try:
@@ -571,16 +376,16 @@ class Store:
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def _store_unstorable(
-        self, conn: _Connection, login: str, receipt: Receipt, error: BaseException
+        self, conn: Connection, login: str, receipt: Receipt, error: BaseException
     ) -> None:
         details = {
             "error": f"{type(error).__name__}: {error}"[:2000],
-            "receipt": _printable(repr(receipt)[:4000]),
+            "receipt": printable(repr(receipt)[:4000]),
             "delivery_count": receipt.delivery_count,
         }
         arguments = {
             "login": login,
-            "message_id": _printable(receipt.message_id)[:MAX_ID_CHARS],
+            "message_id": printable(receipt.message_id)[:MAX_ID_CHARS],
             "details": json.dumps(details, ensure_ascii=True),
             "evidence": bytes(receipt.raw),
             "evidence_key": evidence_key(receipt.raw),
@@ -592,29 +397,14 @@ class Store:
             if await queries.RECORD_UNSTORABLE_REDELIVERY.fetchval(conn, **arguments) is not None:
                 return
 
-    async def _correlate(
-        self, conn: _Connection, login: str, ids: list[str]
-    ) -> dict[str, datetime | None]:
-        """Lock the messages of `ids` (sorted); those that exist with their submission time."""
-        lock = queries.LOCK_MESSAGES
-        found = {r[0]: r[1] for r in await lock.fetch(conn, login=login, message_ids=ids)}
-        missing = [i for i in ids if i not in found]
-        if missing:
-            await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=missing)
-            # A new statement, so a message committed while we waited is seen now.
-            found.update(
-                (r[0], r[1]) for r in await lock.fetch(conn, login=login, message_ids=missing)
-            )
-        return found
-
     async def _ingest_once(
-        self, conn: _Connection, login: str, events: list[LogicalEvent]
+        self, conn: Connection, login: str, events: list[LogicalEvent]
     ) -> list[Outcome]:
         # P10: correlation and the message locks first (sorted), then held statuses. Meanwhile
         # the client prepares the events insert (it depends on the receipts alone).
         correlation_ids = sorted({e.correlation_id for e in events})
         submitted, (firsts, events_json) = await _overlapped(
-            self._correlate(conn, login, correlation_ids), lambda: _first_events(events)
+            correlate(conn, login, correlation_ids), lambda: first_events(events)
         )
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
         # the held statuses and the batch's reception id blocks, in one statement, while the
@@ -640,7 +430,7 @@ class Store:
             elif row["id"] is not None:
                 inserted[(row["message_id"], row["level"])] = row["id"]
             else:
-                held[row["message_id"]] = _state_from_row(row)
+                held[row["message_id"]] = state_from_row(row)
         stored: dict[tuple[str, int], int] = {}
         keys: dict[tuple[str, int], KeyContents] = {}
         if len(inserted) < len(firsts):
@@ -660,7 +450,7 @@ class Store:
         # receptions go to the server as soon as they are complete: it inserts them while the
         # client plans the next piece.
         plan = _Plan(Planner(self.options, keys, dict(held), submitted))
-        reception_ids = list(_reception_ids(id_blocks, len(events)))
+        reception_ids = list(reception_ids_in_blocks(id_blocks, len(events)))
         event_ids = [
             inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
         ]
@@ -688,7 +478,9 @@ class Store:
         planner = plan.planner
         changed = {k: v for k, v in planner.messages.items() if held.get(k) is not v}
         counted = list(planner.event_last)
-        kinds, message_ids, details, exception_event_ids, positions = _columns(plan.exceptions, 5)
+        kinds, message_ids, details, exception_event_ids, positions = column_arrays(
+            plan.exceptions, 5
+        )
         await queries.WRITE_BATCH.execute(
             conn,
             login=login,
@@ -700,7 +492,7 @@ class Store:
             exception_details=details,
             exception_event_ids=exception_event_ids,
             exception_positions=positions,
-            statuses=_status_json(changed),
+            statuses=status_json(changed),
             event_ids=counted,
             event_accepted=[planner.event_accepted.get(i, 0) for i in counted],
             event_conflicts=[planner.event_conflicts.get(i, 0) for i in counted],
@@ -720,139 +512,14 @@ class Store:
         replayed through the same planner in their arrival order, and the `uncorrelated`
         exceptions of their events resolved with the reason.
         """
-        by_login: dict[str, list[Submission]] = {}
-        for submission in submissions:
-            by_login.setdefault(submission.login, []).append(submission)
-        recorded = late = 0
         try:
             async with self._pool.acquire() as conn:
-                for login, group in sorted(by_login.items()):
-                    for start in range(0, len(group), 500):
-                        chunk = group[start : start + 500]
-                        async with conn.transaction():
-                            new, applied = await self._record_chunk(conn, login, chunk)
-                        recorded += new
-                        late += applied
+                return await recording.record_submissions(conn, self.options, submissions)
         except _DATA_ERRORS as exc:
             # Chunks already committed stay (recording is idempotent: run the file again).
             raise BadDataError(f"a submission was refused by the database: {exc}") from exc
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
-        return SubmissionResult(
-            recorded=recorded,
-            already_recorded=len(submissions) - recorded,
-            late_correlated_events=late,
-        )
-
-    async def _record_chunk(
-        self, conn: _Connection, login: str, chunk: list[Submission]
-    ) -> tuple[int, int]:
-        rows = [s.normalised(self.options) for s in chunk]
-        ids = sorted({row[0] for row in rows})
-        # The same advisory locks as ingest takes for ids it cannot correlate: whichever of us
-        # comes second sees what the first committed (late correlation is never missed), and
-        # two recorders of one id see each other's record.
-        await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=ids)
-        first_rows: dict[str, tuple[Any, ...]] = {}
-        for row in rows:
-            first_rows.setdefault(row[0], row)
-        firsts = list(first_rows.values())
-        columns = dict(zip(_SUBMISSION_COLUMNS, _columns(firsts, 10), strict=True))
-        inserted: dict[str, datetime | None] = {
-            r[0]: r[1] for r in await queries.INSERT_MESSAGES.fetch(conn, login=login, **columns)
-        }
-        # P12: every record that was not inserted is compared with the one recorded.
-        others = [row for row in rows if row[0] not in inserted or first_rows[row[0]] is not row]
-        if others:
-            await self._keep_second_records(conn, login, others)
-        new_ids = sorted(inserted)
-        if not new_ids:
-            return 0, 0
-        waiting = await queries.WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=new_ids)
-        if not waiting:
-            return len(new_ids), 0
-        # Late correlation: every delivery that arrived before the message was recorded,
-        # replayed through the planner in its recorded arrival order (P19), from no state.
-        planner = Planner(self.options, {}, dict.fromkeys(new_ids, EMPTY_STATE), inserted)
-        resolutions: dict[int, str] = {}
-        exceptions: list[tuple[str, str, str, int | None, int | None]] = []
-        for reception in waiting:
-            delivery, event_id, reception_id = _replayed(reception)
-            outcome, planned = planner.decide(delivery, event_id, reception_id)
-            resolutions.setdefault(
-                event_id,
-                f"correlated late: message {delivery.correlation_id} recorded; "
-                f"rules outcome {outcome.value}",
-            )
-            # Only the message layer's items: the others were opened when it was stored.
-            exceptions += _planned_exceptions(
-                (p for p in planned if p.message_level),
-                delivery.message_id,
-                event_id,
-                reception_id,
-            )
-        kinds, message_ids, details, event_ids, reception_ids = _columns(exceptions, 5)
-        await queries.WRITE_LATE_CORRELATION.fetchval(
-            conn,
-            login=login,
-            rules_version=RULES_VERSION,
-            statuses=_status_json(planner.messages),
-            resolved_event_ids=list(resolutions),
-            resolutions=list(resolutions.values()),
-            exception_kinds=kinds,
-            exception_message_ids=message_ids,
-            exception_details=details,
-            exception_event_ids=event_ids,
-            exception_reception_ids=reception_ids,
-        )
-        return len(new_ids), len(resolutions)
-
-    async def _keep_second_records(
-        self, conn: _Connection, login: str, others: list[tuple[Any, ...]]
-    ) -> None:
-        """P12: a record of an already recorded message id that differs from it is kept as
-        evidence in a `second_record` exception (once per distinct record); an identical one
-        changes nothing."""
-        recorded = {
-            r["message_id"]: r
-            for r in await queries.RECORDED_MESSAGES.fetch(
-                conn, login=login, message_ids=sorted({row[0] for row in others})
-            )
-        }
-        found: dict[str, tuple[str, str]] = {}
-        for row in others:
-            second = {
-                name: row[i] for name, i in zip(RECORD_FIELDS, _RECORD_POSITIONS, strict=True)
-            }
-            differs = record_differences(dict(recorded[row[0]]), second)
-            if not differs:
-                continue
-            evidence = {
-                name: value.isoformat() if isinstance(value, datetime) else value
-                for name, value in second.items()
-            }
-            details = json.dumps(
-                {
-                    "rule": "P12",
-                    "cause": "second_record",
-                    "differs_in": differs,
-                    "recorded_internal_id": recorded[row[0]]["internal_id"],
-                    "second_record": evidence,
-                },
-                ensure_ascii=False,
-            )
-            key = hashlib.sha256(
-                json.dumps([row[0], evidence], sort_keys=True).encode("utf-8")
-            ).hexdigest()
-            found.setdefault(key, (row[0], details))
-        if found:
-            await queries.OPEN_SECOND_RECORDS.execute(
-                conn,
-                login=login,
-                message_ids=[v[0] for v in found.values()],
-                details=[v[1] for v in found.values()],
-                evidence_keys=list(found),
-            )
 
     # ---------------------------------------------------------------- recompute
 
@@ -866,75 +533,8 @@ class Store:
         `chunk` messages commit one by one, each under the same message locks as the ingest,
         so it runs safely beside a live daemon; running it again finds nothing stale.
         """
-        examined = changed = 0
-        after = ("", "")
         try:
             async with self._pool.acquire() as conn:
-                while True:
-                    keys = await queries.STALE_STATUSES.fetch(
-                        conn,
-                        after_login=after[0],
-                        after_message_id=after[1],
-                        chunk=chunk,
-                        every=every,
-                        rules_version=RULES_VERSION,
-                    )
-                    if not keys:
-                        break
-                    after = (keys[-1]["login"], keys[-1]["message_id"])
-                    by_login: dict[str, list[str]] = {}
-                    for key in keys:
-                        by_login.setdefault(key["login"], []).append(key["message_id"])
-                    for login, message_ids in by_login.items():
-                        async with conn.transaction():
-                            changed += await self._recompute_chunk(conn, login, message_ids)
-                        examined += len(message_ids)
+                return await recompute.recompute(conn, self.options, every=every, chunk=chunk)
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
-        return RecomputeResult(examined=examined, changed=changed)
-
-    async def _recompute_chunk(self, conn: _Connection, login: str, message_ids: list[str]) -> int:
-        submitted = await self._correlate(conn, login, sorted(message_ids))
-        before = {
-            r["message_id"]: r
-            for r in await queries.LOCK_STATUSES.fetch(conn, login=login, message_ids=message_ids)
-        }
-        planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
-        for reception in await queries.WAITING_RECEPTIONS.fetch(
-            conn, login=login, correlation_ids=sorted(submitted)
-        ):
-            planner.decide(*_replayed(reception))
-        audit: list[list[Any]] = []
-        gone: list[str] = []
-        for message_id, old in sorted(before.items()):
-            state = planner.messages.get(message_id, EMPTY_STATE)
-            why = status_change(dict(old), state)
-            if state.basis is None:
-                gone.append(message_id)
-            if why is None:
-                continue
-            basis = state.basis
-            audit.append(
-                [
-                    message_id,
-                    old["status"],
-                    old["is_final"],
-                    old["reason"],
-                    old["supporting_event_id"],
-                    old["rules_version"],
-                    None if basis is None else basis.status,
-                    None if basis is None else is_final(state),
-                    None if basis is None else explain(state),
-                    None if basis is None else basis.event_id,
-                    f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
-                ]
-            )
-        await queries.WRITE_RECOMPUTE.execute(
-            conn,
-            login=login,
-            rules_version=RULES_VERSION,
-            statuses=_status_json({m: s for m, s in planner.messages.items() if m in before}),
-            gone=gone,
-            audit=_dumps(audit),
-        )
-        return len(audit)

@@ -1,0 +1,180 @@
+"""The sending side (`sql/submissions.sql`): recording sent messages (P5), the late
+correlation of the receipts that were waiting for them (P19), and second records (P12).
+
+Module functions on a connection the caller holds; `Store.record_submissions` acquires it and
+translates the driver's errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.rules import (
+    EMPTY_STATE,
+    RECORD_FIELDS,
+    RULES_VERSION,
+    Planner,
+    record_differences,
+)
+from dlrfeed.store import queries
+from dlrfeed.store.rows import column_arrays, planned_exceptions, replayed, status_json
+from dlrfeed.store.submission import Submission, SubmissionResult
+
+if TYPE_CHECKING:
+    from dlrfeed.store.rows import Connection
+
+# The parameters of queries.INSERT_MESSAGES that take the columns of Submission.normalised,
+# in its order.
+_SUBMISSION_COLUMNS = (
+    "message_ids",
+    "internal_ids",
+    "destinations",
+    "destinations_raw",
+    "destinations_e164",
+    "sources",
+    "routes",
+    "submitted_at",
+    "dlr_requested",
+    "dlr_levels",
+)
+# Where each of rules.RECORD_FIELDS sits in a row of Submission.normalised.
+_RECORD_POSITIONS = (1, 3, 5, 6, 7, 8, 9)
+
+
+async def record_submissions(
+    conn: Connection, options: IntegrationOptions, submissions: Sequence[Submission]
+) -> SubmissionResult:
+    """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
+    transaction, and correlate the receipts that were waiting for them (see
+    `Store.record_submissions`, which translates the driver's errors)."""
+    by_login: dict[str, list[Submission]] = {}
+    for submission in submissions:
+        by_login.setdefault(submission.login, []).append(submission)
+    recorded = late = 0
+    for login, group in sorted(by_login.items()):
+        for start in range(0, len(group), 500):
+            chunk = group[start : start + 500]
+            async with conn.transaction():
+                new, applied = await _record_chunk(conn, options, login, chunk)
+            recorded += new
+            late += applied
+    return SubmissionResult(
+        recorded=recorded,
+        already_recorded=len(submissions) - recorded,
+        late_correlated_events=late,
+    )
+
+
+async def _record_chunk(
+    conn: Connection, options: IntegrationOptions, login: str, chunk: list[Submission]
+) -> tuple[int, int]:
+    """Record one chunk of `login`'s submissions in the caller's transaction: the number newly
+    recorded and the number of events correlated late."""
+    rows = [s.normalised(options) for s in chunk]
+    ids = sorted({row[0] for row in rows})
+    # The same advisory locks as ingest takes for ids it cannot correlate: whichever of us
+    # comes second sees what the first committed (late correlation is never missed), and
+    # two recorders of one id see each other's record.
+    await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=ids)
+    first_rows: dict[str, tuple[Any, ...]] = {}
+    for row in rows:
+        first_rows.setdefault(row[0], row)
+    firsts = list(first_rows.values())
+    columns = dict(zip(_SUBMISSION_COLUMNS, column_arrays(firsts, 10), strict=True))
+    inserted: dict[str, datetime | None] = {
+        r[0]: r[1] for r in await queries.INSERT_MESSAGES.fetch(conn, login=login, **columns)
+    }
+    # P12: every record that was not inserted is compared with the one recorded.
+    others = [row for row in rows if row[0] not in inserted or first_rows[row[0]] is not row]
+    if others:
+        await _keep_second_records(conn, login, others)
+    new_ids = sorted(inserted)
+    if not new_ids:
+        return 0, 0
+    waiting = await queries.WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=new_ids)
+    if not waiting:
+        return len(new_ids), 0
+    # Late correlation: every delivery that arrived before the message was recorded,
+    # replayed through the planner in its recorded arrival order (P19), from no state.
+    planner = Planner(options, {}, dict.fromkeys(new_ids, EMPTY_STATE), inserted)
+    resolutions: dict[int, str] = {}
+    exceptions: list[tuple[str, str, str, int | None, int | None]] = []
+    for reception in waiting:
+        delivery, event_id, reception_id = replayed(reception)
+        outcome, planned = planner.decide(delivery, event_id, reception_id)
+        resolutions.setdefault(
+            event_id,
+            f"correlated late: message {delivery.correlation_id} recorded; "
+            f"rules outcome {outcome.value}",
+        )
+        # Only the message layer's items: the others were opened when it was stored.
+        exceptions += planned_exceptions(
+            (p for p in planned if p.message_level),
+            delivery.message_id,
+            event_id,
+            reception_id,
+        )
+    kinds, message_ids, details, event_ids, reception_ids = column_arrays(exceptions, 5)
+    await queries.WRITE_LATE_CORRELATION.fetchval(
+        conn,
+        login=login,
+        rules_version=RULES_VERSION,
+        statuses=status_json(planner.messages),
+        resolved_event_ids=list(resolutions),
+        resolutions=list(resolutions.values()),
+        exception_kinds=kinds,
+        exception_message_ids=message_ids,
+        exception_details=details,
+        exception_event_ids=event_ids,
+        exception_reception_ids=reception_ids,
+    )
+    return len(new_ids), len(resolutions)
+
+
+async def _keep_second_records(conn: Connection, login: str, others: list[tuple[Any, ...]]) -> None:
+    """P12: a record of an already recorded message id that differs from it is kept as
+    evidence in a `second_record` exception (once per distinct record); an identical one
+    changes nothing."""
+    recorded = {
+        r["message_id"]: r
+        for r in await queries.RECORDED_MESSAGES.fetch(
+            conn, login=login, message_ids=sorted({row[0] for row in others})
+        )
+    }
+    found: dict[str, tuple[str, str]] = {}
+    for row in others:
+        second = {name: row[i] for name, i in zip(RECORD_FIELDS, _RECORD_POSITIONS, strict=True)}
+        differs = record_differences(dict(recorded[row[0]]), second)
+        if not differs:
+            continue
+        evidence = {
+            name: value.isoformat() if isinstance(value, datetime) else value
+            for name, value in second.items()
+        }
+        details = json.dumps(
+            {
+                "rule": "P12",
+                "cause": "second_record",
+                "differs_in": differs,
+                "recorded_internal_id": recorded[row[0]]["internal_id"],
+                "second_record": evidence,
+            },
+            ensure_ascii=False,
+        )
+        key = hashlib.sha256(
+            json.dumps([row[0], evidence], sort_keys=True).encode("utf-8")
+        ).hexdigest()
+        found.setdefault(key, (row[0], details))
+    if found:
+        await queries.OPEN_SECOND_RECORDS.execute(
+            conn,
+            login=login,
+            message_ids=[v[0] for v in found.values()],
+            details=[v[1] for v in found.values()],
+            evidence_keys=list(found),
+        )
