@@ -1,6 +1,7 @@
 """Rows to domain values and back: the planner's state from a status row, a stored reception
 as the planner's delivery, and the JSON and array parameters of the set-based statements of
-`sql/ingest.sql`, `sql/submissions.sql` and `sql/recompute.sql` (see `queries`).
+`sql/ingest.sql`, `sql/submissions.sql` and `sql/recompute.sql` (see `queries`), and the
+printable form of the labels an unstorable receipt is kept under (C8).
 """
 
 from __future__ import annotations
