@@ -30,8 +30,8 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import read_changes, save_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from pgcluster import PgCluster
-from retention_support import DAY, install_schema_before, receipt, today
+from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.retention_support import DAY, install_schema_before, receipt, today
 
 LOGIN = "acme"
 PARTITIONING = 11  # the migration under test

@@ -20,13 +20,6 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from daemon_harness import (
-    LOGIN,
-    receipt_bodies,
-    running_gateway,
-    settings_for,
-    wait_until,
-)
 from dlrfeed.cli import main as dlrfeed_main
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.domain.status import Outcome
@@ -34,7 +27,14 @@ from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import message_reports, statistics
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from retention_support import DAY, receipt, today
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    receipt_bodies,
+    running_gateway,
+    settings_for,
+    wait_until,
+)
+from dlrfeed_testing.retention_support import DAY, receipt, today
 
 # The content of every reception, in id order (to compare an archive with its source).
 ROW_TEXT = "SELECT md5(string_agg(r::text, ',' ORDER BY r.id)) FROM {table} AS r"

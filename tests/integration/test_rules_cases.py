@@ -18,7 +18,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import connect, message_reports, statistics
-from rule_receipts import LOGIN, SUBMITTED, receipt
+from dlrfeed_testing.rule_receipts import LOGIN, SUBMITTED, receipt
 
 
 @pytest.fixture

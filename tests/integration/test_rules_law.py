@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import MessageId, Receipt
 from dlrfeed.store import Store, Submission
-from oracle import Expected, Sent, expect
-from receipt_strategies import FUZZING
-from rule_receipts import RECEIVED, SUBMITTED, feed_receipt
+from dlrfeed_testing.oracle import Expected, Sent, expect
+from dlrfeed_testing.receipt_strategies import FUZZING
+from dlrfeed_testing.rule_receipts import RECEIVED, SUBMITTED, feed_receipt
 
 pytestmark = pytest.mark.fuzz
 LOGINS = itertools.count(1)

@@ -16,7 +16,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from daemon_harness import (
+from dlrfeed.store.store import Store
+from dlrfeed.store.submission import Submission
+from dlrfeed_testing.daemon_harness import (
     LOGIN,
     PASSWORD,
     acked_tokens,
@@ -28,10 +30,8 @@ from daemon_harness import (
     stored_tokens,
     wait_until,
 )
-from dlrfeed.store.store import Store
-from dlrfeed.store.submission import Submission
+from dlrfeed_testing.oracle import Sent, expect
 from fakegw.server import FakeGateway
-from oracle import Sent, expect
 
 REPO = Path(__file__).resolve().parents[2]
 

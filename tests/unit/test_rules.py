@@ -23,7 +23,7 @@ from dlrfeed.domain.rules import (
     record_differences,
 )
 from dlrfeed.domain.status import STAT_TO_STATUS, Outcome, Status
-from oracle import Sent, expect
+from dlrfeed_testing.oracle import Sent, expect
 
 DEFAULT = IntegrationOptions()
 SUPERSEDING = IntegrationOptions(deadline_unknown_superseded=True)
