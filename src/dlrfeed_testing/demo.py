@@ -2,7 +2,7 @@
 
 Starts, in order, a throwaway PostgreSQL cluster (data kept in DATA_DIR/postgres between runs),
 `dlrfeed migrate`, `fakegw serve` (queue in DATA_DIR/fakegw.sqlite), `dlrfeed run` (2 streams,
-metrics on a free port) and the traffic simulator (scripts/traffic.py), then redraws one view
+metrics on a free port) and the traffic simulator (`dlrfeed_testing.traffic`), then redraws one view
 of the flow each second until Ctrl-C or `--duration`. Stopping is ordered — traffic, then the
 daemon (SIGTERM, wait: it commits and acks what it holds), then fakegw, then PostgreSQL — and
 every child runs in its own process group, which is killed on every exit path. A summary from

@@ -7,7 +7,8 @@ included) and the logical events, projections and exceptions beside it. The chec
 - **lost** — an enqueued (login, id, level) with no logical event and no C8 `unstorable`
   evidence (F5, F8, C4, C8);
 - **double-applied** — a `message_status` row that differs from the independent reference
-  (`tests/oracle.py`, the rule table of docs/rules.md) over the message's stored deliveries in
+  (`dlrfeed_testing.oracle`, the rule table of docs/rules.md) over the message's stored
+  deliveries in
   their recorded arrival order, or an event whose delivery counters differ from the
   deliveries actually stored (P13, P14, C1);
 - **acked-but-missing** — a receipt the gateway removed on an Ack whose token is in no stored

@@ -1,7 +1,8 @@
 """A throwaway PgBouncer on a free loopback port in front of a throwaway PostgreSQL (pgcluster).
 
 PgBouncer refuses to run as root, so when we are root it runs as the `postgres` system user, like
-the clusters of scripts/pgcluster.py. Every database name is forwarded to the backend (`*`), in
+the clusters of `dlrfeed_testing.pgcluster`. Every database name is forwarded to the backend
+(`*`), in
 the pool mode asked for (transaction by default: the mode that breaks named prepared statements
 and session state, and the one production poolers use). Used by the tests and for trying
 `dlrfeed --database-pooler` by hand; production points dlrfeed at a real PgBouncer.

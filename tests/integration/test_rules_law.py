@@ -3,7 +3,8 @@
 For any deliveries of a message, any split into batches, any moment the sent message is
 recorded (before, between, after the batches), a poison receipt that makes the batch bisect,
 and any number of concurrent writers, what PostgreSQL holds - the projection, its counters, the
-exceptions, each delivery's outcome - equals the independent reference `tests/oracle.py` over
+exceptions, each delivery's outcome - equals the independent reference `dlrfeed_testing.oracle`
+over
 the arrival order the store recorded; and a message without incompatible results or ties gets
 the same status in any order. `make test` runs a short form, `make fuzz` 50,000 examples each.
 """

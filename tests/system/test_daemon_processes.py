@@ -190,8 +190,8 @@ async def _crash_then_recover(
 
 
 def _status_rows_expected(receptions: list[asyncpg.Record]) -> dict[str, tuple[str, bool]]:
-    """What the reference (tests/oracle.py) gives for each message's stored deliveries, in the
-    arrival order the store recorded (P16-P19)."""
+    """What the reference (dlrfeed_testing.oracle) gives for each message's stored deliveries,
+    in the arrival order the store recorded (P16-P19)."""
     by_message: dict[str, list[Sent]] = {}
     for row in receptions:
         by_message.setdefault(row["message_id"], []).append(

@@ -4,11 +4,12 @@ One run, one fakegw (`--store :memory:`) and one PostgreSQL (fsync on), all sepa
 on this machine, so every figure is comparable with the others of the same run:
 
 - (a) feed ceiling: dlrfeed's own `FeedClient` draining the backlog and acking in batches,
-  storing nothing (`bench_e2e.feed_only`), with as many streams as the configuration has;
+  storing nothing (`bench.e2e.feed_only`), with as many streams as the configuration has;
 - (b) store ceiling: `Store.ingest` of the same receipts from memory, in batches of 500, as
-  many concurrent batches as the configuration has readers (`bench_e2e.store_only`);
-- (c) the real `dlrfeed run` process draining a preloaded backlog (`bench_e2e.end_to_end`);
-- (d) the naive consumer (`naive_consumer.consume`): one INSERT + COMMIT and one Ack per receipt;
+  many concurrent batches as the configuration has readers (`bench.e2e.store_only`);
+- (c) the real `dlrfeed run` process draining a preloaded backlog (`bench.e2e.end_to_end`);
+- (d) the naive consumer (`bench.naive_consumer.consume`): one INSERT + COMMIT and one Ack
+  per receipt;
 - (e) peak RSS (VmHWM from /proc) of `dlrfeed run` with a backlog of 10k, 100k and 1M;
 - (f) receive→ack latency at about half of (c)'s Subscribe throughput, from a paced injector,
   computed per receipt from fakegw's ledger (enqueue time → ack time);

@@ -1,7 +1,7 @@
 """Failover drills, measured: the chaos matrix's failover scenario with synchronous and with
 asynchronous replication, several times each, and what each lost.
 
-Each run is `scripts/chaos.py`'s `failover` scenario (a primary and a streaming standby of their
+Each run is the chaos matrix's `failover` scenario (a primary and a streaming standby of their
 own, the daemon on a multi-host URL, kill -9 of the primary at a quarter of the drain, promotion
 of the standby) followed by the ledger-vs-store checker against the promoted server. With
 synchronous replication every figure of loss must be 0 (the chaos matrix asserts it); with

@@ -62,12 +62,12 @@ def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: f
         "PostgreSQL — feeds seeded adversarial traffic (`fakegw.traffic`: ~10 % repeats, 5 % "
         "result before progress, 2 % conflicting finals, 2 % unknown ids, 1 % malformed) while "
         "it breaks something, waits for the queue to drain, and ends with the invariant checker "
-        "(`scripts/invariants.py`): fakegw's ledger (every enqueue, every successful ack) "
+        "(`dlrfeed_testing.invariants`): fakegw's ledger (every enqueue, every successful ack) "
         "against the store.",
         "",
         "- **lost**: an enqueued (login, id, level) with no logical event and no C8 evidence.",
         "- **double-applied**: a `message_status` that differs from the reference rules "
-        "(`tests/oracle.py`) over the message's stored deliveries in their recorded arrival "
+        "(`dlrfeed_testing.oracle`) over the message's stored deliveries in their recorded arrival "
         "order, or an event whose `times_received` / "
         "`conflicting_receptions` differ from the deliveries stored for it.",
         "- **acked-but-missing**: a token the gateway removed on an Ack that is in no stored "
