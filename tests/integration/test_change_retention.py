@@ -39,15 +39,6 @@ ROW_TEXT = "SELECT md5(string_agg(c::text, ',' ORDER BY c.position)) FROM {table
 _numbers = itertools.count(1)
 
 
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
 async def change_partitions(db: asyncpg.Connection) -> dict[str, int]:
     """Every partition of the change log (but the default) with its row count."""
     names = [

@@ -44,20 +44,6 @@ _logins = itertools.count(1)
 pytestmark = pytest.mark.fuzz
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await Store.open(database_url, pool_size=2)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
-
-
 def _serialized(message: feed_pb2.Receipt) -> bytes:
     return message.SerializeToString()
 

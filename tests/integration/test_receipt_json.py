@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,13 +66,6 @@ PREFIXES = {
     "multi-byte characters": "ñ€😀\U0010ffff" * 40,
     "NULs between multi-byte characters": "😀\x00ñ" * 300,
 }
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
 
 
 async def receipt_json(db: asyncpg.Connection, payload: bytes) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import gzip
 import io
 import json
 import time
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -38,15 +37,6 @@ from dlrfeed_testing.retention_support import DAY, receipt, today
 
 # The content of every reception, in id order (to compare an archive with its source).
 ROW_TEXT = "SELECT md5(string_agg(r::text, ',' ORDER BY r.id)) FROM {table} AS r"
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def partitions(db: asyncpg.Connection) -> dict[str, tuple[datetime | None, datetime | None]]:

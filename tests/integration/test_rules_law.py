@@ -119,13 +119,6 @@ async def stores(database_url: str) -> AsyncIterator[dict[bool, Store]]:
     await superseding.close()
 
 
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
-
-
 async def record(store: Store, login: str, message_id: str, submitted: bool) -> None:
     await store.record_submissions(
         [
