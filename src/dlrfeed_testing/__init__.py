@@ -17,6 +17,7 @@ packages never import it (tests/unit/test_layers.py). One module per job:
   (histogram quantiles);
 - `bench`: one run module per benchmark family, `bench.run` for `make bench`, `bench.profile`
   for py-spy's samples and `bench.report` for docs/benchmarks.md;
-- `chaos`: `chaos.scenarios` (each fault scenario and, as data, what it proves),
-  `chaos.run` (running them) and `chaos.report` (docs/reliability.md), `chaos.failover`.
+- `chaos`: `chaos.rig` (the processes a scenario breaks), `chaos.scenarios` (each fault
+  scenario and, as data, what it proves and shows), `chaos.run` (running them), `chaos.report`
+  (docs/reliability.md) and `chaos.failover` (the failover drills).
 """

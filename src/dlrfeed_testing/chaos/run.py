@@ -30,13 +30,8 @@ from typing import Any
 
 from dlrfeed.store.migrate import migrate
 from dlrfeed_testing.chaos.report import markdown
-from dlrfeed_testing.chaos.scenarios import (
-    BY_NAME,
-    SCENARIOS,
-    GatewayProcess,
-    Rig,
-    ScenarioSpec,
-)
+from dlrfeed_testing.chaos.rig import GatewayProcess, Rig
+from dlrfeed_testing.chaos.scenarios import BY_NAME, SCENARIOS, ScenarioSpec
 from dlrfeed_testing.daemon_harness import LOGIN, PASSWORD
 from dlrfeed_testing.invariants import check
 from dlrfeed_testing.pgcluster import PgCluster, free_port
