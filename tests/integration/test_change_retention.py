@@ -30,22 +30,13 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import read_changes, save_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from pgcluster import PgCluster
-from retention_support import DAY, install_schema_before, receipt, today
+from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.retention_support import DAY, install_schema_before, receipt, today
 
 LOGIN = "acme"
 PARTITIONING = 11  # the migration under test
 ROW_TEXT = "SELECT md5(string_agg(c::text, ',' ORDER BY c.position)) FROM {table} AS c"
 _numbers = itertools.count(1)
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def change_partitions(db: asyncpg.Connection) -> dict[str, int]:

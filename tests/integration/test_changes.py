@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import asyncpg
 import pytest
@@ -29,9 +29,9 @@ from dlrfeed.store.changes import (
     read_changes,
     save_cursor,
 )
-from pgbouncer import PgBouncer
-from pgcluster import PgCluster, free_port, scratch_directory
-from rule_receipts import feed_receipt
+from dlrfeed_testing.pgbouncer import PgBouncer
+from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory
+from dlrfeed_testing.rule_receipts import feed_receipt
 
 LOGIN = "acme"
 
@@ -49,24 +49,6 @@ def receipt(
         done_date=done_date,
         submit_date="2611291159",
     )
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await Store.open(database_url, pool_size=2)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def _all_changes(conn: asyncpg.Connection) -> list[StatusChange]:

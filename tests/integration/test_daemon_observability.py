@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from daemon_harness import (
+from dlrfeed.daemon.app import Daemon
+from dlrfeed.daemon.sdnotify import SystemdNotifier
+from dlrfeed.errors import AuthenticationError
+from dlrfeed_testing.daemon_harness import (
     LOGIN,
     PASSWORD,
     drained,
@@ -18,11 +21,8 @@ from daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed.daemon.app import Daemon
-from dlrfeed.daemon.sdnotify import SystemdNotifier
-from dlrfeed.errors import AuthenticationError
+from dlrfeed_testing.pgcluster import PgCluster
 from fakegw.server import FakeGateway
-from pgcluster import PgCluster
 
 METRIC_NAMES = [
     "dlrfeed_receipts_received_total",

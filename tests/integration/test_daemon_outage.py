@@ -9,7 +9,9 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from daemon_harness import (
+from dlrfeed.daemon.app import Daemon
+from dlrfeed.errors import SchemaOutOfDateError
+from dlrfeed_testing.daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
     drained,
@@ -18,9 +20,7 @@ from daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed.daemon.app import Daemon
-from dlrfeed.errors import SchemaOutOfDateError
-from pgcluster import PgCluster
+from dlrfeed_testing.pgcluster import PgCluster
 
 
 async def test_database_outage_stops_reading_releases_and_resumes(

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
-from daemon_harness import (
+from dlrfeed.daemon.app import Daemon
+from dlrfeed_testing.daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
     drained,
@@ -17,7 +18,6 @@ from daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed.daemon.app import Daemon
 from fakegw.faults import Faults
 
 

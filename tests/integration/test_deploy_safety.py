@@ -17,9 +17,10 @@ import pytest
 
 from dlrfeed.commands.migrate import CHECK_BEHIND_EXIT
 from dlrfeed.store.migrate import available_migrations, expected_version
-from integration.test_migrations import EXPECTED, describe
-from pgcluster import PgCluster
+from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.schema import describe
 
+EXPECTED = Path(__file__).with_name("test_migrations_schema.txt")
 _numbers = itertools.count(1)
 NEWER = expected_version() + 1
 

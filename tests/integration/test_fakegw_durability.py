@@ -9,8 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fakegw.admin_client import AdminClient
-from fakegw_support import (
+from dlrfeed_testing.fakegw_support import (
     LOGIN,
     PASSWORD,
     feed_client,
@@ -18,6 +17,7 @@ from fakegw_support import (
     start_fakegw_process,
     stop_fakegw_process,
 )
+from fakegw.admin_client import AdminClient
 
 
 async def test_f1_queue_acks_and_tokens_survive_kill_9_and_a_new_process(tmp_path: Path) -> None:

@@ -7,10 +7,17 @@ import time
 import grpc
 import pytest
 
+from dlrfeed_testing.fakegw_support import (
+    LOGIN,
+    LOGINS,
+    PASSWORD,
+    StreamReader,
+    feed_client,
+    receipt_body,
+)
 from fakegw.admin_client import AdminClient
 from fakegw.faults import Faults
 from fakegw.server import FakeGateway
-from fakegw_support import LOGIN, LOGINS, PASSWORD, StreamReader, feed_client, receipt_body
 
 
 async def test_duplicate_fault_enqueues_the_same_id_and_level_again() -> None:

@@ -14,9 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from fakegw.admin_client import AdminClient, loopback_login_metadata
-from fakegw.server import FakeGateway
-from fakegw_support import (
+from dlrfeed_testing.fakegw_support import (
     LOGIN,
     LOGINS,
     OTHER_LOGIN,
@@ -28,6 +26,8 @@ from fakegw_support import (
     receipt_body,
     wait_until,
 )
+from fakegw.admin_client import AdminClient, loopback_login_metadata
+from fakegw.server import FakeGateway
 from gateway.receipts.v1 import feed_pb2
 
 GatewayFactory = Callable[..., AbstractAsyncContextManager[FakeGateway]]

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fakegw import FakeGateway
-from fakegw.admin_client import AdminClient
-from fakegw_support import (
+from dlrfeed_testing.fakegw_support import (
     LOGIN,
     LOGINS,
     OTHER_LOGIN,
@@ -30,6 +28,8 @@ from fakegw_support import (
     stop_fakegw_process,
     wait_until,
 )
+from fakegw import FakeGateway
+from fakegw.admin_client import AdminClient
 from gateway.receipts.v1 import feed_pb2
 
 

@@ -16,11 +16,11 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from daemon_harness import LOGIN, PASSWORD, receipt_bodies, settings_for, wait_until
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.errors import ConfigError, FeedUnavailableError
 from dlrfeed.feed.channel import TlsSettings, open_channel
 from dlrfeed.feed.client import FeedClient, FeedTlsError
+from dlrfeed_testing.daemon_harness import LOGIN, PASSWORD, receipt_bodies, settings_for, wait_until
 from fakegw.server import FakeGateway
 
 

@@ -28,8 +28,7 @@ from dlrfeed.domain.status import STAT_TO_STATUS, Outcome
 from dlrfeed.feed.channel import open_channel
 from dlrfeed.feed.client import FeedClient
 from dlrfeed.store import Store, Submission
-from gateway.receipts.v1 import feed_pb2
-from receipt_strategies import (
+from dlrfeed_testing.receipt_strategies import (
     OPTIONAL_FIELDS,
     DamagedPayload,
     ReceiptRecipe,
@@ -38,24 +37,11 @@ from receipt_strategies import (
     receipts_from_payloads,
     wire_receipts,
 )
+from gateway.receipts.v1 import feed_pb2
 
 LIMIT = IntegrationOptions().max_field_chars
 _logins = itertools.count(1)
 pytestmark = pytest.mark.fuzz
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await Store.open(database_url, pool_size=2)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
 
 
 def _serialized(message: feed_pb2.Receipt) -> bytes:

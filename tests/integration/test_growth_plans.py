@@ -12,25 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 
 from dlrfeed.store import Store, Submission
 
 LOGIN = "acme"
 BACKLOG = 400_000
 SUBMISSIONS = 5_000
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 def _md5(n: int) -> str:

@@ -17,9 +17,15 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from daemon_harness import LOGIN, receipt_bodies, run_until_drained, running_gateway, settings_for
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.feed.channel import DEFAULT_MAX_MESSAGE_BYTES
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    receipt_bodies,
+    run_until_drained,
+    running_gateway,
+    settings_for,
+)
 from fakegw.server import MAX_MESSAGE_BYTES as GATEWAY_MAX_MESSAGE_BYTES
 
 FIVE_MB = 5 * 1024 * 1024

@@ -18,8 +18,8 @@ import pytest
 
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
-from pgcluster import PgCluster
-from retention_support import install_schema_before, receipt
+from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.retention_support import install_schema_before, receipt
 
 PARTITIONING = 10  # the migration under test
 RECEPTIONS = 1_000_000

@@ -24,12 +24,19 @@ import asyncpg
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon_harness import LOGIN, drained, receipt_bodies, running_gateway, settings_for, wait_until
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.relay import Relay, RelaySettings
 from dlrfeed.store import Store, Submission
-from pgcluster import PgCluster, free_port
-from webhook_receiver import read_log
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    drained,
+    receipt_bodies,
+    running_gateway,
+    settings_for,
+    wait_until,
+)
+from dlrfeed_testing.pgcluster import PgCluster, free_port
+from dlrfeed_testing.webhook_receiver import read_log
 
 REPO = Path(__file__).resolve().parents[2]
 

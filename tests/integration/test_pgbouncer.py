@@ -22,15 +22,6 @@ import asyncpg
 import asyncpg.exceptions
 import pytest
 
-from daemon_harness import (
-    LOGIN,
-    assert_ledger_matches_store,
-    receipt_bodies,
-    run_until_drained,
-    running_gateway,
-    settings_for,
-    wait_until,
-)
 from dlrfeed.cli import main
 from dlrfeed.config import Pooler
 from dlrfeed.daemon.app import Daemon
@@ -39,10 +30,19 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import load_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, expected_version
 from dlrfeed.store.server import behind_transaction_pooler
-from pgbouncer import PgBouncer
-from pgcluster import PgCluster, free_port, scratch_directory, server_bindir
-from retention_support import receipt
-from webhook_receiver import Receiver, read_log
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    assert_ledger_matches_store,
+    receipt_bodies,
+    run_until_drained,
+    running_gateway,
+    settings_for,
+    wait_until,
+)
+from dlrfeed_testing.pgbouncer import PgBouncer
+from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory, server_bindir
+from dlrfeed_testing.retention_support import receipt
+from dlrfeed_testing.webhook_receiver import Receiver, read_log
 
 WRITER = "dlrfeed_bouncer_writer"  # a role that is no PgBouncer admin
 

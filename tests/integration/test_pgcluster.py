@@ -9,8 +9,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-import pgcluster
-from pgcluster import PgCluster
+from dlrfeed_testing import pgcluster
+from dlrfeed_testing.pgcluster import PgCluster
 
 
 async def test_cluster_answers_sql(pg_cluster: PgCluster) -> None:

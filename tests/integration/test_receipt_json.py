@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +22,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway.receipts.v1 import feed_pb2
-from receipt_strategies import (
+from dlrfeed_testing.receipt_strategies import (
     FUZZING,
     OPTIONAL_FIELDS,
     DamagedPayload,
@@ -34,6 +32,7 @@ from receipt_strategies import (
     hostile_payloads,
     wire_receipts,
 )
+from gateway.receipts.v1 import feed_pb2
 
 # Every string field of Receipt, by name and number: protobuf refuses the whole receipt when
 # any of them is not UTF-8, ack_token included (read, never shown).
@@ -67,13 +66,6 @@ PREFIXES = {
     "multi-byte characters": "ñ€😀\U0010ffff" * 40,
     "NULs between multi-byte characters": "😀\x00ñ" * 300,
 }
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
 
 
 async def receipt_json(db: asyncpg.Connection, payload: bytes) -> dict[str, Any]:

@@ -13,20 +13,12 @@ import gzip
 import io
 import json
 import time
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from daemon_harness import (
-    LOGIN,
-    receipt_bodies,
-    running_gateway,
-    settings_for,
-    wait_until,
-)
 from dlrfeed.cli import main as dlrfeed_main
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.domain.status import Outcome
@@ -34,19 +26,17 @@ from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import message_reports, statistics
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from retention_support import DAY, receipt, today
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    receipt_bodies,
+    running_gateway,
+    settings_for,
+    wait_until,
+)
+from dlrfeed_testing.retention_support import DAY, receipt, today
 
 # The content of every reception, in id order (to compare an archive with its source).
 ROW_TEXT = "SELECT md5(string_agg(r::text, ',' ORDER BY r.id)) FROM {table} AS r"
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def partitions(db: asyncpg.Connection) -> dict[str, tuple[datetime | None, datetime | None]]:

@@ -7,7 +7,6 @@ level decides the kind (F4, F13), and nothing is reduced or ordered without a ba
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import asyncpg
@@ -18,21 +17,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import connect, message_reports, statistics
-from rule_receipts import LOGIN, SUBMITTED, receipt
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await Store.open(database_url, pool_size=2)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
+from dlrfeed_testing.rule_receipts import LOGIN, SUBMITTED, receipt
 
 
 async def record(store: Store, *message_ids: str) -> None:

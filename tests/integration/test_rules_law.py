@@ -3,7 +3,8 @@
 For any deliveries of a message, any split into batches, any moment the sent message is
 recorded (before, between, after the batches), a poison receipt that makes the batch bisect,
 and any number of concurrent writers, what PostgreSQL holds - the projection, its counters, the
-exceptions, each delivery's outcome - equals the independent reference `tests/oracle.py` over
+exceptions, each delivery's outcome - equals the independent reference `dlrfeed_testing.oracle`
+over
 the arrival order the store recorded; and a message without incompatible results or ties gets
 the same status in any order. `make test` runs a short form, `make fuzz` 50,000 examples each.
 """
@@ -24,9 +25,9 @@ from hypothesis import strategies as st
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import MessageId, Receipt
 from dlrfeed.store import Store, Submission
-from oracle import Expected, Sent, expect
-from receipt_strategies import FUZZING
-from rule_receipts import RECEIVED, SUBMITTED, feed_receipt
+from dlrfeed_testing.oracle import Expected, Sent, expect
+from dlrfeed_testing.receipt_strategies import FUZZING
+from dlrfeed_testing.rule_receipts import RECEIVED, SUBMITTED, feed_receipt
 
 pytestmark = pytest.mark.fuzz
 LOGINS = itertools.count(1)
@@ -116,13 +117,6 @@ async def stores(database_url: str) -> AsyncIterator[dict[bool, Store]]:
     yield {False: plain, True: superseding}
     await plain.close()
     await superseding.close()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
 
 
 async def record(store: Store, login: str, message_id: str, submitted: bool) -> None:

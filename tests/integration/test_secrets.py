@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from daemon_harness import LOGIN, drained, receipt_bodies, run_args, wait_until
+from dlrfeed_testing.daemon_harness import LOGIN, drained, receipt_bodies, run_args, wait_until
+from dlrfeed_testing.ports import logged_metrics_address
 from fakegw.server import FakeGateway
-from logged_ports import logged_metrics_address
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "Gw-pa55-7f3Kq9zT"  # distinctive, so a leak anywhere is found by plain search

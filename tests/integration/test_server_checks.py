@@ -12,7 +12,11 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from daemon_harness import (
+from dlrfeed.cli import main
+from dlrfeed.daemon.app import Daemon
+from dlrfeed.errors import ConfigError, StoreUnavailableError
+from dlrfeed.store import Store
+from dlrfeed_testing.daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
     receipt_bodies,
@@ -20,10 +24,6 @@ from daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed.cli import main
-from dlrfeed.daemon.app import Daemon
-from dlrfeed.errors import ConfigError, StoreUnavailableError
-from dlrfeed.store import Store
 
 
 async def set_read_only(database_url: str, read_only: bool) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -15,8 +14,8 @@ from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import SchemaOutOfDateError, StoreUnavailableError
 from dlrfeed.store import Store, Submission, queries
+from dlrfeed_testing.rule_receipts import feed_receipt
 from gateway.receipts.v1 import feed_pb2
-from rule_receipts import feed_receipt
 
 LOGIN = "acme"
 
@@ -46,24 +45,6 @@ def receipt(
         destination=destination,
         delivery_count=delivery_count,
     )
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await Store.open(database_url, pool_size=2)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def record(store: Store, *message_ids: str, destination: str = "+34600000001") -> None:

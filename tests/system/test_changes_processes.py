@@ -16,14 +16,21 @@ from typing import Any
 import asyncpg
 import pytest
 
-from daemon_harness import LOGIN, PASSWORD, drained, receipt_bodies, run_args, running_gateway
-from daemon_harness import wait_until as _wait_until
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    PASSWORD,
+    drained,
+    receipt_bodies,
+    run_args,
+    running_gateway,
+)
+from dlrfeed_testing.daemon_harness import wait_until as _wait_until
+from dlrfeed_testing.ports import logged_metrics_address, logged_receiver_port
+from dlrfeed_testing.receipt_strategies import receipts_from_payloads
+from dlrfeed_testing.webhook_receiver import read_log
 from gateway.receipts.v1 import feed_pb2
-from logged_ports import logged_metrics_address, logged_receiver_port
-from receipt_strategies import receipts_from_payloads
-from webhook_receiver import read_log
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = b"relay-Secret-0f9e"  # a distinctive value, so the leak check can search for it

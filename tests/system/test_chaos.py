@@ -15,16 +15,17 @@ import asyncpg
 import grpc
 import pytest
 
-from chaos import BY_NAME, SCENARIOS, run_scenario
-from daemon_harness import LOGIN, PASSWORD, receipt_bodies, running_gateway
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
+from dlrfeed_testing.chaos.run import run_scenario
+from dlrfeed_testing.chaos.scenarios import BY_NAME, SCENARIOS
+from dlrfeed_testing.daemon_harness import LOGIN, PASSWORD, receipt_bodies, running_gateway
+from dlrfeed_testing.invariants import compare, store_rows
+from dlrfeed_testing.pgcluster import PgCluster
 from fakegw.admin_client import basic_auth_metadata
 from fakegw.server import FakeGateway
 from gateway.receipts.v1 import feed_pb2, feed_pb2_grpc
-from invariants import compare, store_rows
-from pgcluster import PgCluster
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from daemon_harness import (
+from dlrfeed.store.store import Store
+from dlrfeed.store.submission import Submission
+from dlrfeed_testing.daemon_harness import (
     LOGIN,
     PASSWORD,
     acked_tokens,
@@ -28,10 +30,8 @@ from daemon_harness import (
     stored_tokens,
     wait_until,
 )
-from dlrfeed.store.store import Store
-from dlrfeed.store.submission import Submission
+from dlrfeed_testing.oracle import Sent, expect
 from fakegw.server import FakeGateway
-from oracle import Sent, expect
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -190,8 +190,8 @@ async def _crash_then_recover(
 
 
 def _status_rows_expected(receptions: list[asyncpg.Record]) -> dict[str, tuple[str, bool]]:
-    """What the reference (tests/oracle.py) gives for each message's stored deliveries, in the
-    arrival order the store recorded (P16-P19)."""
+    """What the reference (dlrfeed_testing.oracle) gives for each message's stored deliveries,
+    in the arrival order the store recorded (P16-P19)."""
     by_message: dict[str, list[Sent]] = {}
     for row in receptions:
         by_message.setdefault(row["message_id"], []).append(

@@ -6,7 +6,7 @@ import itertools
 import uuid
 from collections import Counter
 
-from bench_growth import BATCHES_PER_ROUND, LATE_SHARE, MESSAGES_PER_BATCH, Traffic
+from dlrfeed_testing.bench.growth import BATCHES_PER_ROUND, LATE_SHARE, MESSAGES_PER_BATCH, Traffic
 
 
 def test_traffic_is_gateway_shaped() -> None:

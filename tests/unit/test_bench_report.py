@@ -9,14 +9,10 @@ from typing import Any
 
 import pytest
 
-from bench import (
-    histogram_quantile,
-    quantile,
-    ratios,
-    render_report,
-    summarise_profile,
-    summary,
-)
+from dlrfeed_testing.bench.profile import summarise_profile
+from dlrfeed_testing.bench.report import ratios, render_report
+from dlrfeed_testing.bench.run import quantile, summary
+from dlrfeed_testing.metrics import histogram_quantile
 
 
 def _figures(feed: list[float], store: list[float], e2e: list[float]) -> dict[str, Any]:
@@ -129,8 +125,8 @@ def test_quantiles_nearest_rank_and_from_histogram_buckets() -> None:
     assert quantile(values, 0.5) == 50.0
     assert quantile(values, 0.99) == 99.0
     buckets = [(0.1, 50.0), (0.25, 100.0), (float("inf"), 100.0)]
-    assert histogram_quantile(buckets, 0.5) == pytest.approx(0.1)
-    assert histogram_quantile(buckets, 0.75) == pytest.approx(0.175)
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.75, buckets) == pytest.approx(0.175)
 
 
 def test_profile_summary_charges_samples_to_components() -> None:

@@ -3,7 +3,8 @@
 It shares no code with `dlrfeed.domain` (not even the stat mapping or the outcome names): it
 reads the table in docs/rules.md as written, over the deliveries of ONE sent message in their
 arrival order, and says what the status, the counters, each delivery's outcome and the
-exceptions must be. Tests and scripts/invariants.py compare the real store with it.
+exceptions must be. Tests and the invariant checker (`dlrfeed_testing.invariants`) compare
+the real store with it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import asyncpg
 
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store.migrate import available_migrations
-from rule_receipts import feed_receipt
+from dlrfeed_testing.rule_receipts import feed_receipt
 
 
 def receipt(message_id: str, received_at: float, *, delivery_count: int = 1) -> Receipt:

@@ -1,0 +1,417 @@
+"""Growth benchmark: one long-lived Store fed gateway-shaped traffic until the store is large.
+
+Production is not the empty database of `make bench`: ids as the gateway issues them (random,
+UUID-like), a message's result in a later batch than its progress, ~5 % redeliveries, the sending
+application recording its sent messages just before their receipts come, and a store that only
+grows. For each configuration of PostgreSQL (its own throwaway cluster, fsync on) this drives one
+`Store` (pool of 2) with that traffic and reports, per step of stored receptions:
+- ingest rate (receptions/s, wall) and CPU per reception of the client and of the server (the
+  machine is shared: CPU is the steadier measure);
+- batch latency p50/p99 of `Store.ingest` (~525 receptions a batch);
+- `record_submissions` of 5,000 ids (every 20 batches; 2 % of them recorded late, after their
+  receipts, so the call also correlates): p50/p99/max wall, and the most server CPU one took;
+- WAL bytes per reception over the step, disk bytes per reception stored (database size).
+It measures and reports; it never asserts a time. Writes a Markdown report (`--out`) and prints
+the same figures as JSON.
+
+    python scripts/bench_growth.py [--receipts 20000000] [--step 1000000]
+        [--configs default,recommended] [--out docs/benchmarks-growth.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.store import Store, Submission
+from dlrfeed.store.migrate import migrate
+from dlrfeed_testing.local_login import LOGIN
+from dlrfeed_testing.pgcluster import PgCluster, free_port
+from gateway.receipts.v1 import feed_pb2
+
+MESSAGES_PER_BATCH = 250  # each batch: their progress + the previous batch's results + repeats
+BATCHES_PER_ROUND = 20  # one record_submissions of 5,000 ids ahead of 20 batches
+LATE_SHARE = 0.02  # of a round's messages, recorded only in the next round (late correlation)
+REDELIVERED_SHARE = 0.05
+
+# PostgreSQL settings per configuration; docs/postgresql.md explains each and quotes the effect.
+# "default" is PostgreSQL's own defaults (with fsync, synchronous_commit and full_page_writes on).
+CHECKPOINTS = {"max_wal_size": "16GB", "checkpoint_timeout": "30min"}
+WAL_COMPRESSION = {"wal_compression": "lz4"}
+MEMORY = {"shared_buffers": "1GB"}
+CONFIGS: dict[str, dict[str, str]] = {
+    "default": {},
+    "checkpoints": CHECKPOINTS,
+    "wal_compression": WAL_COMPRESSION,
+    "shared_buffers": MEMORY,
+    "recommended": {**CHECKPOINTS, **WAL_COMPRESSION, **MEMORY},
+}
+
+
+@dataclass
+class Step:
+    """What one step of growth cost."""
+
+    stored: int = 0
+    receptions: int = 0
+    seconds: float = 0.0
+    client_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    wal_bytes: int = 0
+    batch_ms: list[float] = field(default_factory=list)
+    submissions_ms: list[float] = field(default_factory=list)
+    submissions_cpu_ms: list[float] = field(default_factory=list)  # the server's, during each
+    database_bytes: int = 0  # growth of the database since it was freshly migrated
+    checkpoints: int = 0
+
+    def row(self) -> dict[str, Any]:
+        batches = sorted(self.batch_ms)
+        submissions = sorted(self.submissions_ms)
+        return {
+            "stored": self.stored,
+            "receptions_per_s": round(self.receptions / self.seconds) if self.seconds else 0,
+            "client_cpu_us": round(1e6 * self.client_cpu_s / self.receptions, 1),
+            "server_cpu_us": round(1e6 * self.server_cpu_s / self.receptions, 1),
+            "batch_p50_ms": round(_quantile(batches, 0.5), 1),
+            "batch_p99_ms": round(_quantile(batches, 0.99), 1),
+            "submissions_p50_ms": round(_quantile(submissions, 0.5), 1),
+            "submissions_p99_ms": round(_quantile(submissions, 0.99), 1),
+            "submissions_max_ms": round(max(submissions, default=0.0), 1),
+            "submissions_server_cpu_max_ms": round(max(self.submissions_cpu_ms, default=0.0), 1),
+            "wal_bytes_per_reception": round(self.wal_bytes / self.receptions),
+            "disk_bytes_per_reception": round(self.database_bytes / self.stored),
+            "checkpoints": self.checkpoints,
+        }
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class Traffic:
+    """Gateway-shaped receipts and the sending side's records, deterministic for a seed."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._pending_results: list[Receipt] = []
+        self._last_batch: list[Receipt] = []
+        self._upcoming: list[str] = []
+        self._held_back: list[str] = []
+
+    def new_id(self) -> str:
+        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+
+    def submissions(self) -> list[Submission]:
+        """The next round's sent messages (5,000 ids): most of them ahead of their receipts,
+        the ids held back from the round before now recorded after theirs (late)."""
+        fresh = [self.new_id() for _ in range(MESSAGES_PER_BATCH * BATCHES_PER_ROUND)]
+        self._upcoming = fresh
+        held = set(self._rng.sample(fresh, int(len(fresh) * LATE_SHARE)))
+        recorded = [m for m in fresh if m not in held] + self._held_back
+        self._held_back = sorted(held)
+        return [Submission(LOGIN, m, "+34600123456", submitted_at=None) for m in recorded]
+
+    def batch(self, index: int) -> list[Receipt]:
+        """Progress of this batch's messages, results of the previous batch's, ~5 % repeats."""
+        now = time.time()
+        ids = self._upcoming[index * MESSAGES_PER_BATCH : (index + 1) * MESSAGES_PER_BATCH]
+        receipts = [self._receipt(m, 1, "ENROUTE", now) for m in ids]
+        receipts += self._pending_results
+        self._pending_results = [self._receipt(m, 2, "DELIVRD", now) for m in ids]
+        repeats = self._rng.sample(self._last_batch, int(len(self._last_batch) * REDELIVERED_SHARE))
+        receipts += [r._replace(delivery_count=2, received_at=now) for r in repeats]
+        self._rng.shuffle(receipts)
+        self._last_batch = receipts
+        return receipts
+
+    def _receipt(self, message_id: str, level: int, stat: str, now: float) -> Receipt:
+        wire = feed_pb2.Receipt(
+            id=message_id,
+            level=level,
+            stat=stat,
+            err="000",
+            sub="001",
+            dlvrd="001",
+            submit_date="2612011200",
+            done_date="2612011201",
+            text="Your verification code is 123456",
+            source_addr="ACME",
+            destination_addr="34600123456",
+            smsc_message_id=f"{self._rng.getrandbits(64):016x}",
+            connector="smsc-eu-1",
+            ack_token=f"{message_id}.{level}.{self._rng.getrandbits(32):08x}",
+            delivery_count=1,
+        )
+        return Receipt(
+            message_id=MessageId(message_id),
+            level=level,
+            stat=stat,
+            err=wire.err,
+            sub=wire.sub,
+            dlvrd=wire.dlvrd,
+            submit_date=wire.submit_date,
+            done_date=wire.done_date,
+            text=wire.text,
+            source_addr=wire.source_addr,
+            destination_addr=wire.destination_addr,
+            smsc_message_id=wire.smsc_message_id,
+            connector=wire.connector,
+            delivery_count=1,
+            ack_token=AckToken(wire.ack_token),
+            raw=wire.SerializeToString(),
+            received_at=now,
+        )
+
+
+def server_cpu_seconds(cluster: PgCluster) -> float:
+    """CPU (user + system) of the cluster's processes so far: the postmaster, the exited
+    children it reaped, and the live ones (backends, checkpointer, WAL writer, autovacuum)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        pid, ppid = int(entry), int(fields[1])
+        if pid == postmaster:
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        elif ppid == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+async def _wal_lsn(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
+
+
+async def _checkpoints(conn: asyncpg.Connection) -> int:
+    return int(
+        await conn.fetchval("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+    )
+
+
+async def grow(
+    cluster: PgCluster, dsn: str, receipts: int, step: int, log: Any
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Drive one Store until `receipts` receptions are stored; one row per `step`."""
+    traffic = Traffic(seed=16)
+    store = await Store.open(dsn, pool_size=2)
+    conn = await asyncpg.connect(dsn)
+    rows: list[dict[str, Any]] = []
+    stored = 0
+    try:
+        current = Step()
+        empty_bytes = int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+        wal0, cpu0, client0 = await _wal_lsn(conn), server_cpu_seconds(cluster), time.process_time()
+        checkpoints0, started = await _checkpoints(conn), time.monotonic()
+        while stored < receipts:
+            submissions = traffic.submissions()
+            t0, server0 = time.perf_counter(), server_cpu_seconds(cluster)
+            await store.record_submissions(submissions)
+            current.submissions_ms.append(1000 * (time.perf_counter() - t0))
+            current.submissions_cpu_ms.append(1000 * (server_cpu_seconds(cluster) - server0))
+            for index in range(BATCHES_PER_ROUND):
+                batch = traffic.batch(index)
+                t0 = time.perf_counter()
+                await store.ingest(LOGIN, batch)
+                current.batch_ms.append(1000 * (time.perf_counter() - t0))
+                current.receptions += len(batch)
+                stored += len(batch)
+            if stored // step > (stored - current.receptions) // step or stored >= receipts:
+                wal1, cpu1 = await _wal_lsn(conn), server_cpu_seconds(cluster)
+                current.seconds = time.monotonic() - started
+                current.client_cpu_s = time.process_time() - client0
+                current.server_cpu_s, current.wal_bytes = cpu1 - cpu0, wal1 - wal0
+                current.stored = stored
+                current.database_bytes = (
+                    int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+                    - empty_bytes
+                )
+                current.checkpoints = await _checkpoints(conn) - checkpoints0
+                rows.append(current.row())
+                log(json.dumps(rows[-1]))
+                current = Step()
+                wal0, cpu0, client0 = wal1, cpu1, time.process_time()
+                checkpoints0, started = await _checkpoints(conn), time.monotonic()
+        sizes = {
+            r["name"]: int(r["bytes"])
+            for r in await conn.fetch(
+                """
+                SELECT t.name, coalesce(
+                    (SELECT sum(pg_total_relation_size(p.relid))
+                     FROM pg_partition_tree(('dlr.' || t.name)::regclass) AS p),
+                    pg_total_relation_size(('dlr.' || t.name)::regclass)) AS bytes
+                FROM (VALUES ('receptions'), ('events'), ('messages'), ('message_status'),
+                             ('exceptions')) AS t(name)
+                """
+            )
+        }
+    finally:
+        await conn.close()
+        await store.close()
+    return rows, sizes
+
+
+async def run_config(
+    name: str, settings: dict[str, str], receipts: int, step: int, root: Path, log: Any
+) -> dict[str, Any]:
+    """One configuration on its own fresh cluster."""
+    cluster = PgCluster(root / name, free_port(), fsync=True)
+    cluster.init()
+    cluster.start()
+    try:
+        admin = await asyncpg.connect(cluster.dsn)
+        try:
+            for key, value in settings.items():
+                await admin.execute(f"ALTER SYSTEM SET {key} = '{value}'")
+        finally:
+            await admin.close()
+        cluster.restart()  # shared_buffers needs a restart; the others take it too
+        dsn = await cluster.create_database("growth")
+        await migrate(dsn)
+        log(f"config {name}: {settings or 'PostgreSQL defaults'}")
+        rows, sizes = await grow(cluster, dsn, receipts, step, log)
+    finally:
+        cluster.destroy()
+    stored = rows[-1]["stored"]
+    return {
+        "settings": settings,
+        "steps": rows,
+        "bytes_per_reception_by_table": {k: round(v / stored) for k, v in sizes.items()},
+    }
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The growth targets (docs/benchmarks-growth.md), as measured (first step vs last step)."""
+    steps = result["steps"]
+    first, last = steps[0], steps[-1]
+    return {
+        "rate_last_over_first": round(last["receptions_per_s"] / first["receptions_per_s"], 2),
+        "server_cpu_last_over_first": round(last["server_cpu_us"] / first["server_cpu_us"], 2),
+        "wal_last_over_first": round(
+            last["wal_bytes_per_reception"] / first["wal_bytes_per_reception"], 2
+        ),
+        "disk_bytes_per_reception": last["disk_bytes_per_reception"],
+        "max_record_submissions_ms": max(s["submissions_max_ms"] for s in steps),
+        "max_record_submissions_server_cpu_ms": max(
+            s["submissions_server_cpu_max_ms"] for s in steps
+        ),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as docs/benchmarks-growth.md."""
+    lines = [
+        "# Growth benchmark (`make bench-growth`)",
+        "",
+        "Generated by `scripts/bench_growth.py`; do not edit by hand. What it drives and why: "
+        "the script's docstring and docs/scaling.md; the settings: docs/postgresql.md.",
+        "",
+        f"- command: `{report['command']}`",
+        f"- when: {report['when']}, machine: {report['machine']}",
+        f"- receipt size on the wire: ~{report['receipt_bytes']} bytes; batches of "
+        f"~{report['batch_receptions']} receptions; record_submissions of "
+        f"{MESSAGES_PER_BATCH * BATCHES_PER_ROUND} ids every {BATCHES_PER_ROUND} batches",
+        "- rate is wall clock on a shared machine; CPU µs per reception (client = this process: "
+        "parse, rules, encoding; server = every PostgreSQL process) is the steadier figure",
+        "",
+    ]
+    headers = [
+        ("stored", "stored"),
+        ("receptions_per_s", "rec/s"),
+        ("server_cpu_us", "server µs/rec"),
+        ("client_cpu_us", "client µs/rec"),
+        ("batch_p50_ms", "batch p50 ms"),
+        ("batch_p99_ms", "batch p99 ms"),
+        ("submissions_p50_ms", "5k subs p50 ms"),
+        ("submissions_p99_ms", "p99"),
+        ("submissions_max_ms", "max"),
+        ("submissions_server_cpu_max_ms", "server CPU max ms"),
+        ("wal_bytes_per_reception", "WAL B/rec"),
+        ("disk_bytes_per_reception", "disk B/rec"),
+        ("checkpoints", "checkpoints"),
+    ]
+    for name, result in report["configs"].items():
+        settings = ", ".join(f"`{k}={v}`" for k, v in result["settings"].items())
+        lines += [f"## {name}", "", f"Settings: {settings or 'PostgreSQL defaults'}.", ""]
+        lines.append("| " + " | ".join(title for _, title in headers) + " |")
+        lines.append("|" + " --- |" * len(headers))
+        for step in result["steps"]:
+            lines.append("| " + " | ".join(f"{step[key]:,}" for key, _ in headers) + " |")
+        by_table = ", ".join(
+            f"{k} {v}" for k, v in sorted(result["bytes_per_reception_by_table"].items())
+        )
+        lines += ["", f"Bytes per stored reception by table: {by_table}.", ""]
+        lines += ["Targets (last step against the first):", ""]
+        lines += [f"- {k}: {v}" for k, v in result["targets"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--receipts", type=int, default=20_000_000, help="grow to this many")
+    parser.add_argument("--step", type=int, default=1_000_000, help="one report row per step")
+    parser.add_argument(
+        "--configs",
+        default="default,recommended",
+        help=f"comma-separated, of: {', '.join(CONFIGS)}",
+    )
+    parser.add_argument("--out", type=Path, help="write the Markdown report here")
+    args = parser.parse_args(argv)
+    names = [n for n in args.configs.split(",") if n]
+    unknown = set(names) - set(CONFIGS)
+    if unknown:
+        parser.error(f"unknown configuration(s): {sorted(unknown)}")
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    sample = Traffic(seed=16)
+    sample.submissions()
+    batch = sample.batch(0)
+    report: dict[str, Any] = {
+        "command": "python scripts/bench_growth.py " + " ".join(argv or sys.argv[1:]),
+        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
+        "receipt_bytes": round(statistics.mean(len(r.raw) for r in batch)),
+        "batch_receptions": round(MESSAGES_PER_BATCH * 2 * (1 + REDELIVERED_SHARE)),
+        "configs": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="dlrfeed-growth-") as root:
+        for name in names:
+            result = asyncio.run(
+                run_config(name, CONFIGS[name], args.receipts, args.step, Path(root), log)
+            )
+            result["targets"] = targets(result)
+            report["configs"][name] = result
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.write_text(markdown(report), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
