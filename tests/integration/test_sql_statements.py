@@ -19,8 +19,8 @@ from dlrfeed.store import retention
 from dlrfeed.store.retention import RetentionPolicy, maintain
 from dlrfeed.store.server import behind_transaction_pooler
 from dlrfeed.store.sql import STATEMENTS
-from pgbouncer import PgBouncer
-from pgcluster import PgCluster, free_port, scratch_directory
+from dlrfeed_testing.pgbouncer import PgBouncer
+from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory
 
 # A day partition that exists in every migrated database, for the statements that name one: of
 # the change log, the only table whose partitions unread_by reads.
