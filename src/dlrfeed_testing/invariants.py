@@ -316,6 +316,7 @@ async def check(
     report["queued"] = int(stats["queued"]) + int(stats["in_flight"])
     report["gateway_redelivered"] = int(stats["redelivered"])
     report["gateway_already_gone"] = int(stats["already_gone"])
+    report["gateway_lease_expired"] = int(stats["lease_expired"])
     report["drain_seconds"] = None if drain is None else round(drain, 2)
     report["failed"] = [name for name in INVARIANTS if report[name]]
     report["ok"] = not report["failed"]

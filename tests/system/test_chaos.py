@@ -50,7 +50,10 @@ FAULT_EVIDENCE: dict[str, Any] = {
     "stream_cuts": lambda r: r["gateway_redelivered"] > 0,
     # A lost Ack reply is retried and answered already_gone (F9); a failed Pull reconnects.
     "unavailable_bursts": lambda r: r["gateway_already_gone"] + r["reader_reconnects"] > 0,
-    "slow_commit_lease": lambda r: r["redeliveries"] > 0 and r["repeats"] > 0,
+    # Leases ran out while commits waited on the lock. Whether the requeued receipts then reach
+    # a reader before their first holder's late ack is a race the load decides, so the
+    # redeliveries it gives are reported, not required.
+    "slow_commit_lease": lambda r: r["gateway_lease_expired"] > 0,
     "three_process_race": lambda r: r["daemon_processes"] == 3 and r["conflicts"] > 0,
     "hostile_flood": lambda r: r["receipts"] > 600,
     # The primary died mid-drain (some receipts acked before, the rest only after promotion),

@@ -25,6 +25,7 @@ COLUMNS = (
     ("receipts", "receipts"),
     ("receptions", "deliveries stored"),
     ("redeliveries", "redeliveries"),
+    ("gateway_lease_expired", "leases expired"),
     ("repeats", "repeats"),
     ("conflicts", "conflicts"),
     ("unstorable", "unstorable (C8)"),
@@ -73,7 +74,8 @@ def markdown(reports: Sequence[dict[str, Any]], full: bool, seed: int, took_s: f
         "- **acked-but-missing**: a token the gateway removed on an Ack that is in no stored "
         "reception (payload bytes) and no `unstorable` evidence.",
         "- **redeliveries**: stored deliveries with `delivery_count > 1`; **repeats**: "
-        "deliveries stored with outcome `repeat`; **conflicts**: open `conflict` exceptions; "
+        "deliveries stored with outcome `repeat`; **leases expired**: leases the gateway "
+        "ended unacked (F6); **conflicts**: open `conflict` exceptions; "
         "**drain s**: from the end of the faults to an empty queue.",
         "",
         *_findings(reports),
