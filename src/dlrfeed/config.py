@@ -11,16 +11,17 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
 
 ENV_PREFIX = "DLRFEED_"
+_N = TypeVar("_N", int, float)
 
 
 class Pooler(StrEnum):
@@ -34,44 +35,36 @@ class Pooler(StrEnum):
     """Through a transaction (or statement) pooler: no named prepared statements."""
 
 
-def _number(text: str, kind: type[int] | type[float]) -> Any:
+def _number(text: str, kind: type[_N], acceptable: Callable[[_N], bool], requirement: str) -> _N:
+    """`text` read as `kind` and checked, or an ArgumentTypeError that says what is needed."""
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         what = "a whole number" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not acceptable(value):
+        raise argparse.ArgumentTypeError(f"must {requirement}, got {value}")
+    return value
 
 
 def positive_int(text: str) -> int:
-    """An option's type: a whole number of at least 1, else a message saying so."""
-    value: int = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    """An option's type: a whole number of at least 1."""
+    return _number(text, int, lambda value: value >= 1, "be at least 1")
 
 
 def non_negative_int(text: str) -> int:
     """An option's type: a whole number of at least 0."""
-    value: int = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
+    return _number(text, int, lambda value: value >= 0, "not be negative")
 
 
 def positive_float(text: str) -> float:
     """An option's type: a number above 0 (seconds, mostly)."""
-    value: float = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
-    return value
+    return _number(text, float, lambda value: value > 0, "be above 0")
 
 
 def non_negative_float(text: str) -> float:
     """An option's type: a number of at least 0 (0 turns a delay off)."""
-    value: float = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
+    return _number(text, float, lambda value: value >= 0, "not be negative")
 
 
 def env_name(dest: str) -> str:
