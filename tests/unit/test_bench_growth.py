@@ -6,7 +6,17 @@ import itertools
 import uuid
 from collections import Counter
 
-from dlrfeed_testing.bench.growth import BATCHES_PER_ROUND, LATE_SHARE, MESSAGES_PER_BATCH, Traffic
+import pytest
+
+from dlrfeed_testing.bench.growth import (
+    BATCHES_PER_ROUND,
+    LATE_SHARE,
+    MESSAGES_PER_BATCH,
+    Traffic,
+    config_result,
+    config_sizes,
+    markdown,
+)
 
 
 def test_traffic_is_gateway_shaped() -> None:
@@ -33,3 +43,46 @@ def test_traffic_is_gateway_shaped() -> None:
     repeats = Counter(r.delivery_count for b in batches[1:] for r in b)
     share = repeats[2] / sum(repeats.values())
     assert 0.04 < share < 0.06
+
+
+def test_each_configuration_may_grow_to_its_own_size() -> None:
+    assert config_sizes("default=8000000,recommended", 20_000_000) == {
+        "default": 8_000_000,
+        "recommended": 20_000_000,
+    }
+    with pytest.raises(ValueError, match="unknown configuration 'fast'"):
+        config_sizes("default,fast", 1)
+
+
+def test_an_interrupted_configuration_is_reported_as_stopped_with_its_disk_profile() -> None:
+    step = {
+        "stored": 1_000_000,
+        "receptions_per_s": 3000,
+        "client_cpu_us": 90.0,
+        "server_cpu_us": 160.0,
+        "batch_p50_ms": 120.0,
+        "batch_p99_ms": 200.0,
+        "submissions_p50_ms": 300.0,
+        "submissions_p99_ms": 500.0,
+        "submissions_max_ms": 600.0,
+        "submissions_server_cpu_max_ms": 400.0,
+        "wal_bytes_per_reception": 2400,
+        "disk_bytes_per_reception": 1700,
+        "checkpoints": 1,
+    }
+    sizes = {"receptions": {"(table)": 485_000_000, "receptions_pkey": 101_000_000}}
+    result = config_result("default", 20_000_000, [step], sizes)
+    assert not result["complete"]
+    assert result["bytes_per_reception_by_table"] == {"receptions": 586}
+    text = markdown(
+        {
+            "command": "c",
+            "when": "w",
+            "machine": "m",
+            "receipt_bytes": 223,
+            "batch_receptions": 525,
+            "configs": {"default": result},
+        }
+    )
+    assert "**Stopped at 1,000,000 of 20,000,000 receptions**" in text
+    assert "| receptions receptions_pkey | 101 |" in text

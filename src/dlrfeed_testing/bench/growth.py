@@ -11,26 +11,30 @@ grows. For each configuration of PostgreSQL (its own throwaway cluster, fsync on
 - `record_submissions` of 5,000 ids (every 20 batches; 2 % of them recorded late, after their
   receipts, so the call also correlates): p50/p99/max wall, and the most server CPU one took;
 - WAL bytes per reception over the step, disk bytes per reception stored (database size).
-It measures and reports; it never asserts a time. Writes a Markdown report (`--out`) and prints
-the same figures as JSON.
+- the bytes on disk of each table and each index, per reception: the disk profile.
+It measures and reports; it never asserts a time. Writes a Markdown report (`--out`, rewritten
+after every step, so an interrupted run keeps its figures) and prints the same figures as JSON.
+With `--pinned` the configurations run side by side, each process and its cluster on its own CPU.
 
     python scripts/bench_growth.py [--receipts 20000000] [--step 1000000]
-        [--configs default,recommended] [--out docs/benchmarks-growth.md]
+        [--configs default=8000000,recommended] [--pinned] [--out docs/benchmarks-growth.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -212,10 +216,49 @@ async def _checkpoints(conn: asyncpg.Connection) -> int:
     )
 
 
+# Bytes on disk of each growing table of dlr, summed over its partitions: the table itself
+# (heap, TOAST, free-space and visibility maps) and each index, whose per-partition names lose
+# their day so that one index of a partitioned table is one line.
+SIZES_BY_RELATION = """
+WITH tables AS (
+    SELECT t.name, ('dlr.' || t.name)::regclass AS relid
+    FROM (VALUES ('receptions'), ('events'), ('messages'), ('message_status'),
+                 ('status_changes'), ('exceptions')) AS t(name)
+), parts AS (
+    SELECT tables.name, p.relid
+    FROM tables, LATERAL pg_partition_tree(tables.relid) AS p
+    WHERE p.isleaf
+    UNION ALL
+    SELECT tables.name, tables.relid
+    FROM tables JOIN pg_class AS c ON c.oid = tables.relid
+    WHERE c.relkind = 'r'
+)
+SELECT parts.name AS table_name, '(table)' AS relation, sum(pg_table_size(parts.relid)) AS bytes
+FROM parts GROUP BY parts.name
+UNION ALL
+SELECT parts.name, regexp_replace(c.relname, '_(before_)?[0-9]{8}|_default', ''),
+       sum(pg_relation_size(c.oid))
+FROM parts
+JOIN pg_index AS x ON x.indrelid = parts.relid
+JOIN pg_class AS c ON c.oid = x.indexrelid
+GROUP BY 1, 2
+"""
+
+StepReport = Callable[[list[dict[str, Any]], dict[str, dict[str, int]]], None]
+
+
+async def _sizes(conn: asyncpg.Connection) -> dict[str, dict[str, int]]:
+    sizes: dict[str, dict[str, int]] = {}
+    for r in await conn.fetch(SIZES_BY_RELATION):
+        sizes.setdefault(r["table_name"], {})[r["relation"]] = int(r["bytes"])
+    return sizes
+
+
 async def grow(
-    cluster: PgCluster, dsn: str, receipts: int, step: int, log: Any
-) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Drive one Store until `receipts` receptions are stored; one row per `step`."""
+    cluster: PgCluster, dsn: str, receipts: int, step: int, log: Any, on_step: StepReport
+) -> None:
+    """Drive one Store until `receipts` receptions are stored; `on_step` after every `step`
+    with the rows so far and the bytes of each table and index."""
     traffic = Traffic(seed=16)
     store = await Store.open(dsn, pool_size=2)
     conn = await asyncpg.connect(dsn)
@@ -252,55 +295,60 @@ async def grow(
                 current.checkpoints = await _checkpoints(conn) - checkpoints0
                 rows.append(current.row())
                 log(json.dumps(rows[-1]))
+                on_step(rows, await _sizes(conn))
                 current = Step()
                 wal0, cpu0, client0 = wal1, cpu1, time.process_time()
                 checkpoints0, started = await _checkpoints(conn), time.monotonic()
-        sizes = {
-            r["name"]: int(r["bytes"])
-            for r in await conn.fetch(
-                """
-                SELECT t.name, coalesce(
-                    (SELECT sum(pg_total_relation_size(p.relid))
-                     FROM pg_partition_tree(('dlr.' || t.name)::regclass) AS p),
-                    pg_total_relation_size(('dlr.' || t.name)::regclass)) AS bytes
-                FROM (VALUES ('receptions'), ('events'), ('messages'), ('message_status'),
-                             ('exceptions')) AS t(name)
-                """
-            )
-        }
     finally:
         await conn.close()
         await store.close()
-    return rows, sizes
 
 
 async def run_config(
-    name: str, settings: dict[str, str], receipts: int, step: int, root: Path, log: Any
-) -> dict[str, Any]:
-    """One configuration on its own fresh cluster."""
+    name: str, receipts: int, step: int, root: Path, log: Any, on_step: StepReport
+) -> None:
+    """One configuration on its own fresh cluster; its results go to `on_step`."""
     cluster = PgCluster(root / name, free_port(), fsync=True)
     cluster.init()
     cluster.start()
     try:
         admin = await asyncpg.connect(cluster.dsn)
         try:
-            for key, value in settings.items():
+            for key, value in CONFIGS[name].items():
                 await admin.execute(f"ALTER SYSTEM SET {key} = '{value}'")
         finally:
             await admin.close()
         cluster.restart()  # shared_buffers needs a restart; the others take it too
         dsn = await cluster.create_database("growth")
         await migrate(dsn)
-        log(f"config {name}: {settings or 'PostgreSQL defaults'}")
-        rows, sizes = await grow(cluster, dsn, receipts, step, log)
+        log(f"config {name}: {CONFIGS[name] or 'PostgreSQL defaults'}")
+        await grow(cluster, dsn, receipts, step, log, on_step)
     finally:
         cluster.destroy()
-    stored = rows[-1]["stored"]
-    return {
-        "settings": settings,
-        "steps": rows,
-        "bytes_per_reception_by_table": {k: round(v / stored) for k, v in sizes.items()},
+
+
+def config_result(
+    name: str, receipts: int, steps: list[dict[str, Any]], sizes: dict[str, dict[str, int]]
+) -> dict[str, Any]:
+    """What the report keeps of one configuration, complete or not."""
+    stored = steps[-1]["stored"]
+    result: dict[str, Any] = {
+        "settings": CONFIGS[name],
+        "target_receipts": receipts,
+        "complete": stored >= receipts,
+        "steps": steps,
+        "bytes_per_reception_by_table": {
+            table: round(sum(parts.values()) / stored) for table, parts in sizes.items()
+        },
+        "bytes_per_reception_by_relation": {
+            f"{table} {relation}": round(size / stored)
+            for table, parts in sizes.items()
+            for relation, size in parts.items()
+            if size  # an index of only empty partitions
+        },
     }
+    result["targets"] = targets(result)
+    return result
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:
@@ -336,8 +384,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"{MESSAGES_PER_BATCH * BATCHES_PER_ROUND} ids every {BATCHES_PER_ROUND} batches",
         "- rate is wall clock on a shared machine; CPU µs per reception (client = this process: "
         "parse, rules, encoding; server = every PostgreSQL process) is the steadier figure",
-        "",
     ]
+    if report.get("pinned"):
+        lines.append(
+            "- the configurations ran side by side, each in its own process pinned with its own "
+            "PostgreSQL cluster to its own CPU (`--pinned`); they share the disk"
+        )
+    lines.append("")
     headers = [
         ("stored", "stored"),
         ("receptions_per_s", "rec/s"),
@@ -360,14 +413,90 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("|" + " --- |" * len(headers))
         for step in result["steps"]:
             lines.append("| " + " | ".join(f"{step[key]:,}" for key, _ in headers) + " |")
+        if not result["complete"]:
+            lines += [
+                "",
+                f"**Stopped at {result['steps'][-1]['stored']:,} of "
+                f"{result['target_receipts']:,} receptions** (the run was interrupted; the rows "
+                "above are what it measured).",
+            ]
         by_table = ", ".join(
             f"{k} {v}" for k, v in sorted(result["bytes_per_reception_by_table"].items())
         )
         lines += ["", f"Bytes per stored reception by table: {by_table}.", ""]
+        lines += ["| relation | bytes per reception |", "| --- | --- |"]
+        lines += [
+            f"| {k} | {v:,} |" for k, v in sorted(result["bytes_per_reception_by_relation"].items())
+        ]
+        lines.append("")
         lines += ["Targets (last step against the first):", ""]
         lines += [f"- {k}: {v}" for k, v in result["targets"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def config_sizes(spec: str, receipts: int) -> dict[str, int]:
+    """`default=8000000,recommended`: each configuration and the receptions it grows to."""
+    sizes: dict[str, int] = {}
+    for item in filter(None, spec.split(",")):
+        name, _, size = item.partition("=")
+        if name not in CONFIGS:
+            raise ValueError(
+                f"unknown configuration {name!r}, expected one of {', '.join(CONFIGS)}"
+            )
+        sizes[name] = int(size) if size else receipts
+    return sizes
+
+
+def _pin(cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+
+
+def _run_pinned(
+    sizes: dict[str, int],
+    step: int,
+    root: Path,
+    report: dict[str, Any],
+    log: Any,
+    write: Callable[[], None],
+) -> bool:
+    """Each configuration in its own process, pinned to its own CPU (and so is its cluster,
+    which inherits the affinity): the profiles run side by side without sharing a core. Each
+    child writes its report as JSON after every step; the parent merges what they wrote into
+    its own report every half minute, so an interrupted run still leaves its figures. True
+    when every child finished."""
+    cpus = sorted(os.sched_getaffinity(0))
+    report["pinned"] = True
+    children = []
+    for index, (name, receipts) in enumerate(sizes.items()):
+        cpu = cpus[index % len(cpus)]
+        out = root / f"{name}.json"
+        command = [
+            sys.executable,
+            "-m",
+            __name__,
+            "--configs",
+            f"{name}={receipts}",
+            "--step",
+            str(step),
+            "--json",
+            str(out),
+        ]
+        log(f"config {name}: pinned to CPU {cpu}")
+        child = subprocess.Popen(command, preexec_fn=functools.partial(_pin, cpu))
+        children.append((out, child))
+
+    def merge() -> None:
+        for out, _ in children:
+            if out.exists():
+                report["configs"].update(json.loads(out.read_text(encoding="utf-8"))["configs"])
+        write()
+
+    while any(child.poll() is None for _, child in children):
+        time.sleep(30)
+        merge()
+    merge()
+    return all(child.returncode == 0 for _, child in children)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,14 +506,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--configs",
         default="default,recommended",
-        help=f"comma-separated, of: {', '.join(CONFIGS)}",
+        help=f"comma-separated, of: {', '.join(CONFIGS)}; NAME=N grows that one to N instead",
+    )
+    parser.add_argument(
+        "--pinned",
+        action="store_true",
+        help="run the configurations side by side, each process and cluster on its own CPU",
     )
     parser.add_argument("--out", type=Path, help="write the Markdown report here")
+    parser.add_argument("--json", type=Path, help="write the report as JSON here, every step")
     args = parser.parse_args(argv)
-    names = [n for n in args.configs.split(",") if n]
-    unknown = set(names) - set(CONFIGS)
-    if unknown:
-        parser.error(f"unknown configuration(s): {sorted(unknown)}")
+    try:
+        sizes = config_sizes(args.configs, args.receipts)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -400,17 +535,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batch_receptions": round(MESSAGES_PER_BATCH * 2 * (1 + REDELIVERED_SHARE)),
         "configs": {},
     }
+
+    def write() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        if args.out:
+            args.out.write_text(markdown(report), encoding="utf-8")
+
+    finished = True
     with tempfile.TemporaryDirectory(prefix="dlrfeed-growth-") as root:
-        for name in names:
-            result = asyncio.run(
-                run_config(name, CONFIGS[name], args.receipts, args.step, Path(root), log)
-            )
-            result["targets"] = targets(result)
-            report["configs"][name] = result
+        if args.pinned:
+            finished = _run_pinned(sizes, args.step, Path(root), report, log, write)
+        else:
+            for name, receipts in sizes.items():
+
+                def on_step(
+                    steps: list[dict[str, Any]],
+                    table_sizes: dict[str, dict[str, int]],
+                    name: str = name,
+                    receipts: int = receipts,
+                ) -> None:
+                    report["configs"][name] = config_result(name, receipts, steps, table_sizes)
+                    write()
+
+                asyncio.run(run_config(name, receipts, args.step, Path(root), log, on_step))
+    write()
     print(json.dumps(report, indent=2))
-    if args.out:
-        args.out.write_text(markdown(report), encoding="utf-8")
-    return 0
+    return 0 if finished else 1
 
 
 if __name__ == "__main__":
