@@ -19,6 +19,7 @@ from dlrfeed.store import retention
 from dlrfeed.store.retention import RetentionPolicy, maintain
 from dlrfeed.store.server import behind_transaction_pooler
 from dlrfeed.store.sql import STATEMENTS
+from dlrfeed.store.transactions import write_transaction
 from dlrfeed_testing.pgbouncer import PgBouncer
 from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory
 
@@ -80,6 +81,50 @@ async def test_maintain_through_a_transaction_pooler_leaves_no_lock_timeout_behi
     try:
         assert await other_client.fetchval("SHOW lock_timeout") == "0"
     finally:
+        await other_client.close()
+
+
+async def _uses_jit(conn: asyncpg.Connection) -> bool:
+    """Whether the server compiled a plain statement with JIT (EXPLAIN ANALYZE says so)."""
+    plan = await conn.fetch("EXPLAIN ANALYZE SELECT sum(x) FROM generate_series(1, 10) x")
+    return any(line[0].startswith("JIT:") for line in plan)
+
+
+async def test_the_write_transactions_plan_without_jit_and_leave_the_session_as_it_was(
+    database_url: str,
+) -> None:
+    """Every statement a threshold of zero would compile is compiled outside, not inside."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        if not await conn.fetchval("SELECT pg_jit_available()"):
+            pytest.skip("this PostgreSQL has no JIT provider (llvmjit) installed")
+        await conn.execute("SET jit = on; SET jit_above_cost = 0")
+        assert await _uses_jit(conn)
+        async with write_transaction(conn):
+            assert await conn.fetchval("SHOW jit") == "off"
+            assert not await _uses_jit(conn)
+            async with write_transaction(conn):  # a savepoint inside one, as the C8 bisect
+                assert not await _uses_jit(conn)
+        assert await conn.fetchval("SHOW jit") == "on"
+        assert await _uses_jit(conn)
+    finally:
+        await conn.close()
+
+
+async def test_through_a_transaction_pooler_no_jit_setting_is_left_behind(
+    bouncer: PgBouncer, database_url: str
+) -> None:
+    """The server session PgBouncer hands to the next client has the server's own jit."""
+    pooled = bouncer.dsn_for(database_url.rsplit("/", 1)[1])
+    writer = await asyncpg.connect(pooled, statement_cache_size=0)
+    other_client = await asyncpg.connect(pooled, statement_cache_size=0)
+    try:
+        server_default = await other_client.fetchval("SHOW jit")
+        async with write_transaction(writer):
+            assert await writer.fetchval("SHOW jit") == "off"
+        assert await other_client.fetchval("SHOW jit") == server_default
+    finally:
+        await writer.close()
         await other_client.close()
 
 

@@ -1,7 +1,7 @@
 """The statements of the ingest transaction, the sending side and recompute, by name.
 
 Their text, with the reasons each is written as it is, lives in `dlrfeed/store/sql/`
-(`ingest.sql`, `submissions.sql`, `recompute.sql`); each constant here is the loaded
+(`ingest.sql`, `submissions.sql`, `recompute.sql`, `server.sql`); each constant here is the loaded
 statement, bound by parameter name (`dlrfeed.store.sql.Query`). Each statement takes whole
 arrays (`unnest`, or one JSON array) so that a batch costs a handful of round trips, never one
 per receipt (DESIGN "the ingest transaction").
@@ -26,6 +26,7 @@ WRITE_LATE_CORRELATION = query("write_late_correlation")
 STALE_STATUSES = query("stale_statuses")
 LOCK_STATUSES = query("lock_statuses")
 WRITE_RECOMPUTE = query("write_recompute")
+PLAN_WITHOUT_JIT = query("plan_without_jit")
 
 # Reception ids come in blocks of this many consecutive ids, one nextval each: the sequence's
 # increment (migration 0006). write_batch takes it as its :id_block_size.

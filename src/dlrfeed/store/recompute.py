@@ -22,6 +22,7 @@ from dlrfeed.domain.rules import (
 from dlrfeed.store import queries
 from dlrfeed.store.correlation import correlate
 from dlrfeed.store.rows import dumps, replayed, status_json
+from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
@@ -61,7 +62,7 @@ async def recompute(
         for key in keys:
             by_login.setdefault(key["login"], []).append(key["message_id"])
         for login, message_ids in by_login.items():
-            async with conn.transaction():
+            async with write_transaction(conn):
                 changed += await _recompute_chunk(conn, options, login, message_ids)
             examined += len(message_ids)
     return RecomputeResult(examined=examined, changed=changed)

@@ -24,6 +24,7 @@ from dlrfeed.domain.rules import (
 from dlrfeed.store import queries
 from dlrfeed.store.rows import column_arrays, planned_exceptions, replayed, status_json
 from dlrfeed.store.submission import Submission, SubmissionResult
+from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
@@ -59,7 +60,7 @@ async def record_submissions(
     for login, group in sorted(by_login.items()):
         for start in range(0, len(group), 500):
             chunk = group[start : start + 500]
-            async with conn.transaction():
+            async with write_transaction(conn):
                 new, applied = await _record_chunk(conn, options, login, chunk)
             recorded += new
             late += applied

@@ -66,6 +66,7 @@ from dlrfeed.store.server import (
     connect_options,
 )
 from dlrfeed.store.submission import Submission, SubmissionResult
+from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
@@ -365,7 +366,7 @@ class Store:
     ) -> tuple[list[Outcome], int]:
         for attempt in range(_DEADLOCK_RETRIES + 1):
             try:
-                async with conn.transaction():
+                async with write_transaction(conn):
                     return await self._ingest_once(conn, login, events), attempt
             except asyncpg.exceptions.TransactionRollbackError:
                 # Deadlock or serialization failure: the transaction was rolled back whole;

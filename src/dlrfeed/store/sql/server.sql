@@ -17,3 +17,13 @@ FROM pg_stat_replication
 -- name: writable
 -- Store.ping: false on a standby or a server in read-only mode (a failover under way).
 SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on')
+
+-- name: plan_without_jit
+-- The rest of this transaction (is_local) plans without JIT compilation. The store's
+-- statements are index probes per key whose cost estimates grow with the tables (and with
+-- statistics that undercount distinct random ids); past jit_above_cost PostgreSQL compiles
+-- each into machine code, 100-500 ms every time, far more than the statement itself: on a
+-- store of 9.7 M receptions a record_submissions of 5,000 ids spent ~1,000 ms of backend CPU
+-- with JIT and ~300 ms without (docs/postgresql.md). Transaction-scoped, so it holds behind
+-- a transaction pooler and leaves the session as it was.
+SELECT set_config('jit', 'off', true)
