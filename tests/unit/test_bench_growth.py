@@ -84,5 +84,5 @@ def test_an_interrupted_configuration_is_reported_as_stopped_with_its_disk_profi
             "configs": {"default": result},
         }
     )
-    assert "**Stopped at 1,000,000 of 20,000,000 receptions**" in text
+    assert "**Reached 1,000,000 of 20,000,000 receptions**" in text
     assert "| receptions receptions_pkey | 101 |" in text
