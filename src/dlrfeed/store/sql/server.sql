@@ -20,8 +20,9 @@ SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'o
 
 -- name: plan_without_jit
 -- The rest of this transaction (is_local) plans without JIT compilation. The store's
--- statements are index probes per key whose cost estimates grow with the tables (and with
--- statistics that undercount distinct random ids); past jit_above_cost PostgreSQL compiles
+-- statements are index probes per key whose cost estimates grow with the tables (a join to
+-- partitioned dlr.receptions, whose parent has no statistics, is estimated with default
+-- selectivities: ~364,000 rows for a few hundred); past jit_above_cost PostgreSQL compiles
 -- each into machine code, 100-500 ms every time, far more than the statement itself: on a
 -- store of 9.7 M receptions a record_submissions of 5,000 ids spent ~1,000 ms of backend CPU
 -- with JIT and ~300 ms without (docs/postgresql.md). Transaction-scoped, so it holds behind
