@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from dlrfeed.cli import main
+from dlrfeed_testing.bench import submissions_profile
 
 
 def query(dsn: str, sql: str) -> list[asyncpg.Record]:
@@ -75,3 +76,13 @@ def test_migrate_command_is_idempotent(
     out = capsys.readouterr().out
     assert "applied" not in out
     assert out.startswith("schema dlr at version ")
+
+
+async def test_the_submissions_profile_times_each_statement_and_leaves_the_store_as_it_was(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    report = await submissions_profile.profile(database_url, "acme", ids=600, late=10, settings={})
+    assert "record_submissions of 600 ids" in report
+    for statement in ("lock_correlation_ids", "insert_messages", "waiting_receptions"):
+        assert f"| {statement} | 2 |" in report  # two chunks of 500
+    assert await db.fetchval("SELECT count(*) FROM dlr.messages") == 0  # rolled back
