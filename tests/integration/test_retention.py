@@ -220,7 +220,7 @@ async def test_receptions_of_a_missing_day_land_in_the_default_and_move_to_their
         ALTER INDEX dlr_partitions.receptions_default_pkey RENAME TO receptions_default_moved_pkey;
         CREATE TABLE dlr_partitions.receptions_default PARTITION OF dlr.receptions DEFAULT;
         ALTER TABLE dlr_partitions.receptions_default
-            ADD CONSTRAINT receptions_default_pkey PRIMARY KEY (login, message_id, id);
+            ADD CONSTRAINT receptions_default_pkey PRIMARY KEY (login, event_id, id);
         COMMIT;
         DROP TABLE dlr_partitions.receptions_default_moved;
         """

@@ -58,8 +58,9 @@ WHERE login = ANY(:logins::text[])
 ORDER BY login, level, id
 
 -- name: reception_rows
--- The receptions of those events: found by the receptions' only index, (login, message_id as
--- received), then kept if they belong to one of the events.
+-- The receptions of those events. Both ids are named so that every day is probed through the
+-- key it has: (login, event_id, id) since migration 0013, (login, message_id as received, id)
+-- on the days stored before it.
 SELECT r.id, r.login, r.level, r.stat, r.err, r.submit_date_raw, r.submit_at, r.done_date_raw,
        r.done_at, r.delivery_count, r.received_at, r.outcome, r.flags, r.event_id,
        r.payload_json::text AS payload_json

@@ -43,7 +43,8 @@ WHERE NOT EXISTS (
 -- name: waiting_receptions
 -- Late correlation and recompute: every delivery of the events of each correlation id in
 -- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
--- needs of it. The receptions are read by their primary key (login, message_id, ...). P10:
+-- needs of it. The receptions are read by their day's primary key: (login, event_id, id)
+-- since migration 0013, (login, message_id, id) on the days stored before it. P10:
 -- the events are found per id by two index probes - those whose id is the correlation id, by
 -- the unique key; the others, by the partial correlation index (migration 0005) - each a
 -- plain equality on an index's leading columns. One OR of the two would leave the planner a
