@@ -309,22 +309,36 @@ async def grow(
         await store.close()
 
 
+def config_cluster(name: str, root: Path) -> PgCluster:
+    """The cluster of configuration `name`: its settings go on the server's command line after
+    PgCluster's own (which set shared_buffers), so they are the ones in force."""
+    settings = tuple(f"{key}={value}" for key, value in CONFIGS[name].items())
+    return PgCluster(root / name, free_port(), fsync=True, settings=settings)
+
+
+async def check_settings(dsn: str, settings: dict[str, str]) -> None:
+    """RuntimeError unless the server reports every one of `settings` as asked: a report must
+    not name a setting the server did not run with."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for key, value in settings.items():
+            actual = await conn.fetchval("SELECT current_setting($1)", key)
+            if actual != value:
+                raise RuntimeError(f"the server runs with {key} = {actual}, not {value}")
+    finally:
+        await conn.close()
+
+
 async def run_config(
     name: str, receipts: int, step: int, root: Path, log: Any, on_step: StepReport
 ) -> None:
     """One configuration on its own fresh cluster; its results go to `on_step`."""
-    cluster = PgCluster(root / name, free_port(), fsync=True)
+    cluster = config_cluster(name, root)
     cluster.init()
     cluster.start()
     try:
-        admin = await asyncpg.connect(cluster.dsn)
-        try:
-            for key, value in CONFIGS[name].items():
-                await admin.execute(f"ALTER SYSTEM SET {key} = '{value}'")
-        finally:
-            await admin.close()
-        cluster.restart()  # shared_buffers needs a restart; the others take it too
         dsn = await cluster.create_database("growth")
+        await check_settings(dsn, CONFIGS[name])
         await migrate(dsn)
         log(f"config {name}: {CONFIGS[name] or 'PostgreSQL defaults'}")
         await grow(cluster, dsn, receipts, step, log, on_step)
