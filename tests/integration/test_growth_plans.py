@@ -27,9 +27,10 @@ def _md5(n: int) -> str:
     return hashlib.md5(str(n).encode(), usedforsecurity=False).hexdigest()
 
 
-async def _events_tuples_read(db: asyncpg.Connection, other_backend: int) -> int:
-    """Rows of dlr.events read by sequential scans so far, once `other_backend` has flushed
-    its statistics (a backend reports them when idle, at most once a second)."""
+async def _rows_read_by_seq_scans(db: asyncpg.Connection, other_backend: int) -> int:
+    """Rows of dlr.events and dlr.exceptions read by sequential scans so far, once
+    `other_backend` has flushed its statistics (a backend reports them when idle, at most once
+    a second)."""
     deadline = time.monotonic() + 30
     while True:
         await db.execute("SELECT pg_stat_clear_snapshot()")
@@ -43,8 +44,8 @@ async def _events_tuples_read(db: asyncpg.Connection, other_backend: int) -> int
         await db.execute("SELECT pg_sleep(0.2)")
     return int(
         await db.fetchval(
-            "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables"
-            " WHERE schemaname = 'dlr' AND relname = 'events'"
+            "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables"
+            " WHERE schemaname = 'dlr' AND relname IN ('events', 'exceptions')"
         )
     )
 
@@ -52,7 +53,8 @@ async def _events_tuples_read(db: asyncpg.Connection, other_backend: int) -> int
 async def test_late_correlation_after_a_bulk_drain_probes_the_index(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    await db.execute("ALTER TABLE dlr.events SET (autovacuum_enabled = false)")
+    for table in ("events", "exceptions"):
+        await db.execute(f"ALTER TABLE dlr.{table} SET (autovacuum_enabled = false)")
     store = await Store.open(database_url, pool_size=1)
     try:
         # Day one, empty tables: the statements are prepared and planned (more than the five
@@ -63,8 +65,9 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
             )
         backend = await store._pool.fetchval("SELECT pg_backend_pid()")
         # The drain: BACKLOG events whose messages are not recorded yet (ids like a gateway's,
-        # random-looking), each with the delivery that late correlation replays, inserted
-        # set-based as the ingest would have left them.
+        # random-looking), each with the delivery that late correlation replays and the
+        # `uncorrelated` exception it opened, inserted set-based as the ingest would have left
+        # them.
         await db.execute(
             """
             WITH e AS (
@@ -74,7 +77,10 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
                 SELECT $1, md5(g::text), md5(g::text), 1 + g % 2, 'DELIVRD', 'DELIVERED',
                        md5(g::text || 'f'), 'p', 'r', now(), now()
                 FROM generate_series(1, $2::int) AS g
-                RETURNING id, login, message_id, level, stat, fingerprint, first_received_at)
+                RETURNING id, login, message_id, level, stat, fingerprint, first_received_at),
+            x AS (
+                INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id)
+                SELECT 'uncorrelated', login, message_id, '{"rule": "P12"}', id FROM e)
             INSERT INTO dlr.receptions (login, message_id, level, delivery_count, received_at,
                 payload, event_id, outcome, stat, parser_version, fingerprint)
             SELECT login, message_id, level, 1, first_received_at, ''::bytea, id,
@@ -84,7 +90,7 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
             LOGIN,
             BACKLOG,
         )
-        read_before = await _events_tuples_read(db, backend)
+        read_before = await _rows_read_by_seq_scans(db, backend)
         started = time.monotonic()
         result = await store.record_submissions(
             # Half of them have events waiting (late correlation), half have none yet.
@@ -95,7 +101,7 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
             + [Submission(LOGIN, f"new-{n}", "+34600000001") for n in range(SUBMISSIONS // 2)]
         )
         elapsed = time.monotonic() - started
-        read_after = await _events_tuples_read(db, backend)
+        read_after = await _rows_read_by_seq_scans(db, backend)
     finally:
         await store.close()
     assert result.recorded == SUBMISSIONS

@@ -83,6 +83,6 @@ async def test_the_submissions_profile_times_each_statement_and_leaves_the_store
 ) -> None:
     report = await submissions_profile.profile(database_url, "acme", ids=600, late=10, settings={})
     assert "record_submissions of 600 ids" in report
-    for statement in ("lock_correlation_ids", "insert_messages", "waiting_receptions"):
+    for statement in ("lock_correlation_ids", "insert_messages", "ids_with_waiting_events"):
         assert f"| {statement} | 2 |" in report  # two chunks of 500
     assert await db.fetchval("SELECT count(*) FROM dlr.messages") == 0  # rolled back

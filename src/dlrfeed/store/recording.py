@@ -97,7 +97,12 @@ async def _record_chunk(
     new_ids = sorted(inserted)
     if not new_ids:
         return 0, 0
-    waiting = await queries.WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=new_ids)
+    waiting_ids = [
+        r[0] for r in await queries.IDS_WITH_WAITING_EVENTS.fetch(conn, login=login, ids=new_ids)
+    ]
+    if not waiting_ids:
+        return len(new_ids), 0
+    waiting = await queries.WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=waiting_ids)
     if not waiting:
         return len(new_ids), 0
     # Late correlation: every delivery that arrived before the message was recorded,

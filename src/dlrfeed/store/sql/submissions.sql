@@ -40,6 +40,28 @@ WHERE NOT EXISTS (
     WHERE x.login = :login AND x.message_id = n.message_id AND x.kind = 'second_record'
       AND x.evidence_key = n.evidence_key)
 
+-- name: ids_with_waiting_events
+-- Late correlation's first cut: of the ids just recorded, those that may have events waiting.
+-- An event waits for its message only if its first delivery found no message, and that
+-- delivery opened an `uncorrelated` exception under the receipt's id in the same transaction
+-- (P12; resolving it by hand leaves the row). So the small, hot exceptions queue answers for
+-- nearly every id, where a probe of the events key (the largest random-keyed index of the
+-- store) read a random leaf per id recorded. Events whose correlation id differs from their
+-- own id are found as waiting_receptions finds them, by the partial correlation index
+-- (migration 0005). LATERAL ... LIMIT 1: one probe per id of each index, whatever the
+-- statistics say (as an EXISTS, stale statistics of a young queue had the whole login's
+-- exceptions read into a hash table on every call).
+SELECT k.id
+FROM unnest(:ids::text[]) AS k(id)
+CROSS JOIN LATERAL (
+    SELECT 1 FROM dlr.exceptions AS x
+    WHERE x.login = :login AND x.message_id = k.id AND x.kind = 'uncorrelated'
+    UNION ALL
+    SELECT 1 FROM dlr.events AS e
+    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
+    LIMIT 1
+) AS waiting
+
 -- name: waiting_receptions
 -- Late correlation and recompute: every delivery of the events of each correlation id in
 -- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
