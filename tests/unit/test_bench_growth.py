@@ -16,6 +16,7 @@ from dlrfeed_testing.bench.growth import (
     config_result,
     config_sizes,
     markdown,
+    merged_reports,
 )
 
 
@@ -54,22 +55,25 @@ def test_each_configuration_may_grow_to_its_own_size() -> None:
         config_sizes("default,fast", 1)
 
 
+STEP = {
+    "stored": 1_000_000,
+    "receptions_per_s": 3000,
+    "client_cpu_us": 90.0,
+    "server_cpu_us": 160.0,
+    "batch_p50_ms": 120.0,
+    "batch_p99_ms": 200.0,
+    "submissions_p50_ms": 300.0,
+    "submissions_p99_ms": 500.0,
+    "submissions_max_ms": 600.0,
+    "submissions_server_cpu_max_ms": 400.0,
+    "wal_bytes_per_reception": 2400,
+    "disk_bytes_per_reception": 1700,
+    "checkpoints": 1,
+}
+
+
 def test_an_interrupted_configuration_is_reported_as_stopped_with_its_disk_profile() -> None:
-    step = {
-        "stored": 1_000_000,
-        "receptions_per_s": 3000,
-        "client_cpu_us": 90.0,
-        "server_cpu_us": 160.0,
-        "batch_p50_ms": 120.0,
-        "batch_p99_ms": 200.0,
-        "submissions_p50_ms": 300.0,
-        "submissions_p99_ms": 500.0,
-        "submissions_max_ms": 600.0,
-        "submissions_server_cpu_max_ms": 400.0,
-        "wal_bytes_per_reception": 2400,
-        "disk_bytes_per_reception": 1700,
-        "checkpoints": 1,
-    }
+    step = dict(STEP)
     sizes = {"receptions": {"(table)": 485_000_000, "receptions_pkey": 101_000_000}}
     result = config_result("default", 20_000_000, [step], sizes)
     assert not result["complete"]
@@ -86,3 +90,37 @@ def test_an_interrupted_configuration_is_reported_as_stopped_with_its_disk_profi
     )
     assert "**Reached 1,000,000 of 20,000,000 receptions**" in text
     assert "| receptions receptions_pkey | 101 |" in text
+
+
+def test_reports_of_different_runs_merge_each_configuration_naming_its_own_run() -> None:
+    def saved(when: str, name: str, stored: int) -> dict[str, object]:
+        result = config_result(name, stored, [dict(STEP, stored=stored)], {})
+        return {
+            "command": f"python scripts/bench_growth.py --configs {name}",
+            "when": when,
+            "machine": "2 CPUs",
+            "receipt_bytes": 223,
+            "batch_receptions": 525,
+            "configs": {name: result},
+        }
+
+    text = markdown(
+        merged_reports(
+            [
+                saved("2026-11-30", "default", 8_000_000),
+                saved("2026-12-01", "recommended", 1_000_000),
+            ]
+        )
+    )
+    assert "merged from the saved reports of several runs" in text
+    assert (
+        "From the run of 2026-11-30 (2 CPUs): `python scripts/bench_growth.py --configs default`"
+        in text
+    )
+    assert (
+        "From the run of 2026-12-01 (2 CPUs): `python scripts/bench_growth.py --configs rec" in text
+    )
+    # One run's reports merge as before: its command heads the report.
+    alone = markdown(merged_reports([saved("2026-12-01", "recommended", 1_000_000)]))
+    assert "- command: `python scripts/bench_growth.py --configs recommended`" in alone
+    assert "From the run of" not in alone
