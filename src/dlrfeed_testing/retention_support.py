@@ -1,5 +1,6 @@
-"""For the tests of day partitions and retention (migrations 0010, 0011): receipts with a chosen
-receive time, the start of today, and a database installed as released before a migration."""
+"""For the tests of day partitions and retention (migrations 0010, 0011, 0013): receipts with a
+chosen receive time, the start of today, a database installed as released before a migration,
+and the plan the server would run."""
 
 from __future__ import annotations
 
@@ -49,3 +50,8 @@ async def install_schema_before(conn: asyncpg.Connection, version: int) -> None:
                     migration.version,
                     migration.name,
                 )
+
+
+async def plan_of(conn: asyncpg.Connection, statement: str, *args: object) -> str:
+    """The server's EXPLAIN of `statement` with `args`, one line per plan node."""
+    return "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + statement, *args))

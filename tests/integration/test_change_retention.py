@@ -31,7 +31,13 @@ from dlrfeed.store.changes import read_changes, save_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.retention import RetentionPolicy, maintain
 from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import DAY, install_schema_before, receipt, today
+from dlrfeed_testing.retention_support import (
+    DAY,
+    install_schema_before,
+    plan_of,
+    receipt,
+    today,
+)
 
 LOGIN = "acme"
 PARTITIONING = 11  # the migration under test
@@ -262,12 +268,10 @@ async def test_an_installed_log_moves_in_place_and_the_triggers_keep_writing(
             "SELECT pg_relation_filenode($1::regclass)", f"dlr_partitions.{first}"
         )
         # The writers' lookup of a message's last change stays an index probe.
-        plan = "\n".join(
-            r[0]
-            for r in await conn.fetch(
-                "EXPLAIN SELECT max(position) FROM dlr.status_changes"
-                " WHERE login = 'acme' AND message_id = 'm10'"
-            )
+        plan = await plan_of(
+            conn,
+            "SELECT max(position) FROM dlr.status_changes"
+            " WHERE login = 'acme' AND message_id = 'm10'",
         )
         assert "Seq Scan" not in plan, plan
 

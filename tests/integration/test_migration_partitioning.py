@@ -19,7 +19,7 @@ import pytest
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import install_schema_before, receipt
+from dlrfeed_testing.retention_support import install_schema_before, plan_of, receipt
 
 PARTITIONING = 10  # the migration under test
 RECEPTIONS = 1_000_000
@@ -84,12 +84,10 @@ async def test_a_populated_store_migrates_in_place_keeping_every_row(installed_s
             f"dlr_partitions.{first['partition_name']}",
         )
         # `show` still finds a message's receptions by the index, in the old table too.
-        plan = "\n".join(
-            r[0]
-            for r in await conn.fetch(
-                "EXPLAIN SELECT * FROM dlr.receptions WHERE login = 'acme' AND message_id = $1",
-                "c4ca4238a0b923820dcc509a6f75849b",
-            )
+        plan = await plan_of(
+            conn,
+            "SELECT * FROM dlr.receptions WHERE login = 'acme' AND message_id = $1",
+            "c4ca4238a0b923820dcc509a6f75849b",
         )
         assert "Seq Scan" not in plan, plan
         print(f"migration 0010 of {RECEPTIONS} receptions: {elapsed:.1f} s wall")

@@ -22,7 +22,7 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.reports import message_reports
 from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import DAY, install_schema_before
+from dlrfeed_testing.retention_support import DAY, install_schema_before, plan_of
 from dlrfeed_testing.rule_receipts import feed_receipt
 
 REKEYING = 13  # the migration under test
@@ -123,12 +123,10 @@ async def test_days_holding_rows_keep_their_key_and_the_readers_use_both(
         assert sorted(r["level"] for r in report["receptions"]) == [1, 2]
         # Each day is probed through a key: no partition is scanned whole.
         await conn.execute("SET enable_seqscan = off")
-        plan = "\n".join(
-            r[0]
-            for r in await conn.fetch(
-                "EXPLAIN SELECT * FROM dlr.receptions"
-                " WHERE login = 'acme' AND message_id = 'early-2' AND event_id = 1"
-            )
+        plan = await plan_of(
+            conn,
+            "SELECT * FROM dlr.receptions"
+            " WHERE login = 'acme' AND message_id = 'early-2' AND event_id = 1",
         )
         assert "Seq Scan" not in plan, plan
     finally:
