@@ -126,13 +126,17 @@ async def _record_chunk(
             reception_id,
         )
     kinds, message_ids, details, event_ids, reception_ids = column_arrays(exceptions, 5)
+    late_events = sorted(resolutions)  # locked in event order, as every locker of them does
+    to_resolve = await queries.LOCK_OPEN_UNCORRELATED.fetch(
+        conn, event_ids=late_events, resolutions=[resolutions[e] for e in late_events]
+    )
     await queries.WRITE_LATE_CORRELATION.fetchval(
         conn,
         login=login,
         rules_version=RULES_VERSION,
         statuses=status_json(planner.messages),
-        resolved_event_ids=list(resolutions),
-        resolutions=list(resolutions.values()),
+        exception_ids=[r[0] for r in to_resolve],
+        resolutions=[r[1] for r in to_resolve],
         exception_kinds=kinds,
         exception_message_ids=message_ids,
         exception_details=details,

@@ -92,17 +92,36 @@ JOIN dlr.receptions AS r
   ON r.login = :login AND r.message_id = e.message_id AND r.event_id = e.id
 ORDER BY e.correlation_id, r.id
 
+-- name: lock_open_uncorrelated
+-- The open `uncorrelated` exceptions of the events correlated late, locked until they are
+-- resolved by write_late_correlation, with the resolution of their event. LATERAL ... OFFSET 0:
+-- one probe of the event_id index per event, the kind and the resolution checked on the locked
+-- (newest) row. As one UPDATE joined on the event id, a young queue's default estimates made
+-- the partial index of open exceptions look like a handful of rows, so every call read all of
+-- the login's open ones into a hash table (400,000 after a first drain: ~0.5 s per chunk).
+SELECT o.id, r.resolution
+FROM unnest(:event_ids::bigint[], :resolutions::text[]) AS r(event_id, resolution)
+CROSS JOIN LATERAL (
+    SELECT o.id, o.kind, o.resolved_at
+    FROM dlr.exceptions AS o
+    WHERE o.event_id = r.event_id
+    OFFSET 0
+    FOR NO KEY UPDATE
+) AS o
+WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
+
 -- name: write_late_correlation
--- The statuses the planner computed from the waiting deliveries, their events' uncorrelated
--- exceptions resolved with the reason, and the exceptions the message layer raised on the way
--- (joined to their reception by id). Returns how many exceptions were resolved.
+-- The statuses the planner computed from the waiting deliveries, the uncorrelated exceptions
+-- lock_open_uncorrelated locked resolved with their reason (by primary key), and the
+-- exceptions the message layer raised on the way (joined to their reception by id). Returns
+-- how many exceptions were resolved.
 WITH st AS (
 -- include: upsert_statuses
 ),
 resolved AS (
     UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
-    FROM unnest(:resolved_event_ids::bigint[], :resolutions::text[]) AS r(event_id, resolution)
-    WHERE x.event_id = r.event_id AND x.kind = 'uncorrelated' AND x.resolved_at IS NULL
+    FROM unnest(:exception_ids::bigint[], :resolutions::text[]) AS r(id, resolution)
+    WHERE x.id = r.id
     RETURNING x.id
 ),
 opened AS (
