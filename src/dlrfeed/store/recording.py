@@ -126,7 +126,7 @@ async def _record_chunk(
             reception_id,
         )
     kinds, message_ids, details, event_ids, reception_ids = column_arrays(exceptions, 5)
-    late_events = sorted(resolutions)  # locked in event order, as every locker of them does
+    late_events = sorted(resolutions)  # sorted: row locks always taken in one order
     to_resolve = await queries.LOCK_OPEN_UNCORRELATED.fetch(
         conn, event_ids=late_events, resolutions=[resolutions[e] for e in late_events]
     )
