@@ -37,7 +37,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlrfeed_testing.local_login import LOGIN, PASSWORD
-from dlrfeed_testing.metrics import histogram_quantile
+from dlrfeed_testing.metrics import histogram_quantile, histogram_window
 from dlrfeed_testing.paths import REPO
 from dlrfeed_testing.pgcluster import PgCluster, free_port
 from dlrfeed_testing.ports import logged_metrics_address
@@ -231,15 +231,6 @@ def scrape_metrics(host_port: str, sample: Sample) -> None:
     sample.ack_buckets = tuple(sorted(buckets))
 
 
-def _window(
-    now: Sequence[tuple[float, float]], before: Sequence[tuple[float, float]]
-) -> list[tuple[float, float]]:
-    """Bucket counts observed between two scrapes of the same histogram."""
-    if len(now) != len(before):
-        return list(now)
-    return [(b, c - c0) for (b, c), (_, c0) in zip(now, before, strict=True)]
-
-
 def _count(value: float | int | None) -> str:
     return "-" if value is None else f"{int(value):,}"
 
@@ -269,7 +260,8 @@ class LiveView:
             self.history.popleft()
         rate = self._rate(sample)
         # Over the window only: "-" while nothing was acked in it (idle or just started).
-        p99 = histogram_quantile(0.99, _window(sample.ack_buckets, self.history[0].ack_buckets))
+        window = histogram_window(sample.ack_buckets, self.history[0].ack_buckets)
+        p99 = histogram_quantile(0.99, window)
         elapsed = sample.at - self.started
         if self.tty:
             self._redraw(self.frame(sample, traffic, rate, p99, elapsed))

@@ -1,4 +1,5 @@
-"""Reading the daemon's Prometheus histograms the way Prometheus does."""
+"""Quantiles of measurements: of the values themselves, and of the daemon's Prometheus
+histograms the way Prometheus reads them."""
 
 from collections.abc import Sequence
 
@@ -22,3 +23,20 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
             )
         lower_bound, lower_count = bound, count
     return lower_bound
+
+
+def histogram_window(
+    now: Sequence[tuple[float, float]], before: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The bucket counts observed between two scrapes of the same histogram (all of `now` when
+    the buckets differ, as after a restart)."""
+    if len(now) != len(before):
+        return list(now)
+    return [(b, c - c0) for (b, c), (_, c0) in zip(now, before, strict=True)]
+
+
+def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile of already sorted values: the one at rank q·n (0 when there are none)."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]

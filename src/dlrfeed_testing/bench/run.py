@@ -34,13 +34,11 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,15 +47,13 @@ from typing import Any
 import asyncpg
 import grpc
 
+from dlrfeed_testing.bench import daemon_process, naive_consumer
 from dlrfeed_testing.bench import e2e as bench_e2e
-from dlrfeed_testing.bench import naive_consumer
 from dlrfeed_testing.bench.profile import summarise_profile
 from dlrfeed_testing.bench.report import draw_chart, render_report
 from dlrfeed_testing.bench.store import measure_store
 from dlrfeed_testing.local_login import LOGIN, PASSWORD
-from dlrfeed_testing.metrics import histogram_quantile
 from dlrfeed_testing.pgcluster import PgCluster, free_port, server_bindir
-from dlrfeed_testing.ports import logged_metrics_address
 from fakegw.admin_client import AdminClient, SyncAdminClient
 from fakegw.spawn import serving
 
@@ -144,58 +140,6 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
 
 
 # ---------------------------------------------------------------------------- processes
-
-
-def _ms_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    seconds = histogram_quantile(q, buckets)
-    return None if seconds is None else 1000 * seconds
-
-
-def _vm_kb(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _daemon_command(target: str, database_url: str, mode: str, extra: Sequence[str]) -> list[str]:
-    return [
-        sys.executable, "-m", "dlrfeed.cli", "run", "--gateway", target, "--login", LOGIN,
-        "--database-url", database_url, "--mode", mode, "--log-format", "json",
-        "--log-level", "warning", "--summary-interval", "0", *extra,
-    ]  # fmt: skip
-
-
-@contextlib.contextmanager
-def daemon(
-    target: str, database_url: str, mode: str, extra: Sequence[str] = (), log: Path | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A `dlrfeed run` process (default settings but `mode`), its log lines appended to `log`
-    (discarded without); stopped by SIGTERM on exit."""
-    env = {**os.environ, "DLRFEED_PASSWORD": PASSWORD}
-    with open(log, "ab") if log else contextlib.nullcontext(subprocess.DEVNULL) as stderr:
-        process = subprocess.Popen(
-            _daemon_command(target, database_url, mode, extra), env=env, stderr=stderr
-        )
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _logged_metrics_address(log: Path, process: subprocess.Popen[bytes]) -> str:
-    """HOST:PORT the daemon logged once it served its metrics (it was given port 0)."""
-    deadline = time.monotonic() + 60
-    while (address := logged_metrics_address(log)) is None:
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"dlrfeed run logged no metrics_listening line in {log}")
-        time.sleep(0.05)
-    return f"{address[0]}:{address[1]}"
 
 
 def _acked(target: str) -> int:
@@ -322,7 +266,7 @@ class Bench:
         waiting = int(_stats(self.target)["queued"])
         url = self.fresh_database()
         base = _acked(self.target)
-        with daemon(self.target, url, "auto") as process:
+        with daemon_process.daemon(self.target, url, "auto") as process:
             started = time.perf_counter()
             drained = False
             while time.perf_counter() - started < self.sizes.backlog_time_limit_s:
@@ -334,7 +278,7 @@ class Bench:
                 time.sleep(0.5)
             elapsed = time.perf_counter() - started
             acked = _acked(self.target) - base
-            peak = _vm_kb(process.pid, "VmHWM") / 1024
+            peak = daemon_process.vm_kb(process.pid, "VmHWM") / 1024
         self.drop_database(url)
         return {
             "backlog": waiting,
@@ -353,23 +297,23 @@ class Bench:
         url = self.fresh_database(_latency_id(prefix, n) for n in range(paced))
         # Port 0 and the bound port read back from the log (info: `metrics_listening`).
         metrics = ["--metrics", "127.0.0.1:0", "--log-level", "info", *extra]
-        with (
-            tempfile.TemporaryDirectory(prefix="bench-latency-") as logs,
-            daemon(self.target, url, mode, metrics, Path(logs) / "dlrfeed.log") as process,
-        ):
-            address = _logged_metrics_address(Path(logs) / "dlrfeed.log", process)
-            time.sleep(2.0)  # imports, connections, streams open: not part of the figure
-            cpu_before, wall_before = bench_e2e.cpu_seconds(process.pid), time.perf_counter()
-            injected = self.runner.run(self._paced_inject(rate, self.sizes.latency_seconds, prefix))
-            cpu_share = (bench_e2e.cpu_seconds(process.pid) - cpu_before) / (
-                time.perf_counter() - wall_before
-            )
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and _waiting(self.target):
-                time.sleep(0.2)
-            unacked = _waiting(self.target)
-            time.sleep(0.3)  # the last Ack's latency observation
-            metrics_text = _get(f"http://{address}/metrics")
+        with tempfile.TemporaryDirectory(prefix="bench-latency-") as logs:
+            log = Path(logs) / "dlrfeed.log"
+            with daemon_process.daemon(self.target, url, mode, metrics, log) as process:
+                address = daemon_process.metrics_address(log, process)
+                time.sleep(2.0)  # imports, connections, streams open: not part of the figure
+                cpu_before, wall_before = bench_e2e.cpu_seconds(process.pid), time.perf_counter()
+                paced_inject = self._paced_inject(rate, self.sizes.latency_seconds, prefix)
+                injected = self.runner.run(paced_inject)
+                cpu_share = (bench_e2e.cpu_seconds(process.pid) - cpu_before) / (
+                    time.perf_counter() - wall_before
+                )
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and _waiting(self.target):
+                    time.sleep(0.2)
+                unacked = _waiting(self.target)
+                time.sleep(0.3)  # the last Ack's latency observation
+                metrics_text = daemon_process.http_text(f"http://{address}/metrics")
         self.drop_database(url)
         latencies, start_epoch = self.runner.run(self._ledger_latencies(prefix))
         warm = [
@@ -378,8 +322,8 @@ class Bench:
             if enqueued_at >= start_epoch + self.sizes.latency_warmup_seconds
         ]
         warm.sort()
-        buckets = _histogram_buckets(metrics_text, "dlrfeed_receive_to_ack_seconds")
-        commits = _histogram_buckets(metrics_text, "dlrfeed_batch_commit_seconds")
+        buckets = daemon_process.histogram_buckets(metrics_text, "dlrfeed_receive_to_ack_seconds")
+        commits = daemon_process.histogram_buckets(metrics_text, "dlrfeed_batch_commit_seconds")
         return {
             "rate": round(rate),
             "injected": injected,
@@ -390,13 +334,13 @@ class Bench:
             "ledger_p50_ms": 1000 * quantile(warm, 0.50) if warm else None,
             "ledger_p99_ms": 1000 * quantile(warm, 0.99) if warm else None,
             "ledger_max_ms": 1000 * warm[-1] if warm else None,
-            "histogram_p50_ms": _ms_quantile(0.50, buckets),
-            "histogram_p99_ms": _ms_quantile(0.99, buckets),
+            "histogram_p50_ms": daemon_process.ms_quantile(0.50, buckets),
+            "histogram_p99_ms": daemon_process.ms_quantile(0.99, buckets),
             "histogram_bounds": [b for b, _ in buckets[:-1]],
             "modes": _received_by_mode(metrics_text),
             "daemon_cpu_percent": round(100 * cpu_share),
-            "commit_p50_ms": _ms_quantile(0.50, commits),
-            "commit_p99_ms": _ms_quantile(0.99, commits),
+            "commit_p50_ms": daemon_process.ms_quantile(0.50, commits),
+            "commit_p99_ms": daemon_process.ms_quantile(0.99, commits),
         }
 
     async def _paced_inject(self, rate: float, seconds: float, prefix: str) -> int:
@@ -449,7 +393,7 @@ class Bench:
         base = _acked(self.target)
         with tempfile.TemporaryDirectory(prefix="bench-profile-") as root:
             raw = Path(root) / "profile.txt"
-            with daemon(self.target, url, mode) as process:
+            with daemon_process.daemon(self.target, url, mode) as process:
                 _wait_first_ack(self.target, base, process)
                 completed = subprocess.run(
                     [
@@ -488,17 +432,6 @@ async def _execute(dsn: str, statement: str) -> None:
 def _stats(target: str) -> dict[str, Any]:
     with SyncAdminClient(target, LOGIN, PASSWORD) as admin:
         return dict(admin.stats())
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback http
-        return str(response.read().decode())
-
-
-def _histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
-    pattern = rf'^{name}_bucket\{{le="([^"]+)"\}} (\S+)$'
-    matches = re.finditer(pattern, text, re.MULTILINE)
-    return sorted((float(m.group(1)), float(m.group(2))) for m in matches)
 
 
 def _received_by_mode(text: str) -> dict[str, float]:
