@@ -17,6 +17,7 @@ from dlrfeed_testing.bench.growth import (
     config_sizes,
     markdown,
     merged_reports,
+    report_key,
 )
 
 
@@ -124,3 +125,26 @@ def test_reports_of_different_runs_merge_each_configuration_naming_its_own_run()
     alone = markdown(merged_reports([saved("2026-12-01", "recommended", 1_000_000)]))
     assert "- command: `python scripts/bench_growth.py --configs recommended`" in alone
     assert "From the run of" not in alone
+
+
+def test_a_run_through_the_daemon_has_its_own_section_with_the_daemons_memory() -> None:
+    result = config_result("recommended", 1_000_000, [dict(STEP, daemon_rss_mb=63.0)], {}, "daemon")
+    key = report_key("recommended", "daemon")
+    report = {
+        "command": "c",
+        "when": "w",
+        "machine": "m",
+        "receipt_bytes": 223,
+        "batch_receptions": 525,
+        "configs": {
+            "recommended": config_result("recommended", 1_000_000, [STEP], {}),
+            key: result,
+        },
+    }
+    text = markdown(report)
+    assert "## recommended\n" in text
+    assert f"## {key}\n" in text
+    assert text.count("daemon RSS MB") == 1  # the daemon's section alone has the column
+    assert "| 63.0 |" in text
+    assert "one long-lived `dlrfeed run`" in text.split(f"## {key}")[1]
+    assert "one `Store` in the benchmark's process" in text.split(f"## {key}")[0]

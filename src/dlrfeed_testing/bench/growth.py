@@ -1,13 +1,18 @@
-"""Growth benchmark: one long-lived Store fed gateway-shaped traffic until the store is large.
+"""Growth benchmark: one long-lived daemon and store fed gateway-shaped traffic until the store
+is large.
 
 Production is not the empty database of `make bench`: ids as the gateway issues them (random,
 UUID-like), a message's result in a later batch than its progress, ~5 % redeliveries, the sending
 application recording its sent messages just before their receipts come, and a store that only
-grows. For each configuration of PostgreSQL (its own throwaway cluster, fsync on) this drives one
-`Store` (pool of 2) with that traffic and reports, per step of stored receptions:
-- ingest rate (receptions/s, wall) and CPU per reception of the client and of the server (the
-  machine is shared: CPU is the steadier measure);
-- batch latency p50/p99 of `Store.ingest` (~525 receptions a batch);
+grows. For each configuration of PostgreSQL (its own throwaway cluster, fsync on) this process
+records the sent messages through a `Store` (pool of 2), as a sending application does, and
+hands the receipts to dlrfeed (growth_drivers): by default through fakegw to one long-lived
+`dlrfeed run`, with `--driver store` straight to `Store.ingest`, without the feed. Per step of
+stored receptions it reports:
+- ingest rate (receptions/s, wall) and CPU per reception of the client (the daemon, or this
+  process) and of the server (the machine is shared: CPU is the steadier measure);
+- batch latency p50/p99 of `Store.ingest` (the daemon's commit histogram, or ~525 receptions a
+  batch timed here), and the daemon's resident memory;
 - `record_submissions` of 5,000 ids (every 20 batches; 2 % of them recorded late, after their
   receipts, so the call also correlates): p50/p99/max wall, and the most server CPU one took;
 - WAL bytes per reception over the step, disk bytes per reception stored (database size).
@@ -16,7 +21,7 @@ It measures and reports; it never asserts a time. Writes a Markdown report (`--o
 after every step, so an interrupted run keeps its figures) and prints the same figures as JSON.
 With `--pinned` the configurations run side by side, each process and its cluster on its own CPU.
 
-    python scripts/bench_growth.py [--receipts 20000000] [--step 1000000]
+    python scripts/bench_growth.py [--receipts 20000000] [--step 1000000] [--driver store]
         [--configs default=8000000,recommended] [--pinned] [--out docs/benchmarks-growth.md]
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -45,7 +51,15 @@ import asyncpg
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
+from dlrfeed_testing.bench.growth_drivers import (
+    DRIVERS,
+    DaemonDriver,
+    Driver,
+    StepIngest,
+    StoreDriver,
+)
 from dlrfeed_testing.local_login import LOGIN
+from dlrfeed_testing.metrics import nearest_rank
 from dlrfeed_testing.pgcluster import PgCluster, free_port
 from gateway.receipts.v1 import feed_pb2
 
@@ -80,39 +94,35 @@ class Step:
     stored: int = 0
     receptions: int = 0
     seconds: float = 0.0
-    client_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
     wal_bytes: int = 0
-    batch_ms: list[float] = field(default_factory=list)
+    ingest: StepIngest | None = None  # batch latency, client CPU, the daemon's memory
     submissions_ms: list[float] = field(default_factory=list)
     submissions_cpu_ms: list[float] = field(default_factory=list)  # the server's, during each
     database_bytes: int = 0  # growth of the database since it was freshly migrated
     checkpoints: int = 0
 
     def row(self) -> dict[str, Any]:
-        batches = sorted(self.batch_ms)
+        assert self.ingest is not None, "a step is reported once its receipts are stored"
         submissions = sorted(self.submissions_ms)
-        return {
+        row = {
             "stored": self.stored,
             "receptions_per_s": round(self.receptions / self.seconds) if self.seconds else 0,
-            "client_cpu_us": round(1e6 * self.client_cpu_s / self.receptions, 1),
+            "client_cpu_us": round(1e6 * self.ingest.client_cpu_s / self.receptions, 1),
             "server_cpu_us": round(1e6 * self.server_cpu_s / self.receptions, 1),
-            "batch_p50_ms": round(_quantile(batches, 0.5), 1),
-            "batch_p99_ms": round(_quantile(batches, 0.99), 1),
-            "submissions_p50_ms": round(_quantile(submissions, 0.5), 1),
-            "submissions_p99_ms": round(_quantile(submissions, 0.99), 1),
+            "batch_p50_ms": round(self.ingest.batch_p50_ms, 1),
+            "batch_p99_ms": round(self.ingest.batch_p99_ms, 1),
+            "submissions_p50_ms": round(nearest_rank(submissions, 0.5), 1),
+            "submissions_p99_ms": round(nearest_rank(submissions, 0.99), 1),
             "submissions_max_ms": round(max(submissions, default=0.0), 1),
             "submissions_server_cpu_max_ms": round(max(self.submissions_cpu_ms, default=0.0), 1),
             "wal_bytes_per_reception": round(self.wal_bytes / self.receptions),
             "disk_bytes_per_reception": round(self.database_bytes / self.stored),
             "checkpoints": self.checkpoints,
         }
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    return values[min(len(values) - 1, int(q * len(values)))]
+        if self.ingest.daemon_rss_mb is not None:
+            row["daemon_rss_mb"] = round(self.ingest.daemon_rss_mb, 1)
+        return row
 
 
 class Traffic:
@@ -260,50 +270,61 @@ async def _sizes(conn: asyncpg.Connection) -> dict[str, dict[str, int]]:
 
 
 async def grow(
-    cluster: PgCluster, dsn: str, receipts: int, step: int, log: Any, on_step: StepReport
+    cluster: PgCluster,
+    dsn: str,
+    receipts: int,
+    step: int,
+    log: Any,
+    on_step: StepReport,
+    driver_kind: str = "store",
 ) -> None:
-    """Drive one Store until `receipts` receptions are stored; `on_step` after every `step`
-    with the rows so far and the bytes of each table and index."""
+    """Grow the store until `receipts` receptions are stored, the receipts handed to dlrfeed
+    by `driver_kind` (growth_drivers.DRIVERS) while this process, as the sending application,
+    records the sent messages; `on_step` after every `step` with the rows so far and the bytes
+    of each table and index."""
     traffic = Traffic(seed=16)
     store = await Store.open(dsn, pool_size=2)
     conn = await asyncpg.connect(dsn)
     rows: list[dict[str, Any]] = []
     stored = 0
     try:
-        current = Step()
-        empty_bytes = int(await conn.fetchval("SELECT pg_database_size(current_database())"))
-        wal0, cpu0, client0 = await _wal_lsn(conn), server_cpu_seconds(cluster), time.process_time()
-        checkpoints0, started = await _checkpoints(conn), time.monotonic()
-        while stored < receipts:
-            submissions = traffic.submissions()
-            t0, server0 = time.perf_counter(), server_cpu_seconds(cluster)
-            await store.record_submissions(submissions)
-            current.submissions_ms.append(1000 * (time.perf_counter() - t0))
-            current.submissions_cpu_ms.append(1000 * (server_cpu_seconds(cluster) - server0))
-            for index in range(BATCHES_PER_ROUND):
-                batch = traffic.batch(index)
-                t0 = time.perf_counter()
-                await store.ingest(LOGIN, batch)
-                current.batch_ms.append(1000 * (time.perf_counter() - t0))
-                current.receptions += len(batch)
-                stored += len(batch)
-            if stored // step > (stored - current.receptions) // step or stored >= receipts:
-                wal1, cpu1 = await _wal_lsn(conn), server_cpu_seconds(cluster)
-                current.seconds = time.monotonic() - started
-                current.client_cpu_s = time.process_time() - client0
-                current.server_cpu_s, current.wal_bytes = cpu1 - cpu0, wal1 - wal0
-                current.stored = stored
-                current.database_bytes = (
-                    int(await conn.fetchval("SELECT pg_database_size(current_database())"))
-                    - empty_bytes
-                )
-                current.checkpoints = await _checkpoints(conn) - checkpoints0
-                rows.append(current.row())
-                log(json.dumps(rows[-1]))
-                on_step(rows, await _sizes(conn))
-                current = Step()
-                wal0, cpu0, client0 = wal1, cpu1, time.process_time()
-                checkpoints0, started = await _checkpoints(conn), time.monotonic()
+        async with contextlib.AsyncExitStack() as stack:
+            driver: Driver = (
+                await stack.enter_async_context(DaemonDriver.open(dsn))
+                if driver_kind == "daemon"
+                else StoreDriver(store)
+            )
+            current = Step()
+            empty_bytes = int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+            wal0, cpu0 = await _wal_lsn(conn), server_cpu_seconds(cluster)
+            checkpoints0, started = await _checkpoints(conn), time.monotonic()
+            while stored < receipts:
+                submissions = traffic.submissions()
+                t0, server0 = time.perf_counter(), server_cpu_seconds(cluster)
+                await store.record_submissions(submissions)
+                current.submissions_ms.append(1000 * (time.perf_counter() - t0))
+                current.submissions_cpu_ms.append(1000 * (server_cpu_seconds(cluster) - server0))
+                batches = [traffic.batch(index) for index in range(BATCHES_PER_ROUND)]
+                await driver.round(batches)
+                current.receptions += sum(map(len, batches))
+                stored += sum(map(len, batches))
+                if stored // step > (stored - current.receptions) // step or stored >= receipts:
+                    current.ingest = await driver.step_end()
+                    wal1, cpu1 = await _wal_lsn(conn), server_cpu_seconds(cluster)
+                    current.seconds = time.monotonic() - started
+                    current.server_cpu_s, current.wal_bytes = cpu1 - cpu0, wal1 - wal0
+                    current.stored = stored
+                    current.database_bytes = (
+                        int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+                        - empty_bytes
+                    )
+                    current.checkpoints = await _checkpoints(conn) - checkpoints0
+                    rows.append(current.row())
+                    log(json.dumps(rows[-1]))
+                    on_step(rows, await _sizes(conn))
+                    current = Step()
+                    wal0, cpu0 = wal1, cpu1
+                    checkpoints0, started = await _checkpoints(conn), time.monotonic()
     finally:
         await conn.close()
         await store.close()
@@ -330,7 +351,13 @@ async def check_settings(dsn: str, settings: dict[str, str]) -> None:
 
 
 async def run_config(
-    name: str, receipts: int, step: int, root: Path, log: Any, on_step: StepReport
+    name: str,
+    receipts: int,
+    step: int,
+    root: Path,
+    log: Any,
+    on_step: StepReport,
+    driver_kind: str = "store",
 ) -> None:
     """One configuration on its own fresh cluster; its results go to `on_step`."""
     cluster = config_cluster(name, root)
@@ -341,18 +368,37 @@ async def run_config(
         await check_settings(dsn, CONFIGS[name])
         await migrate(dsn)
         log(f"config {name}: {CONFIGS[name] or 'PostgreSQL defaults'}")
-        await grow(cluster, dsn, receipts, step, log, on_step)
+        await grow(cluster, dsn, receipts, step, log, on_step, driver_kind)
     finally:
         cluster.destroy()
 
 
+def report_key(name: str, driver_kind: str) -> str:
+    """The configuration's section of the report: a run through the daemon is a section of its
+    own, beside the same settings driven through a Store."""
+    return name if driver_kind == "store" else f"{name} through the daemon"
+
+
+DRIVEN_BY = {
+    "store": "one `Store` in the benchmark's process (`Store.ingest` of each batch in turn)",
+    "daemon": "one long-lived `dlrfeed run` (default settings) draining fakegw's feed in its "
+    "own process: Subscribe/Pull, batches, the Ack after each commit. Batch latency is its "
+    "`dlrfeed_batch_commit_seconds` histogram, client CPU and RSS are its own",
+}
+
+
 def config_result(
-    name: str, receipts: int, steps: list[dict[str, Any]], sizes: dict[str, dict[str, int]]
+    name: str,
+    receipts: int,
+    steps: list[dict[str, Any]],
+    sizes: dict[str, dict[str, int]],
+    driver_kind: str = "store",
 ) -> dict[str, Any]:
     """What the report keeps of one configuration, complete or not."""
     stored = steps[-1]["stored"]
     result: dict[str, Any] = {
         "settings": CONFIGS[name],
+        "driver": driver_kind,
         "target_receipts": receipts,
         "complete": stored >= receipts,
         "steps": steps,
@@ -419,8 +465,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"- receipt size on the wire: ~{report['receipt_bytes']} bytes; batches of "
         f"~{report['batch_receptions']} receptions; record_submissions of "
         f"{MESSAGES_PER_BATCH * BATCHES_PER_ROUND} ids every {BATCHES_PER_ROUND} batches",
-        "- rate is wall clock on a shared machine; CPU µs per reception (client = this process: "
-        "parse, rules, encoding; server = every PostgreSQL process) is the steadier figure",
+        "- rate is wall clock on a shared machine; CPU µs per reception (client = the process "
+        "that hands the receipts to the store: parse, rules, encoding; server = every "
+        "PostgreSQL process) is the steadier figure",
     ]
     if report.get("pinned"):
         lines.append(
@@ -454,10 +501,12 @@ def markdown(report: dict[str, Any]) -> str:
                 "",
             ]
         lines += [f"Settings: {settings or 'PostgreSQL defaults'}.", ""]
-        lines.append("| " + " | ".join(title for _, title in headers) + " |")
-        lines.append("|" + " --- |" * len(headers))
+        lines += [f"Receipts driven by {DRIVEN_BY[result.get('driver', 'store')]}.", ""]
+        columns = headers + [c for c in OPTIONAL_COLUMNS if c[0] in result["steps"][0]]
+        lines.append("| " + " | ".join(title for _, title in columns) + " |")
+        lines.append("|" + " --- |" * len(columns))
         for step in result["steps"]:
-            lines.append("| " + " | ".join(f"{step[key]:,}" for key, _ in headers) + " |")
+            lines.append("| " + " | ".join(f"{step[key]:,}" for key, _ in columns) + " |")
         if not result["complete"]:
             lines += [
                 "",
@@ -479,6 +528,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     return "\n".join(lines)
 
+
+OPTIONAL_COLUMNS = [("daemon_rss_mb", "daemon RSS MB")]
 
 _RUN_FIELDS = ("command", "when", "machine", "pinned")
 
@@ -518,6 +569,7 @@ def _pin(cpu: int) -> None:
 
 def _run_pinned(
     sizes: dict[str, int],
+    driver_kind: str,
     step: int,
     root: Path,
     report: dict[str, Any],
@@ -543,6 +595,8 @@ def _run_pinned(
             f"{name}={receipts}",
             "--step",
             str(step),
+            "--driver",
+            driver_kind,
             "--json",
             str(out),
         ]
@@ -571,6 +625,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--configs",
         default="default,recommended",
         help=f"comma-separated, of: {', '.join(CONFIGS)}; NAME=N grows that one to N instead",
+    )
+    parser.add_argument(
+        "--driver",
+        choices=DRIVERS,
+        default="daemon",
+        help="hand the receipts to a dlrfeed run daemon through fakegw, or to a Store directly",
     )
     parser.add_argument(
         "--pinned",
@@ -624,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finished = True
     with tempfile.TemporaryDirectory(prefix="dlrfeed-growth-") as root:
         if args.pinned:
-            finished = _run_pinned(sizes, args.step, Path(root), report, log, write)
+            finished = _run_pinned(sizes, args.driver, args.step, Path(root), report, log, write)
         else:
             for name, receipts in sizes.items():
 
@@ -634,10 +694,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     name: str = name,
                     receipts: int = receipts,
                 ) -> None:
-                    report["configs"][name] = config_result(name, receipts, steps, table_sizes)
+                    report["configs"][report_key(name, args.driver)] = config_result(
+                        name, receipts, steps, table_sizes, args.driver
+                    )
                     write()
 
-                asyncio.run(run_config(name, receipts, args.step, Path(root), log, on_step))
+                asyncio.run(
+                    run_config(name, receipts, args.step, Path(root), log, on_step, args.driver)
+                )
     write()
     print(json.dumps(report, indent=2))
     return 0 if finished else 1
