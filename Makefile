@@ -54,13 +54,16 @@ bench: install
 
 # Hours at the default size; RECEIPTS=1000000 STEP=200000 for a smaller run. The profiles run
 # side by side, each on its own CPU; GROWTH_CONFIGS=default=8000000,recommended grows one of
-# them less (each 20 M run needs ~36 GB of disk, more with the recommended 16 GB of WAL).
+# them less (each 20 M run needs ~36 GB of disk, more with the recommended 16 GB of WAL). The
+# receipts go through fakegw to a dlrfeed run daemon; GROWTH_DRIVER=store hands them to a Store.
 RECEIPTS ?= 20000000
 STEP ?= 1000000
 GROWTH_CONFIGS ?= default,recommended
+GROWTH_DRIVER ?= daemon
 bench-growth: install
 	$(PY) scripts/bench_growth.py --receipts $(RECEIPTS) --step $(STEP) \
-		--configs $(GROWTH_CONFIGS) --pinned --out docs/benchmarks-growth.md
+		--configs $(GROWTH_CONFIGS) --driver $(GROWTH_DRIVER) --pinned \
+		--out docs/benchmarks-growth.md
 
 chaos: install
 	$(PY) scripts/chaos.py --full --out docs/reliability.md
