@@ -30,6 +30,7 @@ from fakegw.admin_client import AdminClient
 DRIVERS = ("store", "daemon")
 INJECT_CHUNK = 2_000  # bodies per admin Inject: well under gRPC's 4 MB message limit
 COMMIT_HISTOGRAM = "dlrfeed_batch_commit_seconds"
+STALL_SECONDS = 120  # the gateway's lease (F6)
 
 
 @dataclass(frozen=True)
@@ -159,11 +160,18 @@ class DaemonDriver:
 
     async def _wait_acked(self, receipts: int) -> None:
         """Until the gateway counts `receipts` of ours acked: each is stored (acks follow the
-        commit), so the store holds them."""
-        while await self._acked() - self._acked0 < receipts:
+        commit), so the store holds them. A daemon that exits, or acks nothing for a lease
+        (F6: its receipts would be redelivered), ends the run with what it measured."""
+        acked, progressed_at = await self._acked(), time.monotonic()
+        while acked - self._acked0 < receipts:
             if self._process.poll() is not None:
                 raise RuntimeError(f"dlrfeed run exited with {self._process.returncode}")
+            if time.monotonic() - progressed_at > STALL_SECONDS:
+                raise RuntimeError(f"dlrfeed run acked nothing for {STALL_SECONDS} s")
             await asyncio.sleep(0.02)
+            previous, acked = acked, await self._acked()
+            if acked > previous:
+                progressed_at = time.monotonic()
 
     async def _commit_buckets(self) -> list[tuple[float, float]]:
         text = await asyncio.to_thread(daemon_process.http_text, self._metrics_url)
