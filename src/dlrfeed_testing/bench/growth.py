@@ -383,7 +383,9 @@ DRIVEN_BY = {
     "store": "one `Store` in the benchmark's process (`Store.ingest` of each batch in turn)",
     "daemon": "one long-lived `dlrfeed run` (default settings) draining fakegw's feed in its "
     "own process: Subscribe/Pull, batches, the Ack after each commit. Batch latency is its "
-    "`dlrfeed_batch_commit_seconds` histogram, client CPU and RSS are its own",
+    "`dlrfeed_batch_commit_seconds` histogram, client CPU and RSS are its own. It ingests "
+    "while the sending side records, so the server CPU during a `record_submissions` includes "
+    "the ingest's",
 }
 
 
