@@ -63,7 +63,7 @@ GROWTH_DRIVER ?= daemon
 bench-growth: install
 	$(PY) scripts/bench_growth.py --receipts $(RECEIPTS) --step $(STEP) \
 		--configs $(GROWTH_CONFIGS) --driver $(GROWTH_DRIVER) --pinned \
-		--out docs/benchmarks-growth.md
+		--out docs/benchmarks-growth.md --json docs/benchmarks-growth.json
 
 chaos: install
 	$(PY) scripts/chaos.py --full --out docs/reliability.md

@@ -121,6 +121,23 @@ def test_reports_of_different_runs_merge_each_configuration_naming_its_own_run()
     assert (
         "From the run of 2026-12-01 (2 CPUs): `python scripts/bench_growth.py --configs rec" in text
     )
+    # A merged report merges again with a later run, each configuration still naming its own.
+    again = markdown(
+        merged_reports(
+            [
+                merged_reports(
+                    [
+                        saved("2026-11-30", "default", 8_000_000),
+                        saved("2026-12-01", "recommended", 1_000_000),
+                    ]
+                ),
+                saved("2026-12-02", "shared_buffers", 1_000_000),
+            ]
+        )
+    )
+    assert "From the run of 2026-11-30 (2 CPUs)" in again
+    assert "From the run of 2026-12-02 (2 CPUs)" in again
+    assert "From the run of None" not in again
     # One run's reports merge as before: its command heads the report.
     alone = markdown(merged_reports([saved("2026-12-01", "recommended", 1_000_000)]))
     assert "- command: `python scripts/bench_growth.py --configs recommended`" in alone

@@ -539,12 +539,13 @@ _RUN_FIELDS = ("command", "when", "machine", "pinned")
 def merged_reports(saved: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One report of the configurations of several saved ones (a later one's configuration
     replaces an earlier one's of the same name). When they come from different runs, each
-    configuration keeps the command, time and machine of its own run."""
+    configuration keeps the command, time and machine of its own run - a merged report keeps
+    its configurations' own, so that it can be merged again with a later run."""
     runs = {tuple(str(part.get(field)) for field in _RUN_FIELDS) for part in saved}
     merged: dict[str, Any] = {**saved[0], "configs": {}}
     for part in saved:
         for name, result in part["configs"].items():
-            if len(runs) > 1:
+            if len(runs) > 1 and "run" not in result:
                 result = {**result, "run": {f: part.get(f) for f in _RUN_FIELDS}}
             merged["configs"][name] = result
     if len(runs) > 1:
