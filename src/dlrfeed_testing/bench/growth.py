@@ -647,12 +647,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         nargs="+",
         metavar="JSON",
-        help="run nothing: write --out from reports saved by --json, their configurations merged",
+        help="run nothing: write --out (and --json) from reports saved by --json, their "
+        "configurations merged",
     )
     args = parser.parse_args(argv)
     if args.render:
         saved = [json.loads(path.read_text(encoding="utf-8")) for path in args.render]
-        text = markdown(merged_reports(saved))
+        merged = merged_reports(saved)
+        text = markdown(merged)
+        if args.json:
+            args.json.write_text(json.dumps(merged, indent=2), encoding="utf-8")
         if args.out:
             args.out.write_text(text, encoding="utf-8")
         else:
