@@ -464,8 +464,9 @@ def markdown(report: dict[str, Any]) -> str:
                 "- merged from the saved reports of several runs; each configuration names its own"
             ]
         ),
-        f"- receipt size on the wire: ~{report['receipt_bytes']} bytes; batches of "
-        f"~{report['batch_receptions']} receptions; record_submissions of "
+        f"- receipt size on the wire: ~{report['receipt_bytes']} bytes; the traffic comes in "
+        f"batches of ~{report['batch_receptions']} receptions (a `Store` ingests each as it "
+        "comes; the daemon batches what its streams deliver), with a record_submissions of "
         f"{MESSAGES_PER_BATCH * BATCHES_PER_ROUND} ids every {BATCHES_PER_ROUND} batches",
         "- rate is wall clock on a shared machine; CPU µs per reception (client = the process "
         "that hands the receipts to the store: parse, rules, encoding; server = every "
