@@ -96,22 +96,22 @@ class Step:
     seconds: float = 0.0
     server_cpu_s: float = 0.0
     wal_bytes: int = 0
-    ingest: StepIngest | None = None  # batch latency, client CPU, the daemon's memory
     submissions_ms: list[float] = field(default_factory=list)
     submissions_cpu_ms: list[float] = field(default_factory=list)  # the server's, during each
     database_bytes: int = 0  # growth of the database since it was freshly migrated
     checkpoints: int = 0
 
-    def row(self) -> dict[str, Any]:
-        assert self.ingest is not None, "a step is reported once its receipts are stored"
+    def row(self, ingest: StepIngest) -> dict[str, Any]:
+        """The report's row, with what dlrfeed's side cost (batch latency, client CPU, the
+        daemon's memory)."""
         submissions = sorted(self.submissions_ms)
         row = {
             "stored": self.stored,
             "receptions_per_s": round(self.receptions / self.seconds) if self.seconds else 0,
-            "client_cpu_us": round(1e6 * self.ingest.client_cpu_s / self.receptions, 1),
+            "client_cpu_us": round(1e6 * ingest.client_cpu_s / self.receptions, 1),
             "server_cpu_us": round(1e6 * self.server_cpu_s / self.receptions, 1),
-            "batch_p50_ms": round(self.ingest.batch_p50_ms, 1),
-            "batch_p99_ms": round(self.ingest.batch_p99_ms, 1),
+            "batch_p50_ms": round(ingest.batch_p50_ms, 1),
+            "batch_p99_ms": round(ingest.batch_p99_ms, 1),
             "submissions_p50_ms": round(nearest_rank(submissions, 0.5), 1),
             "submissions_p99_ms": round(nearest_rank(submissions, 0.99), 1),
             "submissions_max_ms": round(max(submissions, default=0.0), 1),
@@ -120,8 +120,8 @@ class Step:
             "disk_bytes_per_reception": round(self.database_bytes / self.stored),
             "checkpoints": self.checkpoints,
         }
-        if self.ingest.daemon_rss_mb is not None:
-            row["daemon_rss_mb"] = round(self.ingest.daemon_rss_mb, 1)
+        if ingest.daemon_rss_mb is not None:
+            row["daemon_rss_mb"] = round(ingest.daemon_rss_mb, 1)
         return row
 
 
@@ -306,10 +306,11 @@ async def grow(
                 current.submissions_cpu_ms.append(1000 * (server_cpu_seconds(cluster) - server0))
                 batches = [traffic.batch(index) for index in range(BATCHES_PER_ROUND)]
                 await driver.round(batches)
-                current.receptions += sum(map(len, batches))
-                stored += sum(map(len, batches))
+                handed = sum(map(len, batches))
+                current.receptions += handed
+                stored += handed
                 if stored // step > (stored - current.receptions) // step or stored >= receipts:
-                    current.ingest = await driver.step_end()
+                    ingest = await driver.step_end()
                     wal1, cpu1 = await _wal_lsn(conn), server_cpu_seconds(cluster)
                     current.seconds = time.monotonic() - started
                     current.server_cpu_s, current.wal_bytes = cpu1 - cpu0, wal1 - wal0
@@ -319,7 +320,7 @@ async def grow(
                         - empty_bytes
                     )
                     current.checkpoints = await _checkpoints(conn) - checkpoints0
-                    rows.append(current.row())
+                    rows.append(current.row(ingest))
                     log(json.dumps(rows[-1]))
                     on_step(rows, await _sizes(conn))
                     current = Step()

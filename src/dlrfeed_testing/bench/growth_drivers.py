@@ -26,6 +26,7 @@ from dlrfeed_testing.bench.e2e import cpu_seconds, fakegw_process
 from dlrfeed_testing.local_login import LOGIN, PASSWORD
 from dlrfeed_testing.metrics import histogram_window, nearest_rank
 from fakegw.admin_client import AdminClient
+from fakegw.wire import RECEIPT_FIELDS
 
 DRIVERS = ("store", "daemon")
 INJECT_CHUNK = 2_000  # bodies per admin Inject: well under gRPC's 4 MB message limit
@@ -80,21 +81,7 @@ class StoreDriver:
 
 def webhook_body(receipt: Receipt) -> dict[str, Any]:
     """The receipt as fakegw's Inject takes it (the gateway assigns token and delivery_count)."""
-    return {
-        "id": receipt.message_id,
-        "level": receipt.level,
-        "stat": receipt.stat,
-        "err": receipt.err,
-        "sub": receipt.sub,
-        "dlvrd": receipt.dlvrd,
-        "submit_date": receipt.submit_date,
-        "done_date": receipt.done_date,
-        "text": receipt.text,
-        "source_addr": receipt.source_addr,
-        "destination_addr": receipt.destination_addr,
-        "smsc_message_id": receipt.smsc_message_id,
-        "connector": receipt.connector,
-    }
+    return {f: getattr(receipt, "message_id" if f == "id" else f) for f in RECEIPT_FIELDS}
 
 
 class DaemonDriver:
@@ -127,10 +114,10 @@ class DaemonDriver:
                 address = daemon_process.metrics_address(log, process)
                 async with AdminClient(target, LOGIN, PASSWORD) as admin:
                     driver = cls(admin, process, f"http://{address}/metrics")
-                    await driver.start()
+                    await driver._start()
                     yield driver
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         self._acked0 = await self._acked()
         self._buckets0 = await self._commit_buckets()
         self._cpu0 = cpu_seconds(self._process.pid)
