@@ -4,11 +4,14 @@ store's."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import asyncpg
 
+from dlrfeed.store import Store, Submission
 from dlrfeed_testing.bench.growth import BATCHES_PER_ROUND, MESSAGES_PER_BATCH, grow
+from dlrfeed_testing.bench.sender_time import SenderClock, sender_dsn
 from dlrfeed_testing.pgcluster import PgCluster
 
 ROUND = 2 * MESSAGES_PER_BATCH * BATCHES_PER_ROUND  # about a round's receptions, without repeats
@@ -51,7 +54,39 @@ async def test_growth_through_the_daemon_stores_what_it_reports(
         assert row["daemon_rss_mb"] > 0
         assert 0 < row["batch_p50_ms"] <= row["batch_p99_ms"]
         assert row["client_cpu_us"] > 0
+        # The slowest record_submissions of the step, profiled: its own CPU, the others' and
+        # the idle time of the CPUs meanwhile are measured, and its own CPU cannot be more
+        # than two processes' (the bench and its backend) worth of its wall time.
+        slowest = row["submissions_max_ms"]
+        assert 0 < row["submissions_max_cpu_ms"] <= 2 * slowest
+        assert row["submissions_max_others_cpu_ms"] >= 0
+        assert row["submissions_max_idle_ms"] >= 0
 
 
 async def _counts(conn: asyncpg.Connection, query: str) -> dict[str, int]:
     return {str(key): int(count) for key, count in await conn.fetch(query)}
+
+
+async def test_the_sender_clock_counts_the_backends_of_the_senders_connections(
+    database_url: str,
+) -> None:
+    store = await Store.open(sender_dsn(database_url), pool_size=2)
+    monitor = await asyncpg.connect(database_url)
+    try:
+        clock = SenderClock(monitor)
+        before = await clock.read()
+        backends = set(before.run_ns) - {os.getpid()}
+        assert backends  # the pool's connection, found by its application_name
+        await store.record_submissions(
+            [Submission("acme", f"clock-{i}", "+34600123456") for i in range(2_000)]
+        )
+        after = await clock.read()
+        # The inserts ran in a backend of the sender's: its time on a core grew.
+        assert any(after.run_ns[pid] > before.run_ns[pid] for pid in backends)
+        call = SenderClock.between(before, after, wall_ms=1.0)
+        assert call.cpu_ms > 0
+        # ...and the CPUs' counters saw it (2,000 inserts take more than a clock tick).
+        assert after.busy_ticks > before.busy_ticks
+    finally:
+        await monitor.close()
+        await store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import uuid
 from collections import Counter
 
@@ -19,6 +20,7 @@ from dlrfeed_testing.bench.growth import (
     merged_reports,
     report_key,
 )
+from dlrfeed_testing.bench.sender_time import Reading, SenderClock
 
 
 def test_traffic_is_gateway_shaped() -> None:
@@ -165,3 +167,41 @@ def test_a_run_through_the_daemon_has_its_own_section_with_the_daemons_memory() 
     assert "| 63.0 |" in text
     assert "one long-lived `dlrfeed run`" in text.split(f"## {key}")[1]
     assert "one `Store` in the benchmark's process" in text.split(f"## {key}")[0]
+
+
+def test_the_slowest_record_submissions_is_reported_with_its_cpu_and_the_others() -> None:
+    # Backend 300 connected during the call: it counts from zero. Ticks are of 10 ms here.
+    before = Reading({100: 5_000_000, 200: 0}, busy_ticks=1_000, idle_ticks=500)
+    after = Reading({100: 45_000_000, 200: 60_000_000, 300: 2_000_000}, 1_030, 502)
+    call = SenderClock.between(before, after, wall_ms=330.0)
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    assert call.cpu_ms == 102.0
+    assert call.others_cpu_ms == pytest.approx(30 * tick_ms - 102.0)
+    assert call.idle_ms == pytest.approx(2 * tick_ms)
+    steps = [
+        dict(STEP, submissions_max_ms=600.0, **call.columns()),
+        dict(
+            STEP,
+            submissions_max_ms=1_100.0,
+            submissions_max_cpu_ms=310.0,
+            submissions_max_others_cpu_ms=760.0,
+            submissions_max_idle_ms=30.0,
+        ),
+    ]
+    result = config_result("recommended", 2_000_000, steps, {}, "daemon")
+    assert result["targets"]["max_record_submissions_ms"] == 1_100.0
+    assert result["targets"]["slowest_record_submissions_cpu_ms"] == 310.0
+    assert result["targets"]["slowest_record_submissions_others_cpu_ms"] == 760.0
+    assert result["targets"]["slowest_record_submissions_idle_ms"] == 30.0
+    text = markdown(
+        {
+            "command": "c",
+            "when": "w",
+            "machine": "m",
+            "receipt_bytes": 223,
+            "batch_receptions": 525,
+            "configs": {"recommended through the daemon": result},
+        }
+    )
+    assert "| slowest subs: its CPU ms | others' CPU ms | idle ms |" in text
+    assert "| 310.0 | 760.0 | 30.0 |" in text

@@ -14,7 +14,10 @@ stored receptions it reports:
 - batch latency p50/p99 of `Store.ingest` (the daemon's commit histogram, or ~525 receptions a
   batch timed here), and the daemon's resident memory;
 - `record_submissions` of 5,000 ids (every 20 batches; 2 % of them recorded late, after their
-  receipts, so the call also correlates): p50/p99/max wall, and the most server CPU one took;
+  receipts, so the call also correlates): p50/p99/max wall, the most server CPU one took, and
+  the profile of the slowest (bench/sender_time.py): the CPU the sending side spent on it (this
+  process and its connections' backends), the CPU everything else spent meanwhile on the same
+  CPUs (the ingest), and their idle time;
 - WAL bytes per reception over the step, disk bytes per reception stored (database size).
 - the bytes on disk of each table and each index, per reception: the disk profile.
 It measures and reports; it never asserts a time. Writes a Markdown report (`--out`, rewritten
@@ -58,6 +61,7 @@ from dlrfeed_testing.bench.growth_drivers import (
     StepIngest,
     StoreDriver,
 )
+from dlrfeed_testing.bench.sender_time import SenderClock, SenderTime, sender_dsn
 from dlrfeed_testing.local_login import LOGIN
 from dlrfeed_testing.metrics import nearest_rank
 from dlrfeed_testing.pgcluster import PgCluster, free_port
@@ -98,6 +102,7 @@ class Step:
     wal_bytes: int = 0
     submissions_ms: list[float] = field(default_factory=list)
     submissions_cpu_ms: list[float] = field(default_factory=list)  # the server's, during each
+    slowest_submission: SenderTime | None = None  # the profile of the longest of submissions_ms
     database_bytes: int = 0  # growth of the database since it was freshly migrated
     checkpoints: int = 0
 
@@ -116,6 +121,7 @@ class Step:
             "submissions_p99_ms": round(nearest_rank(submissions, 0.99), 1),
             "submissions_max_ms": round(max(submissions, default=0.0), 1),
             "submissions_server_cpu_max_ms": round(max(self.submissions_cpu_ms, default=0.0), 1),
+            **(self.slowest_submission.columns() if self.slowest_submission else {}),
             "wal_bytes_per_reception": round(self.wal_bytes / self.receptions),
             "disk_bytes_per_reception": round(self.database_bytes / self.stored),
             "checkpoints": self.checkpoints,
@@ -283,8 +289,9 @@ async def grow(
     records the sent messages; `on_step` after every `step` with the rows so far and the bytes
     of each table and index."""
     traffic = Traffic(seed=16)
-    store = await Store.open(dsn, pool_size=2)
+    store = await Store.open(sender_dsn(dsn), pool_size=2)
     conn = await asyncpg.connect(dsn)
+    sender = SenderClock(conn)
     rows: list[dict[str, Any]] = []
     stored = 0
     try:
@@ -300,10 +307,16 @@ async def grow(
             checkpoints0, started = await _checkpoints(conn), time.monotonic()
             while stored < receipts:
                 submissions = traffic.submissions()
-                t0, server0 = time.perf_counter(), server_cpu_seconds(cluster)
+                # Read in this order, so that neither reading lands inside the other's window.
+                server0 = server_cpu_seconds(cluster)
+                clock0, t0 = await sender.read(), time.perf_counter()
                 await store.record_submissions(submissions)
-                current.submissions_ms.append(1000 * (time.perf_counter() - t0))
+                wall_ms = 1000 * (time.perf_counter() - t0)
+                clock1 = await sender.read()
                 current.submissions_cpu_ms.append(1000 * (server_cpu_seconds(cluster) - server0))
+                if wall_ms > max(current.submissions_ms, default=0.0):
+                    current.slowest_submission = SenderClock.between(clock0, clock1, wall_ms)
+                current.submissions_ms.append(wall_ms)
                 batches = [traffic.batch(index) for index in range(BATCHES_PER_ROUND)]
                 await driver.round(batches)
                 handed = sum(map(len, batches))
@@ -430,6 +443,16 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     def mean_wal(part: list[dict[str, Any]]) -> float:
         return float(statistics.mean(s["wal_bytes_per_reception"] for s in part))
 
+    slowest = max(steps, key=lambda s: s["submissions_max_ms"])
+    profile = (
+        {
+            "slowest_record_submissions_cpu_ms": slowest["submissions_max_cpu_ms"],
+            "slowest_record_submissions_others_cpu_ms": slowest["submissions_max_others_cpu_ms"],
+            "slowest_record_submissions_idle_ms": slowest["submissions_max_idle_ms"],
+        }
+        if "submissions_max_cpu_ms" in slowest
+        else {}
+    )
     return {
         "rate_last_over_first": round(last["receptions_per_s"] / first["receptions_per_s"], 2),
         "server_cpu_last_over_first": round(last["server_cpu_us"] / first["server_cpu_us"], 2),
@@ -444,6 +467,7 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         "max_record_submissions_server_cpu_ms": max(
             s["submissions_server_cpu_max_ms"] for s in steps
         ),
+        **profile,
     }
 
 
@@ -533,7 +557,12 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-OPTIONAL_COLUMNS = [("daemon_rss_mb", "daemon RSS MB")]
+OPTIONAL_COLUMNS = [
+    ("daemon_rss_mb", "daemon RSS MB"),
+    ("submissions_max_cpu_ms", "slowest subs: its CPU ms"),
+    ("submissions_max_others_cpu_ms", "others' CPU ms"),
+    ("submissions_max_idle_ms", "idle ms"),
+]
 
 _RUN_FIELDS = ("command", "when", "machine", "pinned")
 
