@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import asyncpg
+import pytest
 
 from dlrfeed.store import Store, Submission
 from dlrfeed_testing.bench.growth import BATCHES_PER_ROUND, MESSAGES_PER_BATCH, grow
@@ -61,6 +62,8 @@ async def test_growth_through_the_daemon_stores_what_it_reports(
         assert 0 < row["submissions_max_cpu_ms"] <= 2 * slowest
         assert row["submissions_max_others_cpu_ms"] >= 0
         assert row["submissions_max_idle_ms"] >= 0
+        # ...and sampled: every sample is labelled, the shares add up to the whole.
+        assert sum(row["submissions_max_waits"].values()) == pytest.approx(1, abs=0.03)
 
 
 async def _counts(conn: asyncpg.Connection, query: str) -> dict[str, int]:

@@ -6,6 +6,7 @@ import itertools
 import os
 import uuid
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -170,7 +171,7 @@ def test_a_run_through_the_daemon_has_its_own_section_with_the_daemons_memory() 
 
 
 def test_the_slowest_record_submissions_is_reported_with_its_cpu_and_the_others() -> None:
-    # Backend 300 connected during the call: it counts from zero. Ticks are of 10 ms here.
+    # Backend 300 connected during the call: it counts from zero. Ticks are the kernel's.
     before = Reading({100: 5_000_000, 200: 0}, busy_ticks=1_000, idle_ticks=500)
     after = Reading({100: 45_000_000, 200: 60_000_000, 300: 2_000_000}, 1_030, 502)
     call = SenderClock.between(before, after, wall_ms=330.0)
@@ -178,14 +179,16 @@ def test_the_slowest_record_submissions_is_reported_with_its_cpu_and_the_others(
     assert call.cpu_ms == 102.0
     assert call.others_cpu_ms == pytest.approx(30 * tick_ms - 102.0)
     assert call.idle_ms == pytest.approx(2 * tick_ms)
-    steps = [
+    steps: list[dict[str, Any]] = [
         dict(STEP, submissions_max_ms=600.0, **call.columns()),
         dict(
             STEP,
+            stored=2_000_000,
             submissions_max_ms=1_100.0,
             submissions_max_cpu_ms=310.0,
             submissions_max_others_cpu_ms=760.0,
             submissions_max_idle_ms=30.0,
+            submissions_max_waits={"CPU": 0.5, "Lock:advisory": 0.3, "client": 0.2},
         ),
     ]
     result = config_result("recommended", 2_000_000, steps, {}, "daemon")
@@ -193,6 +196,10 @@ def test_the_slowest_record_submissions_is_reported_with_its_cpu_and_the_others(
     assert result["targets"]["slowest_record_submissions_cpu_ms"] == 310.0
     assert result["targets"]["slowest_record_submissions_others_cpu_ms"] == 760.0
     assert result["targets"]["slowest_record_submissions_idle_ms"] == 30.0
+    assert (
+        result["targets"]["slowest_record_submissions_backend"]
+        == "CPU 50%, Lock:advisory 30%, client 20%"
+    )
     text = markdown(
         {
             "command": "c",
@@ -205,3 +212,6 @@ def test_the_slowest_record_submissions_is_reported_with_its_cpu_and_the_others(
     )
     assert "| slowest subs: its CPU ms | others' CPU ms | idle ms |" in text
     assert "| 310.0 | 760.0 | 30.0 |" in text
+    # Only the step whose slowest call was sampled has a line in the table of waits.
+    assert "| 2,000,000 | 1,100.0 | CPU 50%, Lock:advisory 30%, client 20% |" in text
+    assert "| 1,000,000 | 600.0 |" not in text

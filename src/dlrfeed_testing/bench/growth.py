@@ -17,7 +17,8 @@ stored receptions it reports:
   receipts, so the call also correlates): p50/p99/max wall, the most server CPU one took, and
   the profile of the slowest (bench/sender_time.py): the CPU the sending side spent on it (this
   process and its connections' backends), the CPU everything else spent meanwhile on the same
-  CPUs (the ingest), and their idle time;
+  CPUs (the ingest), their idle time, and where its backend was in 10 ms samples (working, or
+  waiting for a lock, the WAL, the disk, or the bench's next statement);
 - WAL bytes per reception over the step, disk bytes per reception stored (database size).
 - the bytes on disk of each table and each index, per reception: the disk profile.
 It measures and reports; it never asserts a time. Writes a Markdown report (`--out`, rewritten
@@ -309,13 +310,15 @@ async def grow(
                 submissions = traffic.submissions()
                 # Read in this order, so that neither reading lands inside the other's window.
                 server0 = server_cpu_seconds(cluster)
-                clock0, t0 = await sender.read(), time.perf_counter()
-                await store.record_submissions(submissions)
-                wall_ms = 1000 * (time.perf_counter() - t0)
+                clock0 = await sender.read()
+                async with sender.sampling() as waits:
+                    t0 = time.perf_counter()
+                    await store.record_submissions(submissions)
+                    wall_ms = 1000 * (time.perf_counter() - t0)
                 clock1 = await sender.read()
                 current.submissions_cpu_ms.append(1000 * (server_cpu_seconds(cluster) - server0))
                 if wall_ms > max(current.submissions_ms, default=0.0):
-                    current.slowest_submission = SenderClock.between(clock0, clock1, wall_ms)
+                    current.slowest_submission = SenderClock.between(clock0, clock1, wall_ms, waits)
                 current.submissions_ms.append(wall_ms)
                 batches = [traffic.batch(index) for index in range(BATCHES_PER_ROUND)]
                 await driver.round(batches)
@@ -449,6 +452,15 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             "slowest_record_submissions_cpu_ms": slowest["submissions_max_cpu_ms"],
             "slowest_record_submissions_others_cpu_ms": slowest["submissions_max_others_cpu_ms"],
             "slowest_record_submissions_idle_ms": slowest["submissions_max_idle_ms"],
+            **(
+                {
+                    "slowest_record_submissions_backend": _waits_text(
+                        slowest["submissions_max_waits"]
+                    )
+                }
+                if "submissions_max_waits" in slowest
+                else {}
+            ),
         }
         if "submissions_max_cpu_ms" in slowest
         else {}
@@ -535,6 +547,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("|" + " --- |" * len(columns))
         for step in result["steps"]:
             lines.append("| " + " | ".join(f"{step[key]:,}" for key, _ in columns) + " |")
+        lines += _waits_table(result["steps"])
         if not result["complete"]:
             lines += [
                 "",
@@ -555,6 +568,32 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"- {k}: {v}" for k, v in targets(result).items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _waits_text(waits: dict[str, float]) -> str:
+    return ", ".join(f"{label} {share:.0%}" for label, share in waits.items())
+
+
+def _waits_table(steps: list[dict[str, Any]]) -> list[str]:
+    """Where the backend of each step's slowest record_submissions was, when sampled."""
+    sampled = [s for s in steps if "submissions_max_waits" in s]
+    if not sampled:
+        return []
+    lines = [
+        "",
+        "The slowest `record_submissions` of each step, where its backend was (share of the "
+        "samples taken every 10 ms; `CPU`: working or waiting for the core; `client`: waiting "
+        "for the bench's next statement):",
+        "",
+        "| stored | slowest subs ms | its backend |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| {s['stored']:,} | {s['submissions_max_ms']:,} | "
+        f"{_waits_text(s['submissions_max_waits'])} |"
+        for s in sampled
+    ]
+    return lines
 
 
 OPTIONAL_COLUMNS = [

@@ -13,14 +13,27 @@ CPUs sat idle waited for the disk or a lock.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 APPLICATION_NAME = "dlrfeed-growth-sender"
 _TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+SAMPLE_SECONDS = 0.01
+# What the sending side's backends are doing: waiting for a lock, the WAL or the disk (the
+# wait event), working or waiting for the core (active without one), or waiting for the
+# bench's next statement (idle in a transaction, or between the call's transactions).
+_BACKENDS_NOW = """
+SELECT state, wait_event_type, wait_event FROM pg_stat_activity
+WHERE application_name = $1 AND state <> 'idle'
+"""
 
 
 @dataclass(frozen=True)
@@ -32,14 +45,18 @@ class SenderTime:
     cpu_ms: float
     others_cpu_ms: float
     idle_ms: float
+    waits: dict[str, float] | None = None  # share of the samples (sampling) by what was seen
 
     def columns(self) -> dict[str, float]:
         """The report's columns for the slowest call of a step."""
-        return {
+        columns: dict[str, Any] = {
             "submissions_max_cpu_ms": round(self.cpu_ms, 1),
             "submissions_max_others_cpu_ms": round(self.others_cpu_ms, 1),
             "submissions_max_idle_ms": round(self.idle_ms, 1),
         }
+        if self.waits is not None:
+            columns["submissions_max_waits"] = self.waits
+        return columns
 
 
 @dataclass(frozen=True)
@@ -100,10 +117,35 @@ class SenderClock:
         busy, idle = cpu_ticks(self._cpus)
         return Reading({pid: run_ns(pid) for pid in pids}, busy, idle)
 
+    @contextlib.asynccontextmanager
+    async def sampling(self) -> AsyncIterator[Counter[str]]:
+        """While the body runs, every SAMPLE_SECONDS: what the sending side's backends are
+        doing, counted by label (`wait_event_type:wait_event`, `CPU`, `client`). The monitor
+        connection is this sampler's alone until the body ends; the last sample is let finish
+        (cancelling a query midway would leave the connection busy)."""
+        counts: Counter[str] = Counter()
+        stop = asyncio.Event()
+
+        async def sample() -> None:
+            while not stop.is_set():
+                rows = await self._monitor.fetch(_BACKENDS_NOW, APPLICATION_NAME)
+                counts[_label(rows)] += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), SAMPLE_SECONDS)
+
+        task = asyncio.create_task(sample())
+        try:
+            yield counts
+        finally:
+            stop.set()
+            await task
+
     @staticmethod
-    def between(before: Reading, after: Reading, wall_ms: float) -> SenderTime:
+    def between(
+        before: Reading, after: Reading, wall_ms: float, waits: Counter[str] | None = None
+    ) -> SenderTime:
         """The call that ran between two readings (a backend that connected meanwhile counts
-        from zero)."""
+        from zero), with what `sampling` saw meanwhile."""
         own_ms = sum(ns - before.run_ns.get(pid, 0) for pid, ns in after.run_ns.items()) / 1e6
         busy_ms = (after.busy_ticks - before.busy_ticks) * _TICK_MS
         return SenderTime(
@@ -112,4 +154,20 @@ class SenderClock:
             # Ticks are coarser than the scheduler's nanoseconds: never below zero.
             others_cpu_ms=max(0.0, busy_ms - own_ms),
             idle_ms=(after.idle_ticks - before.idle_ticks) * _TICK_MS,
+            waits=(
+                {k: round(n / sum(waits.values()), 2) for k, n in waits.most_common()}
+                if waits
+                else None
+            ),
         )
+
+
+def _label(backends: list[asyncpg.Record]) -> str:
+    """One sample: the working backend's wait event, or CPU; `client` when none is working
+    (the sending side is between statements: in its own code, or waiting for the core)."""
+    for row in backends:
+        if row["state"] == "active":
+            if row["wait_event"] is None:
+                return "CPU"
+            return f"{row['wait_event_type']}:{row['wait_event']}"
+    return "client"
