@@ -76,22 +76,25 @@ STEP = {
 }
 
 
+def one_run(configs: dict[str, Any]) -> dict[str, Any]:
+    """A report of one run holding `configs`."""
+    return {
+        "command": "c",
+        "when": "w",
+        "machine": "m",
+        "receipt_bytes": 223,
+        "batch_receptions": 525,
+        "configs": configs,
+    }
+
+
 def test_an_interrupted_configuration_is_reported_as_stopped_with_its_disk_profile() -> None:
     step = dict(STEP)
     sizes = {"receptions": {"(table)": 485_000_000, "receptions_pkey": 101_000_000}}
     result = config_result("default", 20_000_000, [step], sizes)
     assert not result["complete"]
     assert result["bytes_per_reception_by_table"] == {"receptions": 586}
-    text = markdown(
-        {
-            "command": "c",
-            "when": "w",
-            "machine": "m",
-            "receipt_bytes": 223,
-            "batch_receptions": 525,
-            "configs": {"default": result},
-        }
-    )
+    text = markdown(one_run({"default": result}))
     assert "**Reached 1,000,000 of 20,000,000 receptions**" in text
     assert "| receptions receptions_pkey | 101 |" in text
 
@@ -150,17 +153,12 @@ def test_reports_of_different_runs_merge_each_configuration_naming_its_own_run()
 def test_a_run_through_the_daemon_has_its_own_section_with_the_daemons_memory() -> None:
     result = config_result("recommended", 1_000_000, [dict(STEP, daemon_rss_mb=63.0)], {}, "daemon")
     key = report_key("recommended", "daemon")
-    report = {
-        "command": "c",
-        "when": "w",
-        "machine": "m",
-        "receipt_bytes": 223,
-        "batch_receptions": 525,
-        "configs": {
+    report = one_run(
+        {
             "recommended": config_result("recommended", 1_000_000, [STEP], {}),
             key: result,
-        },
-    }
+        }
+    )
     text = markdown(report)
     assert "## recommended\n" in text
     assert f"## {key}\n" in text
@@ -200,16 +198,7 @@ def test_the_slowest_record_submissions_is_reported_with_its_cpu_and_the_others(
         result["targets"]["slowest_record_submissions_backend"]
         == "CPU 50%, Lock:advisory 30%, client 20%"
     )
-    text = markdown(
-        {
-            "command": "c",
-            "when": "w",
-            "machine": "m",
-            "receipt_bytes": 223,
-            "batch_receptions": 525,
-            "configs": {"recommended through the daemon": result},
-        }
-    )
+    text = markdown(one_run({"recommended through the daemon": result}))
     assert "| slowest subs: its CPU ms | others' CPU ms | idle ms |" in text
     assert "| 310.0 | 760.0 | 30.0 |" in text
     # Only the step whose slowest call was sampled has a line in the table of waits.
