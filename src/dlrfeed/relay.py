@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from dlrfeed.backoff import Backoff
 from dlrfeed.errors import FatalError, StoreUnavailableError
 from dlrfeed.store.changes import (
+    DRIVER_ERRORS,
     FollowTiming,
     StatusChange,
     backlog,
@@ -129,7 +130,7 @@ class Relay:
                 return
             try:
                 await ensure_current(cursor_conn)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DRIVER_ERRORS as exc:
                 raise StoreUnavailableError(f"PostgreSQL: {exc}") from exc
             self._delivered_position = await load_cursor(cursor_conn, settings.consumer)
             self.metrics.up.set(1)
@@ -209,7 +210,7 @@ class Relay:
         while not stop.is_set():
             try:
                 return await asyncpg.connect(self._settings.database_url, statement_cache_size=0)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DRIVER_ERRORS as exc:
                 if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
                     raise FatalError(f"PostgreSQL refused the relay's login: {exc}") from exc
                 attempt += 1
@@ -247,12 +248,7 @@ class Relay:
                         )
                     assert self._delivered_position is not None
                     pending, oldest = await backlog(conn, self._delivered_position)
-                except (
-                    OSError,
-                    asyncpg.PostgresError,
-                    asyncpg.InterfaceError,
-                    StoreUnavailableError,
-                ):
+                except (*DRIVER_ERRORS, StoreUnavailableError):
                     self.metrics.up.set(0)
                     if conn is not None:
                         conn.terminate()

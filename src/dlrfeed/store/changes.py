@@ -109,7 +109,17 @@ def _translated(exc: BaseException) -> BaseException:
     return StoreUnavailableError(f"PostgreSQL: {exc}")
 
 
-_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# The driver's errors that mean "this connection or the server failed": reconnect (or, where
+# _translated says so, stop with a configuration error). InternalClientError belongs here: a
+# backend terminated under the connection (an administrator, a failover) can leave asyncpg's
+# protocol waiting for a reply that never comes ("cannot switch to state ...; another operation
+# is in progress") for every later statement; the connection is as good as lost.
+DRIVER_ERRORS = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 
 async def read_changes(
@@ -123,7 +133,7 @@ async def read_changes(
     """
     try:
         return [_change(r) for r in await READ_CHANGES.fetch(conn, after=after, limit=limit)]
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
 
 
@@ -131,7 +141,7 @@ async def changes_held_back(conn: asyncpg.Connection, after: int) -> bool:
     """True when changes after `after` have committed but wait for an older transaction."""
     try:
         return bool(await CHANGES_HELD_BACK.fetchval(conn, after=after))
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
 
 
@@ -140,7 +150,7 @@ async def backlog(conn: asyncpg.Connection, after: int) -> tuple[int, datetime |
     first of them was made)."""
     try:
         row = await BACKLOG.fetchrow(conn, after=after, count_cap=BACKLOG_COUNT_CAP)
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
     assert row is not None
     return int(row["pending"]), row["oldest"]
@@ -150,7 +160,7 @@ async def load_cursor(conn: asyncpg.Connection, consumer: str) -> int:
     """The last position `consumer` handled (0, the beginning, for a new consumer)."""
     try:
         position = await LOAD_CURSOR.fetchval(conn, consumer=consumer)
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
     return 0 if position is None else int(position)
 
@@ -159,7 +169,7 @@ async def save_cursor(conn: asyncpg.Connection, consumer: str, position: int) ->
     """Record that `consumer` has handled everything up to `position` (never moves back)."""
     try:
         await SAVE_CURSOR.execute(conn, consumer=consumer, position=position)
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
 
 
@@ -186,7 +196,7 @@ async def consume_changes(
             if changes:
                 await handler(conn, changes)
                 await save_cursor(conn, consumer, changes[-1].position)
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise _translated(exc) from exc
     return len(changes)
 
@@ -278,7 +288,7 @@ async def follow_changes(
         try:
             # No statement cache: the follower may go through a transaction pooler.
             conn = await asyncpg.connect(dsn, statement_cache_size=0)
-        except _DRIVER_ERRORS as exc:
+        except DRIVER_ERRORS as exc:
             translated = _translated(exc)
             if isinstance(translated, FatalError):
                 raise translated from exc
@@ -299,7 +309,7 @@ async def follow_changes(
                     continue
                 held = await changes_held_back(conn, position)
                 await wakeups.wait(timing.held_back_retry if held else idle, stop)
-        except (StoreUnavailableError, *_DRIVER_ERRORS) as exc:
+        except (StoreUnavailableError, *DRIVER_ERRORS) as exc:
             translated = exc if isinstance(exc, StoreUnavailableError) else _translated(exc)
             if isinstance(translated, FatalError):
                 raise translated from exc
@@ -324,5 +334,5 @@ async def _sleep(seconds: float, stop: asyncio.Event | None) -> None:
 async def _close_quietly(conn: asyncpg.Connection) -> None:
     try:
         await asyncio.wait_for(conn.close(), timeout=2)
-    except (*_DRIVER_ERRORS, TimeoutError):
+    except (*DRIVER_ERRORS, TimeoutError):
         conn.terminate()
