@@ -38,16 +38,15 @@ WHERE application_name = $1 AND state <> 'idle'
 
 @dataclass(frozen=True)
 class SenderTime:
-    """One call: its wall time, its own CPU, the others' CPU and the idle time of the CPUs it
-    ran on meanwhile, in milliseconds."""
+    """One call: its own CPU, the others' CPU and the idle time of the CPUs it ran on
+    meanwhile, in milliseconds."""
 
-    wall_ms: float
     cpu_ms: float
     others_cpu_ms: float
     idle_ms: float
     waits: dict[str, float] | None = None  # share of the samples (sampling) by what was seen
 
-    def columns(self) -> dict[str, float]:
+    def columns(self) -> dict[str, Any]:
         """The report's columns for the slowest call of a step."""
         columns: dict[str, Any] = {
             "submissions_max_cpu_ms": round(self.cpu_ms, 1),
@@ -141,15 +140,12 @@ class SenderClock:
             await task
 
     @staticmethod
-    def between(
-        before: Reading, after: Reading, wall_ms: float, waits: Counter[str] | None = None
-    ) -> SenderTime:
+    def between(before: Reading, after: Reading, waits: Counter[str] | None = None) -> SenderTime:
         """The call that ran between two readings (a backend that connected meanwhile counts
         from zero), with what `sampling` saw meanwhile."""
         own_ms = sum(ns - before.run_ns.get(pid, 0) for pid, ns in after.run_ns.items()) / 1e6
         busy_ms = (after.busy_ticks - before.busy_ticks) * _TICK_MS
         return SenderTime(
-            wall_ms=wall_ms,
             cpu_ms=own_ms,
             # Ticks are coarser than the scheduler's nanoseconds: never below zero.
             others_cpu_ms=max(0.0, busy_ms - own_ms),
