@@ -111,14 +111,28 @@ async def test_a_server_turning_read_only_during_a_run_is_one_store_outage(
 
 async def set_server_read_only(database_url: str, read_only: bool) -> None:
     """default_transaction_read_only for the whole server, by reload: sessions already open
-    take it at their next transaction, as when a primary is demoted under a running daemon."""
+    take it at their next transaction, as when a primary is demoted under a running daemon.
+
+    pg_reload_conf() only signals the postmaster. Returns once a new session sees the value:
+    by then the postmaster has reloaded and signalled every open session, so each one takes
+    it at its next statement (without the wait, a statement sent at once could still run
+    under the old value)."""
+    value = "on" if read_only else "off"
     conn = await asyncpg.connect(database_url)
     try:
-        value = "on" if read_only else "off"
         await conn.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
         await conn.execute("SELECT pg_reload_conf()")
     finally:
         await conn.close()
+
+    async def reloaded() -> bool:
+        fresh = await asyncpg.connect(database_url)
+        try:
+            return bool(await fresh.fetchval("SHOW default_transaction_read_only") == value)
+        finally:
+            await fresh.close()
+
+    await wait_until(reloaded, 10, f"the server to reload default_transaction_read_only={value}")
 
 
 def holds(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
