@@ -22,13 +22,23 @@ async def test_growth_through_the_daemon_stores_what_it_reports(
     pg_cluster: PgCluster, database_url: str
 ) -> None:
     reports: list[list[dict[str, Any]]] = []
+    profiles: list[dict[str, dict[str, float]]] = []
+
+    def on_step(
+        rows: list[dict[str, Any]],
+        sizes: dict[str, dict[str, int]],
+        row_bytes: dict[str, dict[str, float]],
+    ) -> None:
+        reports.append(list(rows))
+        profiles.append(row_bytes)
+
     await grow(
         pg_cluster,
         database_url,
         receipts=2 * ROUND,
         step=ROUND,
         log=lambda line: None,
-        on_step=lambda rows, sizes: reports.append(list(rows)),
+        on_step=on_step,
         driver_kind="daemon",
     )
     rows = reports[-1]
@@ -40,6 +50,7 @@ async def test_growth_through_the_daemon_stores_what_it_reports(
         open_exceptions = await conn.fetchval(
             "SELECT count(*) FROM dlr.exceptions WHERE resolved_at IS NULL"
         )
+        await _check_row_profile(conn, profiles[-1], rows[-1]["stored"])
     finally:
         await conn.close()
     # Every receipt handed to the gateway was acked only once stored, and stored once.
@@ -64,6 +75,30 @@ async def test_growth_through_the_daemon_stores_what_it_reports(
         assert row["submissions_max_idle_ms"] >= 0
         # ...and sampled: every sample is labelled, the shares add up to the whole.
         assert sum(row["submissions_max_waits"].values()) == pytest.approx(1, abs=0.03)
+
+
+_NOT_COLUMNS = ("row", "rows_per_reception")
+
+
+async def _check_row_profile(
+    conn: asyncpg.Connection, profile: dict[str, dict[str, float]], stored: int
+) -> None:
+    """The row profile, from a sample of each table, measures what the rows hold: the traffic's
+    ids are 36-character UUIDs (37 bytes with their length byte) wherever they are stored, the
+    evidence's payload is the receipt's bytes as the whole table holds them (a 4-byte length
+    before them), and a row is at least its columns plus its tuple header and line pointer."""
+    for table in ("receptions", "events", "messages", "message_status", "status_changes"):
+        columns = {k: v for k, v in profile[table].items() if k not in _NOT_COLUMNS}
+        assert columns["message_id"] == 37.0, table
+        assert profile[table]["row"] >= sum(columns.values()) + 24 + 4, table
+    receptions = {k: v for k, v in profile["receptions"].items() if k not in _NOT_COLUMNS}
+    assert max(receptions, key=receptions.__getitem__) == "payload"
+    payload = float(await conn.fetchval("SELECT avg(octet_length(payload)) FROM dlr.receptions"))
+    assert receptions["payload"] == pytest.approx(payload + 4, abs=2)
+    # Tables this small are sampled whole: their rows per reception are exact.
+    for table in ("receptions", "events", "messages", "message_status", "status_changes"):
+        exact = int(await conn.fetchval(f"SELECT count(*) FROM dlr.{table}")) / stored
+        assert profile[table]["rows_per_reception"] == pytest.approx(exact, abs=0.001), table
 
 
 async def _counts(conn: asyncpg.Connection, query: str) -> dict[str, int]:

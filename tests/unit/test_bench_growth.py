@@ -99,6 +99,29 @@ def test_an_interrupted_configuration_is_reported_as_stopped_with_its_disk_profi
     assert "| receptions receptions_pkey | 101 |" in text
 
 
+def test_the_row_profile_lists_each_tables_columns_largest_first_and_survives_a_merge() -> None:
+    row_bytes = {
+        "events": {"rows_per_reception": 0.951, "row": 269.0, "message_id": 37.0, "level": 8.0},
+        "receptions": {
+            "rows_per_reception": 1.0,
+            "row": 469.2,
+            "message_id": 37.0,
+            "payload": 227.0,
+            "id": 8.0,
+            "level": 8.0,
+        },
+    }
+    result = config_result("default", 1_000_000, [STEP], {}, "daemon", row_bytes)
+    text = markdown(merged_reports([one_run({"default": result})]))
+    assert "| receptions | 1 | 469.2 | payload 227, message_id 37, id 8, level 8 |" in text
+    # The widest rows first.
+    assert text.index("| receptions | 1 |") < text.index("| events | 0.951 | 269 |")
+    # A configuration measured before the profile existed renders as it did.
+    assert "Where a row's bytes go" not in markdown(
+        one_run({"default": config_result("default", 1_000_000, [STEP], {})})
+    )
+
+
 def test_reports_of_different_runs_merge_each_configuration_naming_its_own_run() -> None:
     def saved(when: str, name: str, stored: int) -> dict[str, object]:
         result = config_result(name, stored, [dict(STEP, stored=stored)], {})

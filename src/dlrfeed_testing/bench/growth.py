@@ -20,7 +20,8 @@ stored receptions it reports:
   CPUs (the ingest), their idle time, and where its backend was in 10 ms samples (working, or
   waiting for a lock, the WAL, the disk, or the bench's next statement);
 - WAL bytes per reception over the step, disk bytes per reception stored (database size).
-- the bytes on disk of each table and each index, per reception: the disk profile.
+- the bytes on disk of each table and each index, per reception: the disk profile; and where
+  a row's bytes go, column by column, from a sample of each table (the row profile).
 It measures and reports; it never asserts a time. Writes a Markdown report (`--out`, rewritten
 after every step, so an interrupted run keeps its figures) and prints the same figures as JSON.
 With `--pinned` the configurations run side by side, each process and its cluster on its own CPU.
@@ -38,6 +39,7 @@ import functools
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -238,14 +240,25 @@ async def _checkpoints(conn: asyncpg.Connection) -> int:
     )
 
 
+GROWING_TABLES = (
+    "receptions",
+    "events",
+    "messages",
+    "message_status",
+    "status_changes",
+    "exceptions",
+)
+# A partition's name is its table's with the day (or "_default") after it.
+_PARTITION_DAY = re.compile(r"_(before_)?[0-9]{8}|_default")
+LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself
+
 # Bytes on disk of each growing table of dlr, summed over its partitions: the table itself
 # (heap, TOAST, free-space and visibility maps) and each index, whose per-partition names lose
 # their day so that one index of a partitioned table is one line.
 SIZES_BY_RELATION = """
 WITH tables AS (
     SELECT t.name, ('dlr.' || t.name)::regclass AS relid
-    FROM (VALUES ('receptions'), ('events'), ('messages'), ('message_status'),
-                 ('status_changes'), ('exceptions')) AS t(name)
+    FROM unnest($1::text[]) AS t(name)
 ), parts AS (
     SELECT tables.name, p.relid
     FROM tables, LATERAL pg_partition_tree(tables.relid) AS p
@@ -258,7 +271,7 @@ WITH tables AS (
 SELECT parts.name AS table_name, '(table)' AS relation, sum(pg_table_size(parts.relid)) AS bytes
 FROM parts GROUP BY parts.name
 UNION ALL
-SELECT parts.name, regexp_replace(c.relname, '_(before_)?[0-9]{8}|_default', ''),
+SELECT parts.name, regexp_replace(c.relname, $2, ''),
        sum(pg_relation_size(c.oid))
 FROM parts
 JOIN pg_index AS x ON x.indrelid = parts.relid
@@ -266,14 +279,71 @@ JOIN pg_class AS c ON c.oid = x.indexrelid
 GROUP BY 1, 2
 """
 
-StepReport = Callable[[list[dict[str, Any]], dict[str, dict[str, int]]], None]
+# The live rows of each growing table, summed over its partitions (the statistics' counts:
+# exact enough for rows per reception, and free where count(*) would read the table).
+LIVE_ROWS = """
+SELECT relname, n_live_tup
+FROM pg_stat_user_tables
+WHERE schemaname IN ('dlr', 'dlr_partitions')
+"""
+
+# Rows sampled per table for its row profile: whole pages (SYSTEM), so the sample costs a few
+# hundred page reads at any table size, repeatable for a seed.
+PROFILE_SAMPLE_ROWS = 10_000
+
+StepReport = Callable[
+    [list[dict[str, Any]], dict[str, dict[str, int]], dict[str, dict[str, float]]], None
+]
 
 
 async def _sizes(conn: asyncpg.Connection) -> dict[str, dict[str, int]]:
     sizes: dict[str, dict[str, int]] = {}
-    for r in await conn.fetch(SIZES_BY_RELATION):
+    for r in await conn.fetch(SIZES_BY_RELATION, list(GROWING_TABLES), _PARTITION_DAY.pattern):
         sizes.setdefault(r["table_name"], {})[r["relation"]] = int(r["bytes"])
     return sizes
+
+
+async def row_profile(conn: asyncpg.Connection, stored: int) -> dict[str, dict[str, float]]:
+    """Where the bytes of each growing table's rows go: per table, its rows per reception
+    stored, the mean bytes of a row (PostgreSQL's tuple header and the 4-byte line pointer
+    included) and of each of its columns, from a sample of its pages. Names the floor under
+    the disk per reception: what a row holds, not only how big each table is."""
+    live: dict[str, int] = {}
+    for r in await conn.fetch(LIVE_ROWS):
+        table = _PARTITION_DAY.sub("", str(r["relname"]))
+        live[table] = live.get(table, 0) + int(r["n_live_tup"])
+    profile: dict[str, dict[str, float]] = {}
+    for table in GROWING_TABLES:
+        rows = live.get(table, 0)
+        if not rows or not stored:
+            continue
+        columns = [
+            str(r["attname"])
+            for r in await conn.fetch(
+                "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass"
+                " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                f"dlr.{table}",
+            )
+        ]
+        percent = min(100.0, 100.0 * PROFILE_SAMPLE_ROWS / rows)
+        # A NULL takes no bytes of the row (only its bit in the row's null bitmap).
+        means = ", ".join(f'avg(coalesce(pg_column_size(t."{c}"), 0))' for c in columns)
+        sampled = await conn.fetchrow(
+            f"SELECT avg(pg_column_size(t.*)), {means} FROM dlr.{table} AS t"
+            f" TABLESAMPLE SYSTEM ({percent}) REPEATABLE (16)"
+        )
+        if sampled is None or sampled[0] is None:
+            continue
+        profile[table] = {
+            "rows_per_reception": round(rows / stored, 3),
+            "row": round(float(sampled[0]) + LINE_POINTER_BYTES, 1),
+            **{
+                column: round(float(mean), 1)
+                for column, mean in zip(columns, list(sampled)[1:], strict=True)
+                if mean  # a column NULL in every row sampled holds nothing
+            },
+        }
+    return profile
 
 
 async def grow(
@@ -338,7 +408,7 @@ async def grow(
                     current.checkpoints = await _checkpoints(conn) - checkpoints0
                     rows.append(current.row(ingest))
                     log(json.dumps(rows[-1]))
-                    on_step(rows, await _sizes(conn))
+                    on_step(rows, await _sizes(conn), await row_profile(conn, current.stored))
                     current = Step()
                     wal0, cpu0 = wal1, cpu1
                     checkpoints0, started = await _checkpoints(conn), time.monotonic()
@@ -412,8 +482,10 @@ def config_result(
     steps: list[dict[str, Any]],
     sizes: dict[str, dict[str, int]],
     driver_kind: str = "store",
+    row_bytes: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """What the report keeps of one configuration, complete or not."""
+    """What the report keeps of one configuration, complete or not; `row_bytes` is the row
+    profile of its last step (row_profile)."""
     stored = steps[-1]["stored"]
     result: dict[str, Any] = {
         "settings": CONFIGS[name],
@@ -431,6 +503,8 @@ def config_result(
             if size  # an index of only empty partitions
         },
     }
+    if row_bytes:
+        result["row_bytes"] = row_bytes
     result["targets"] = targets(result)
     return result
 
@@ -556,11 +630,35 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             f"| {k} | {v:,} |" for k, v in sorted(result["bytes_per_reception_by_relation"].items())
         ]
+        lines += _row_bytes_table(result.get("row_bytes", {}))
         lines.append("")
         lines += ["Targets (the last step against the first; WAL also by quarters of the run):", ""]
         lines += [f"- {k}: {v}" for k, v in targets(result).items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _row_bytes_table(profile: dict[str, dict[str, float]]) -> list[str]:
+    """Where a row's bytes go, table by table, largest column first (row_profile)."""
+    if not profile:
+        return []
+    lines = [
+        "",
+        "Where a row's bytes go (mean bytes, from a sample of each table's pages at the last "
+        f"step; a row also carries PostgreSQL's tuple header and its {LINE_POINTER_BYTES}-byte "
+        "line pointer, the rest of `bytes per row`):",
+        "",
+        "| table | rows per reception | bytes per row | its columns, largest first |",
+        "| --- | --- | --- | --- |",
+    ]
+    for table, measured in sorted(profile.items(), key=lambda item: -item[1]["row"]):
+        columns = {k: v for k, v in measured.items() if k not in ("rows_per_reception", "row")}
+        by_size = sorted(columns.items(), key=lambda item: (-item[1], item[0]))
+        listed = ", ".join(f"{name} {size:g}" for name, size in by_size)
+        lines.append(
+            f"| {table} | {measured['rows_per_reception']:g} | {measured['row']:g} | {listed} |"
+        )
+    return lines
 
 
 def _waits_text(waits: dict[str, float]) -> str:
@@ -761,11 +859,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 def on_step(
                     steps: list[dict[str, Any]],
                     table_sizes: dict[str, dict[str, int]],
+                    row_bytes: dict[str, dict[str, float]],
                     name: str = name,
                     receipts: int = receipts,
                 ) -> None:
                     report["configs"][report_key(name, args.driver)] = config_result(
-                        name, receipts, steps, table_sizes, args.driver
+                        name, receipts, steps, table_sizes, args.driver, row_bytes
                     )
                     write()
 
