@@ -15,8 +15,6 @@ import io
 import itertools
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -30,6 +28,7 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import read_changes, save_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.retention import RetentionPolicy, maintain
+from dlrfeed_testing.console import dlrfeed
 from dlrfeed_testing.pgcluster import PgCluster
 from dlrfeed_testing.retention_support import (
     DAY,
@@ -152,18 +151,6 @@ async def test_an_abandoned_consumer_does_not_hold_the_day_back(
     )
     assert f"status_changes_{today():%Y%m%d}" in report.dropped
     assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == 0
-
-
-def dlrfeed(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DLRFEED_")}
-    return subprocess.run(
-        [sys.executable, "-m", "dlrfeed.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
 
 
 async def test_the_command_refuses_in_one_line_naming_the_consumer(

@@ -8,7 +8,6 @@ import asyncio
 import itertools
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,31 +16,13 @@ import pytest
 
 from dlrfeed.commands.migrate import CHECK_BEHIND_EXIT
 from dlrfeed.store.migrate import available_migrations, expected_version
+from dlrfeed_testing.console import dlrfeed
 from dlrfeed_testing.pgcluster import PgCluster
 from dlrfeed_testing.schema import describe
 
 EXPECTED = Path(__file__).with_name("test_migrations_schema.txt")
 _numbers = itertools.count(1)
 NEWER = expected_version() + 1
-
-
-def dlrfeed(
-    *args: str, stdin: str | None = None, password: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The real console entry point in a process of its own (no DLRFEED_* from the test env
-    but the gateway password, when given)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DLRFEED_")}
-    if password is not None:
-        env["DLRFEED_PASSWORD"] = password
-    return subprocess.run(
-        [sys.executable, "-m", "dlrfeed.cli", *args],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=60,
-        check=False,
-        env=env,
-    )
 
 
 def psql(dsn: str, script: str) -> subprocess.CompletedProcess[str]:
