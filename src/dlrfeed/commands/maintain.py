@@ -1,8 +1,12 @@
-"""The schema owner's upkeep: partitions created ahead, whole old days archived and dropped."""
+"""The schema owner's upkeep: partitions created ahead, whole old days archived and dropped.
+
+When asked, it also forgets old messages whose evidence is gone (docs/retention.md).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -22,7 +26,7 @@ from dlrfeed.store.retention import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--retention-days, --archive-dir, --redelivery-horizon-days, --days-ahead,
-    --abandon-consumer, --json."""
+    --abandon-consumer, --forget-after-days, --json."""
     add_database_url(parser)
     parser.add_argument(
         "--retention-days",
@@ -58,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="drop days of the change log that durable consumer NAME has not read yet (it "
         "loses them); without it such a drop is refused. Repeat for several consumers",
     )
+    parser.add_argument(
+        "--forget-after-days",
+        type=int,
+        metavar="N",
+        help="forget each message (its record, status and events) once nothing of it happened "
+        "for N days; longer than --retention-days, so its evidence went first (default: keep "
+        "every message)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document")
 
 
@@ -68,6 +80,7 @@ async def run(args: argparse.Namespace) -> int:
         retention_days=args.retention_days,
         redelivery_horizon_days=args.redelivery_horizon_days,
         days_ahead=args.days_ahead,
+        forget_after_days=args.forget_after_days,
     )
     try:
         report = await maintain(
@@ -81,6 +94,7 @@ async def run(args: argparse.Namespace) -> int:
     except asyncpg.PostgresError as exc:
         # e.g. run by a role that does not own the schema: retrying cannot help.
         raise FatalError(f"maintain failed: {exc}") from exc
+    forgotten = report.forgotten
     if args.json:
         print(
             json.dumps(
@@ -91,6 +105,7 @@ async def run(args: argparse.Namespace) -> int:
                         for a in report.archived
                     ],
                     "dropped": report.dropped,
+                    "forgotten": None if forgotten is None else dataclasses.asdict(forgotten),
                     "default_partition_holds_rows": report.default_partition_holds_rows,
                 }
             )
@@ -102,6 +117,12 @@ async def run(args: argparse.Namespace) -> int:
             print(f"archived {archived.partition}: {archived.rows} rows to {archived.data_file}")
         for name in report.dropped:
             print(f"dropped {PARTITION_SCHEMA}.{name}")
+        if forgotten is not None:
+            print(
+                f"forgot {forgotten.messages} messages ({forgotten.statuses} statuses, "
+                f"{forgotten.events} events, {forgotten.closed_exceptions} resolved exceptions);"
+                f" kept {forgotten.kept_for_open_exceptions} old ones an open exception refers to"
+            )
     if report.default_partition_holds_rows:
         held = ", ".join(f"{PARTITION_SCHEMA}.{name}" for name in report.defaults_holding_rows)
         print(

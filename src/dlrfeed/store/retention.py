@@ -11,6 +11,10 @@ was dropped is still a repeat (P14); a retention shorter than the gateway's rede
 (F16) is refused all the same, so that the evidence of every delivery the gateway may still
 repeat is kept. A day of changes that a durable consumer (dlr.change_cursors) has not read to
 its end is not dropped: `maintain` refuses, naming the consumer, unless told to abandon it.
+
+A message's record, status and events cannot be partitioned by time (their keys are unique
+across all time), so with `forget_after_days` they leave row by row instead, a whole message at
+a time, once every delivery of it has left with the evidence (migration 0014, docs/retention.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import functools
 import gzip
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -57,6 +62,18 @@ _UNREAD_BY = query("unread_by")
 _DROP_PARTITION = query("drop_partition")
 _COUNT_PARTITION = query("count_partition")
 _PARTITION_HOLDS_ROWS = query("partition_holds_rows")
+_START_FORGETTING = query("start_forgetting")
+_FORGETTING_POSITION = query("forgetting_position")
+_SAVE_FORGETTING_POSITION = query("save_forgetting_position")
+_MESSAGES_AFTER = query("messages_after")
+_LOCK_MESSAGES_TO_FORGET = query("lock_messages_to_forget")
+_FORGETTING_VERDICTS = query("forgetting_verdicts")
+_FORGET_CLOSED_EXCEPTIONS = query("forget_closed_exceptions")
+_FORGET_MESSAGES = query("forget_messages")
+
+# Messages looked at per transaction of the forgetting pass: each holds the row locks of its
+# batch for a few milliseconds, which is all an ingest of one of them may wait.
+FORGET_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -83,15 +100,18 @@ DAY_PARTITIONED = (RECEPTIONS, STATUS_CHANGES)
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """What `maintain` keeps: every day when `retention_days` is None, else that many days back.
+    """What `maintain` keeps: every day when `retention_days` is None, else that many days back;
+    every message when `forget_after_days` is None, else those with something newer.
 
-    ConfigError (exit 78) when the retention is shorter than the redelivery horizon (F16), or
-    when a count is below one.
+    ConfigError (exit 78) when the retention is shorter than the redelivery horizon (F16), when
+    messages would be forgotten while their evidence is kept (no retention, or one as long),
+    or when a count is below one.
     """
 
     retention_days: int | None = None
     redelivery_horizon_days: int = DEFAULT_REDELIVERY_HORIZON_DAYS
     days_ahead: int = DEFAULT_DAYS_AHEAD
+    forget_after_days: int | None = None
 
     def __post_init__(self) -> None:
         if self.days_ahead < 1:
@@ -104,6 +124,14 @@ class RetentionPolicy:
             raise ConfigError(
                 f"--retention-days {self.retention_days} is shorter than the gateway's redelivery"
                 f" horizon of {self.redelivery_horizon_days} days (F16): refused"
+            )
+        if self.forget_after_days is not None and (
+            self.retention_days is None or self.forget_after_days <= self.retention_days
+        ):
+            kept = "kept forever" if self.retention_days is None else "kept as long"
+            raise ConfigError(
+                f"--forget-after-days {self.forget_after_days} would forget messages whose"
+                f" evidence is {kept}: give a --retention-days shorter than it (docs/retention.md)"
             )
 
 
@@ -118,6 +146,17 @@ class ArchivedPartition:
 
 
 @dataclass
+class Forgotten:
+    """What one forgetting pass removed, and the old messages it kept for an operator."""
+
+    messages: int = 0
+    statuses: int = 0
+    events: int = 0
+    closed_exceptions: int = 0
+    kept_for_open_exceptions: int = 0
+
+
+@dataclass
 class MaintenanceReport:
     """What one `maintain` did, in order."""
 
@@ -126,6 +165,8 @@ class MaintenanceReport:
     dropped: list[str] = field(default_factory=list)
     defaults_holding_rows: list[str] = field(default_factory=list)
     """Default partitions with rows in them (a day had no partition when they came)."""
+    forgotten: Forgotten | None = None
+    """What the forgetting pass did, when it ran."""
 
     @property
     def default_partition_holds_rows(self) -> bool:
@@ -196,6 +237,9 @@ async def maintain(
                         drop = functools.partial(_drop, conn, name)
                     await _with_lock_retries(parent, drop)
                     report.dropped.append(name)
+        if policy.forget_after_days is not None:
+            # After the drops: the messages forgotten are those whose evidence is gone.
+            report.forgotten = await forget(conn, moment - timedelta(days=policy.forget_after_days))
         for parent in DAY_PARTITIONED:
             holds_rows = _PARTITION_HOLDS_ROWS.naming(partition=parent.default_partition)
             if await holds_rows.fetchval(conn):
@@ -203,6 +247,62 @@ async def maintain(
     finally:
         await conn.close()
     return report
+
+
+async def forget(conn: asyncpg.Connection, cutoff: datetime) -> Forgotten:
+    """Forget every message recorded before `cutoff` of which nothing happened since (no
+    delivery, no status change): its events, its status and its record, a batch of messages
+    per transaction, in the order they were recorded, from where the last pass stopped.
+
+    Kept: a message being written right now (its row is locked), one with something at or
+    after `cutoff`, and one an open exception refers to (the operator's). The resolved
+    exceptions that point at a forgotten message's events go with it. The pass saves its
+    position before the first message it kept as busy or recent, so that the next run looks at
+    those again; one kept for an open exception does not hold it back, and is not read again.
+    """
+    forgotten = Forgotten()
+    after_id = int(await _FORGETTING_POSITION.fetchval(conn))
+    resume_after: int | None = None  # just before the first message kept as busy or recent
+    while True:
+        async with conn.transaction():
+            await _START_FORGETTING.fetchval(conn)
+            rows = await _MESSAGES_AFTER.fetch(conn, after_id=after_id, batch=FORGET_BATCH)
+            old = list(itertools.takewhile(lambda r: r["recorded_at"] < cutoff, rows))
+            if not old:
+                break
+            ids = [int(r["id"]) for r in old]
+            locked = [int(r["id"]) for r in await _LOCK_MESSAGES_TO_FORGET.fetch(conn, ids=ids)]
+            verdicts = await _FORGETTING_VERDICTS.fetch(conn, ids=locked, cutoff=cutoff)
+            gone = [v for v in verdicts if not v["recent"] and not v["investigated"]]
+            forgotten.kept_for_open_exceptions += sum(
+                1 for v in verdicts if v["investigated"] and not v["recent"]
+            )
+            if gone:
+                event_ids = [e for v in gone for e in v["event_ids"]]
+                forgotten.closed_exceptions += int(
+                    await _FORGET_CLOSED_EXCEPTIONS.fetchval(conn, event_ids=event_ids)
+                )
+                counts = await _FORGET_MESSAGES.fetchrow(
+                    conn,
+                    ids=[v["id"] for v in gone],
+                    logins=[v["login"] for v in gone],
+                    message_ids=[v["message_id"] for v in gone],
+                    event_ids=event_ids,
+                )
+                assert counts is not None  # one row, always
+                forgotten.messages += int(counts["messages"])
+                forgotten.statuses += int(counts["statuses"])
+                forgotten.events += int(counts["events"])
+            held = set(ids) - set(locked) | {int(v["id"]) for v in verdicts if v["recent"]}
+            if held and resume_after is None:
+                resume_after = min(held) - 1
+            after_id = ids[-1]
+        if len(old) < len(rows) or len(rows) < FORGET_BATCH:
+            break
+    await _SAVE_FORGETTING_POSITION.execute(
+        conn, after_id=after_id if resume_after is None else resume_after
+    )
+    return forgotten
 
 
 async def _guard_locks(conn: asyncpg.Connection) -> None:

@@ -59,3 +59,96 @@ SELECT count(*) FROM dlr_partitions.{partition}
 -- name: partition_holds_rows
 -- Whether a (default) partition holds any row: a day had no partition when its rows came.
 SELECT EXISTS (SELECT 1 FROM dlr_partitions.{partition})
+
+-- name: start_forgetting
+-- This transaction forgets (migration 0014): the statuses it deletes are not withdrawals, so
+-- no change is written for them. Local to the transaction, as set_lock_timeout.
+SELECT set_config('dlrfeed.forgetting', 'on', true)
+
+-- name: forgetting_position
+-- The dlr.messages.id up to which the forgetting pass has looked (0 before its first run).
+SELECT coalesce((SELECT after_id FROM dlr.forgetting_position), 0)
+
+-- name: save_forgetting_position
+INSERT INTO dlr.forgetting_position (after_id) VALUES (:after_id)
+ON CONFLICT (only_row) DO UPDATE SET after_id = excluded.after_id, updated_at = now()
+
+-- name: messages_after
+-- The next messages in the order they were recorded, with when: the pass stops at the first
+-- one recorded after its cutoff. By the primary key, so a batch costs the same at any size.
+SELECT id, recorded_at FROM dlr.messages
+WHERE id > :after_id
+ORDER BY id
+LIMIT :batch
+
+-- name: lock_messages_to_forget
+-- The same row lock ingest, late correlation and recompute take before they touch a message's
+-- events or status, here exclusive: a message one of them is writing right now is skipped
+-- (SKIP LOCKED: it is not old anyway), and one of them that comes for a message meanwhile waits,
+-- then finds it gone and keeps its receipt as uncorrelated (P12).
+SELECT id FROM dlr.messages
+WHERE id = ANY(:ids::bigint[])
+ORDER BY id
+FOR UPDATE SKIP LOCKED
+
+-- name: forgetting_verdicts
+-- For each locked message: its events (found as late correlation finds them: by the unique key
+-- where the event's id is the message's, by the partial correlation index where not), whether
+-- anything of it happened at or after :cutoff (it is recent: kept), and whether an open
+-- exception refers to it or to one of its events (kept for the operator: the investigation
+-- queue never loses what it still investigates).
+SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
+       (m.recorded_at >= :cutoff OR coalesce(e.newest >= :cutoff, false)
+        OR coalesce(s.updated_at >= :cutoff, false)) AS recent,
+       (EXISTS (SELECT 1 FROM dlr.exceptions AS x
+                WHERE x.login = m.login AND x.message_id = m.message_id
+                  AND x.resolved_at IS NULL)
+        OR EXISTS (SELECT 1 FROM dlr.exceptions AS x
+                   WHERE x.event_id = ANY(e.ids) AND x.resolved_at IS NULL))
+           AS investigated
+FROM dlr.messages AS m
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest
+    FROM (
+        SELECT e.id, e.last_received_at FROM dlr.events AS e
+        WHERE e.login = m.login AND e.message_id = m.message_id
+          AND e.correlation_id = m.message_id
+        UNION ALL
+        SELECT e.id, e.last_received_at FROM dlr.events AS e
+        WHERE e.login = m.login AND e.correlation_id = m.message_id
+          AND e.correlation_id <> e.message_id
+    ) AS k
+) AS e
+LEFT JOIN dlr.message_status AS s ON s.login = m.login AND s.message_id = m.message_id
+WHERE m.id = ANY(:ids::bigint[])
+ORDER BY m.id
+
+-- name: forget_closed_exceptions
+-- The resolved exceptions that point at the events about to be forgotten (an `uncorrelated`
+-- one that late correlation resolved, a conflict an operator closed): their investigation is
+-- over and their subject leaves. Before the events, which their foreign key holds. Exceptions
+-- that point at no event (an `unstorable` receipt's own bytes, a second record) stay. Returns
+-- how many went.
+WITH closed_gone AS (
+    DELETE FROM dlr.exceptions
+    WHERE event_id = ANY(:event_ids::bigint[]) AND resolved_at IS NOT NULL
+    RETURNING 1
+)
+SELECT count(*) FROM closed_gone
+
+-- name: forget_messages
+-- Whole messages: their events, their statuses (no change written: start_forgetting), their
+-- records. Returns how many of each went.
+WITH events_gone AS (
+    DELETE FROM dlr.events WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
+), statuses_gone AS (
+    DELETE FROM dlr.message_status AS s
+    USING unnest(:logins::text[], :message_ids::text[]) AS k(login, message_id)
+    WHERE s.login = k.login AND s.message_id = k.message_id
+    RETURNING 1
+), messages_gone AS (
+    DELETE FROM dlr.messages WHERE id = ANY(:ids::bigint[]) RETURNING 1
+)
+SELECT (SELECT count(*) FROM messages_gone) AS messages,
+       (SELECT count(*) FROM statuses_gone) AS statuses,
+       (SELECT count(*) FROM events_gone) AS events
