@@ -13,13 +13,20 @@ import json
 import asyncpg
 import pytest
 
+from dlrfeed.daemon.app import Daemon
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import ConfigError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.retention import Forgotten, RetentionPolicy, forget
 from dlrfeed_testing.console import dlrfeed
-from dlrfeed_testing.daemon_harness import LOGIN
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    receipt_bodies,
+    running_gateway,
+    settings_for,
+    wait_until,
+)
 from dlrfeed_testing.retention_support import DAY, today
 from dlrfeed_testing.rule_receipts import feed_receipt
 
@@ -201,3 +208,64 @@ async def test_maintain_forgets_and_says_so(database_url: str, db: asyncpg.Conne
         "kept_for_open_exceptions": 0,
     }
     assert await db.fetchval("SELECT count(*) FROM dlr.messages") == 0
+
+
+async def test_forgetting_while_the_daemon_ingests_leaves_no_message_half_forgotten(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Every message is old for the pass (its cutoff is tomorrow) while the daemon writes the
+    receipts of the same messages: whatever the interleaving, each message is either whole or
+    gone, and each receipt is stored - applied to a message that was there, or kept as
+    uncorrelated for one that was not."""
+    bodies = receipt_bodies(6000, prefix="f")
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        await store.record_submissions(
+            [Submission(LOGIN, m, "+34600123456") for m in sorted({b["id"] for b in bodies})]
+        )
+    finally:
+        await store.close()
+    tomorrow = today() + DAY
+    forgotten = Forgotten()
+    async with running_gateway() as gateway:
+        daemon = Daemon(settings_for(gateway.target, database_url, "--mode", "pull"))
+        task = asyncio.create_task(daemon.run(), name="daemon-under-test")
+        try:
+            # The newest messages' receipts first: the ingest walks down the ids while the pass
+            # walks up (in the order the messages were recorded), so the two meet on the same
+            # messages, and past the meeting point each finds the other's work done.
+            await gateway.inject(LOGIN, bodies[::-1])
+
+            async def ingesting() -> bool:
+                return int(await db.fetchval("SELECT count(*) FROM dlr.receptions")) > 500
+
+            async def drained() -> bool:
+                stats = gateway.stats(LOGIN)
+                return stats["queued"] == 0 and stats["in_flight"] == 0
+
+            await wait_until(ingesting, 60, "the daemon to be ingesting")
+            # Small batches, so that the pass and the ingest take turns on the same messages.
+            while not await drained():
+                forgotten.messages += (await forget(db, tomorrow, batch=20)).messages
+            await wait_until(drained, 120, "the queue to drain")
+        finally:
+            daemon.stop()
+            code = await asyncio.wait_for(task, 30)
+    assert code == 0
+    assert forgotten.messages > 0
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == len(bodies)
+    # No status outlives its message.
+    assert not await db.fetchval(
+        "SELECT count(*) FROM dlr.message_status AS s WHERE NOT EXISTS (SELECT 1 FROM"
+        " dlr.messages AS m WHERE m.login = s.login AND m.message_id = s.message_id)"
+    )
+    # An event with no message is one a receipt brought after its message was forgotten: it
+    # waits in the investigation queue, as any receipt of an unknown message does.
+    assert not await db.fetchval(
+        "SELECT count(*) FROM dlr.events AS e"
+        " WHERE NOT EXISTS (SELECT 1 FROM dlr.messages AS m"
+        "                   WHERE m.login = e.login AND m.message_id = e.correlation_id)"
+        "   AND NOT EXISTS (SELECT 1 FROM dlr.exceptions AS x WHERE x.event_id = e.id"
+        "                   AND x.kind = 'uncorrelated' AND x.resolved_at IS NULL)"
+    )
+    assert not await db.fetchval("SELECT count(*) FROM dlr.status_changes WHERE status IS NULL")

@@ -249,10 +249,12 @@ async def maintain(
     return report
 
 
-async def forget(conn: asyncpg.Connection, cutoff: datetime) -> Forgotten:
+async def forget(
+    conn: asyncpg.Connection, cutoff: datetime, *, batch: int = FORGET_BATCH
+) -> Forgotten:
     """Forget every message recorded before `cutoff` of which nothing happened since (no
-    delivery, no status change): its events, its status and its record, a batch of messages
-    per transaction, in the order they were recorded, from where the last pass stopped.
+    delivery, no status change): its events, its status and its record, `batch` messages per
+    transaction, in the order they were recorded, from where the last pass stopped.
 
     Kept: a message being written right now (its row is locked), one with something at or
     after `cutoff`, and one an open exception refers to (the operator's). The resolved
@@ -266,7 +268,7 @@ async def forget(conn: asyncpg.Connection, cutoff: datetime) -> Forgotten:
     while True:
         async with conn.transaction():
             await _START_FORGETTING.fetchval(conn)
-            rows = await _MESSAGES_AFTER.fetch(conn, after_id=after_id, batch=FORGET_BATCH)
+            rows = await _MESSAGES_AFTER.fetch(conn, after_id=after_id, batch=batch)
             old = list(itertools.takewhile(lambda r: r["recorded_at"] < cutoff, rows))
             if not old:
                 break
@@ -297,7 +299,7 @@ async def forget(conn: asyncpg.Connection, cutoff: datetime) -> Forgotten:
             if held and resume_after is None:
                 resume_after = min(held) - 1
             after_id = ids[-1]
-        if len(old) < len(rows) or len(rows) < FORGET_BATCH:
+        if len(old) < len(rows) or len(rows) < batch:
             break
     await _SAVE_FORGETTING_POSITION.execute(
         conn, after_id=after_id if resume_after is None else resume_after
