@@ -279,17 +279,20 @@ JOIN pg_class AS c ON c.oid = x.indexrelid
 GROUP BY 1, 2
 """
 
-# The live rows of each growing table, summed over its partitions (the statistics' counts:
-# exact enough for rows per reception, and free where count(*) would read the table).
+# A guess at the rows of each growing table, summed over its partitions, to size its sample:
+# the statistics' live-row counts, which may trail the last commits by far (they are flushed
+# and re-estimated lazily), so the profile counts rows from its sample instead.
 LIVE_ROWS = """
 SELECT relname, n_live_tup
 FROM pg_stat_user_tables
 WHERE schemaname IN ('dlr', 'dlr_partitions')
 """
 
-# Rows sampled per table for its row profile: whole pages (SYSTEM), so the sample costs a few
-# hundred page reads at any table size, repeatable for a seed.
-PROFILE_SAMPLE_ROWS = 10_000
+# Rows sampled per table for its row profile: whole pages (SYSTEM), each page with the same
+# probability, so the sample costs a few thousand page reads at any table size, its row count
+# scaled up is the table's (exactly, when the table is small enough to be read whole), and it
+# is the same sample for the same pages (REPEATABLE).
+PROFILE_SAMPLE_ROWS = 50_000
 
 StepReport = Callable[
     [list[dict[str, Any]], dict[str, dict[str, int]], dict[str, dict[str, float]]], None
@@ -314,9 +317,8 @@ async def row_profile(conn: asyncpg.Connection, stored: int) -> dict[str, dict[s
         live[table] = live.get(table, 0) + int(r["n_live_tup"])
     profile: dict[str, dict[str, float]] = {}
     for table in GROWING_TABLES:
-        rows = live.get(table, 0)
-        if not rows or not stored:
-            continue
+        if not stored:
+            break
         columns = [
             str(r["attname"])
             for r in await conn.fetch(
@@ -325,21 +327,21 @@ async def row_profile(conn: asyncpg.Connection, stored: int) -> dict[str, dict[s
                 f"dlr.{table}",
             )
         ]
-        percent = min(100.0, 100.0 * PROFILE_SAMPLE_ROWS / rows)
+        percent = min(100.0, 100.0 * PROFILE_SAMPLE_ROWS / max(live.get(table, 0), 1))
         # A NULL takes no bytes of the row (only its bit in the row's null bitmap).
         means = ", ".join(f'avg(coalesce(pg_column_size(t."{c}"), 0))' for c in columns)
         sampled = await conn.fetchrow(
-            f"SELECT avg(pg_column_size(t.*)), {means} FROM dlr.{table} AS t"
+            f"SELECT count(*), avg(pg_column_size(t.*)), {means} FROM dlr.{table} AS t"
             f" TABLESAMPLE SYSTEM ({percent}) REPEATABLE (16)"
         )
-        if sampled is None or sampled[0] is None:
+        if sampled is None or not sampled[0]:
             continue
         profile[table] = {
-            "rows_per_reception": round(rows / stored, 3),
-            "row": round(float(sampled[0]) + LINE_POINTER_BYTES, 1),
+            "rows_per_reception": round(sampled[0] * 100.0 / percent / stored, 3),
+            "row": round(float(sampled[1]) + LINE_POINTER_BYTES, 1),
             **{
                 column: round(float(mean), 1)
-                for column, mean in zip(columns, list(sampled)[1:], strict=True)
+                for column, mean in zip(columns, list(sampled)[2:], strict=True)
                 if mean  # a column NULL in every row sampled holds nothing
             },
         }
