@@ -109,13 +109,23 @@ async def test_old_messages_go_whole_and_the_rest_stay(
     recent_id = await db.fetchval("SELECT id FROM dlr.messages WHERE message_id = $1", RECENT)
     assert await db.fetchval("SELECT after_id FROM dlr.forgetting_position") == recent_id - 1
 
-    # Once RECENT is old too, the next pass takes it and reads on to the end; INVESTIGATED
-    # stays for its operator.
+    # Once RECENT is old too, the next pass takes it; INVESTIGATED stays for its operator, and
+    # the pass holds its place before it.
     again = await forget(db, today() + 7 * DAY)
     assert again == Forgotten(messages=1, statuses=1, events=2, kept_for_open_exceptions=1)
     assert (await _present(db))["messages"] == {INVESTIGATED}
-    last_id = await db.fetchval("SELECT max(id) FROM dlr.messages")
-    assert await db.fetchval("SELECT after_id FROM dlr.forgetting_position") >= last_id
+    investigated_id = await db.fetchval("SELECT id FROM dlr.messages")
+    assert await db.fetchval("SELECT after_id FROM dlr.forgetting_position") == investigated_id - 1
+
+    # Resolved, its investigation goes with it at the next run.
+    await db.execute(
+        "UPDATE dlr.exceptions SET resolved_at = now(), resolution = 'checked'"
+        " WHERE message_id = $1",
+        INVESTIGATED,
+    )
+    last = await forget(db, today() + 7 * DAY)
+    assert last == Forgotten(messages=1, statuses=1, events=1, closed_exceptions=1)
+    assert (await _present(db))["messages"] == set()
 
 
 async def test_a_receipt_for_a_forgotten_message_is_kept_as_uncorrelated(

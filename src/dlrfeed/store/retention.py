@@ -259,12 +259,12 @@ async def forget(
     Kept: a message being written right now (its row is locked), one with something at or
     after `cutoff`, and one an open exception refers to (the operator's). The resolved
     exceptions that point at a forgotten message's events go with it. The pass saves its
-    position before the first message it kept as busy or recent, so that the next run looks at
-    those again; one kept for an open exception does not hold it back, and is not read again.
+    position just before the first message it kept, so the next run looks at every kept one
+    again (and forgets it once it may), without reading past the forgotten ones, which are gone.
     """
     forgotten = Forgotten()
     after_id = int(await _FORGETTING_POSITION.fetchval(conn))
-    resume_after: int | None = None  # just before the first message kept as busy or recent
+    resume_after: int | None = None  # just before the first message kept
     while True:
         async with conn.transaction():
             await _START_FORGETTING.fetchval(conn)
@@ -295,9 +295,9 @@ async def forget(
                 forgotten.messages += int(counts["messages"])
                 forgotten.statuses += int(counts["statuses"])
                 forgotten.events += int(counts["events"])
-            held = set(ids) - set(locked) | {int(v["id"]) for v in verdicts if v["recent"]}
-            if held and resume_after is None:
-                resume_after = min(held) - 1
+            kept = set(ids) - {int(v["id"]) for v in gone}
+            if kept and resume_after is None:
+                resume_after = min(kept) - 1
             after_id = ids[-1]
         if len(old) < len(rows) or len(rows) < batch:
             break

@@ -11,8 +11,8 @@
 --    that says it forgets (dlr.forgetting()); only the schema owner's can say so, and `dlrfeed
 --    recompute`'s deletes are still withdrawals.
 -- 2. Where the pass got to. It reads messages in the order they were recorded (dlr.messages.id)
---    and keeps its position here, so the messages it keeps for an operator (an exception refers
---    to them) are not read again on every run.
+--    and keeps its position here, just before the first message it kept, so that a run does not
+--    read again through the index entries of the messages forgotten before it.
 
 CREATE FUNCTION dlr.forgetting() RETURNS boolean
 LANGUAGE sql STABLE AS $$
