@@ -236,6 +236,25 @@ async def test_p13_writer_cannot_rewrite_evidence_or_change_the_schema(
     assert "permission denied" in message or "must be owner" in message
 
 
+async def test_only_the_owner_can_say_it_forgets(roles_db: RoleDatabase) -> None:
+    """Migration 0014: a transaction that says it forgets deletes statuses without a withdrawn
+    change; only the schema owner's login may say so (the others' setting is ignored)."""
+    for dsn, forgets in (
+        (roles_db.owner, True),
+        (roles_db.writer, False),
+        (roles_db.reader, False),
+        (roles_db.operator, False),
+    ):
+        conn = await asyncpg.connect(dsn)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT set_config('dlrfeed.forgetting', 'on', true)")
+                assert await conn.fetchval("SELECT dlr.forgetting()") is forgets, dsn
+            assert await conn.fetchval("SELECT dlr.forgetting()") is False, dsn
+        finally:
+            await conn.close()
+
+
 async def test_ingest_as_a_role_without_the_privilege_is_one_config_line(
     roles_db: RoleDatabase,
 ) -> None:
