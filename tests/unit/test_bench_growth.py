@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -227,3 +229,14 @@ def test_the_slowest_record_submissions_is_reported_with_its_cpu_and_the_others(
     # Only the step whose slowest call was sampled has a line in the table of waits.
     assert "| 2,000,000 | 1,100.0 | CPU 50%, Lock:advisory 30%, client 20% |" in text
     assert "| 1,000,000 | 600.0 |" not in text
+
+
+def test_the_committed_growth_report_is_its_saved_json_rendered() -> None:
+    """docs/benchmarks-growth.md is generated: a hand edit (or a renderer change the report was
+    not regenerated after) would make the figures the docs quote disagree with the runs."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    saved = json.loads((docs / "benchmarks-growth.json").read_text(encoding="utf-8"))
+    assert (docs / "benchmarks-growth.md").read_text(encoding="utf-8") == markdown(saved), (
+        "docs/benchmarks-growth.md is stale: run `python scripts/bench_growth.py --render "
+        "docs/benchmarks-growth.json --out docs/benchmarks-growth.md` and commit it"
+    )
