@@ -312,14 +312,14 @@ async def row_profile(conn: asyncpg.Connection, stored: int) -> dict[str, dict[s
     stored, the mean bytes of a row (PostgreSQL's tuple header and the 4-byte line pointer
     included) and of each of its columns, from a sample of its pages. Names the floor under
     the disk per reception: what a row holds, not only how big each table is."""
+    if not stored:
+        return {}
     live: dict[str, int] = {}
     for r in await conn.fetch(LIVE_ROWS):
         table = _PARTITION_DAY.sub("", str(r["relname"]))
         live[table] = live.get(table, 0) + int(r["n_live_tup"])
     profile: dict[str, dict[str, float]] = {}
     for table in GROWING_TABLES:
-        if not stored:
-            break
         columns = [
             str(r["attname"])
             for r in await conn.fetch(
