@@ -86,6 +86,8 @@ def events(draw: st.DrawFn) -> LogicalEvent:
         raw=draw(st.binary(max_size=64)),
         fingerprint="",
         flags=tuple(draw(st.lists(_TEXT, max_size=3))),
+        channel=draw(st.sampled_from(["feed", "webhook"])),
+        peer=draw(st.none() | _TEXT),
     )
 
 
@@ -139,6 +141,8 @@ async def copy_both(
         "flags": [list(e.flags) for e in batch],
         "parser_version": [PARSER_VERSION] * len(batch),
         "fingerprint": [e.fingerprint for e in batch],
+        "channel": [e.channel for e in batch],
+        "peer": [e.peer for e in batch],
         "id": ids,
         "outcome": [o.value for o in outcomes],
         "event_id": event_ids,

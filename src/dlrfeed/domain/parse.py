@@ -14,7 +14,7 @@ from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.receipt import Channel, Receipt
 from dlrfeed.domain.rules import level_stat_mismatch
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
 
@@ -65,6 +65,8 @@ class LogicalEvent(NamedTuple):
     raw: bytes
     fingerprint: str
     flags: tuple[str, ...]
+    channel: Channel = "feed"
+    peer: str | None = None
 
 
 @lru_cache(maxsize=8192)  # a batch's receipts mostly share stat, err and done date
@@ -263,6 +265,8 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
         receipt.raw,
         fingerprint(receipt.stat, receipt.err, receipt.done_date),
         tuple(flags),
+        receipt.channel,
+        receipt.peer,
     )
 
 

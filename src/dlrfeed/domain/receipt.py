@@ -1,14 +1,18 @@
-"""A receipt as dlrfeed receives it from the feed: the domain form of the proto `Receipt` (F4)."""
+"""A receipt as dlrfeed receives it, from the feed or by an HTTP callback: the domain form of
+the proto `Receipt` (F4), whose fields are the gateway's webhook body."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, NewType
+from typing import Literal, NamedTuple, NewType
 
 MessageId = NewType("MessageId", str)
 """The gateway's message id, exactly as returned at submit and as carried by receipts (P10)."""
 
 AckToken = NewType("AckToken", str)
 """Opaque token naming one receipt of one login at the gateway (F9)."""
+
+Channel = Literal["feed", "webhook"]
+"""How a receipt reached dlrfeed: the gateway's feed, or an HTTP callback to a `dlr_url`."""
 
 
 class Receipt(NamedTuple):
@@ -39,3 +43,8 @@ class Receipt(NamedTuple):
     raw: bytes
     received_at: float
     """Local receive time, seconds since the epoch (P19: kept apart from the reported times)."""
+    channel: Channel = "feed"
+    """The path it came by; a webhook receipt's `raw` is the callback as posted, its
+    `ack_token` empty and its `delivery_count` 0 (a callback does not say how often it came)."""
+    peer: str | None = None
+    """The address the callback came from (`host:port`); None for the feed."""

@@ -106,3 +106,9 @@ def evidence_key(raw: bytes) -> str:
             digest.update(raw[field.start : field.end])
     digest.update(raw[stopped:])
     return digest.hexdigest()
+
+
+def callback_evidence_key(raw: bytes) -> str:
+    """One key for every post of one HTTP callback (C8): the SHA-256 of its bytes, whole (a
+    callback carries no per-delivery field to leave out)."""
+    return hashlib.sha256(raw).hexdigest()

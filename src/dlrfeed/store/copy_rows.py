@@ -19,8 +19,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import get_args
 
 from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
+from dlrfeed.domain.receipt import Channel
 from dlrfeed.domain.status import Outcome
 
 # The COPY column order: the receipt's own fields, then the late ones (see `complete`).
@@ -40,6 +42,8 @@ COLUMNS = (
     "flags",
     "parser_version",
     "fingerprint",
+    "channel",
+    "peer",
     "id",
     "outcome",
     "event_id",
@@ -87,6 +91,8 @@ def _text_array(values: Sequence[str]) -> bytes:
 
 
 _OUTCOME_FIELDS = {outcome: _text(outcome.value) for outcome in Outcome}
+# An enum's binary form is its label: the two channels, encoded once.
+_CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_args(Channel)}
 
 
 def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[bytes]:
@@ -132,6 +138,8 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
                     _text_array(e.flags),
                     tail_constant,
                     _text(e.fingerprint),
+                    _CHANNEL_FIELDS[e.channel],
+                    _text(e.peer),
                 )
             )
         )

@@ -38,7 +38,7 @@ from dlrfeed.domain.rules import (
     Planner,
 )
 from dlrfeed.domain.status import Outcome, Status
-from dlrfeed.domain.wire_format import evidence_key
+from dlrfeed.domain.wire_format import callback_evidence_key, evidence_key
 from dlrfeed.errors import (
     BadDataError,
     ConfigError,
@@ -379,17 +379,51 @@ class Store:
     async def _store_unstorable(
         self, conn: Connection, login: str, receipt: Receipt, error: BaseException
     ) -> None:
-        details = {
+        details: dict[str, object] = {
             "error": f"{type(error).__name__}: {error}"[:2000],
             "receipt": printable(repr(receipt)[:4000]),
             "delivery_count": receipt.delivery_count,
         }
+        if receipt.channel == "feed":
+            key = evidence_key(receipt.raw)
+        else:
+            details |= {"channel": receipt.channel, "peer": receipt.peer}
+            key = callback_evidence_key(receipt.raw)
+        await self._keep_evidence(conn, login, receipt.message_id, details, receipt.raw, key)
+
+    async def keep_unreadable_callback(
+        self, login: str, raw: bytes, reason: str, *, peer: str | None
+    ) -> None:
+        """C8 for an HTTP callback that cannot be read as a receipt at all (not JSON, no `id`,
+        a wrong type, too large): its bytes kept whole as an `unstorable` exception, one open
+        exception however often the same bytes are posted. StoreUnavailableError when the store
+        cannot take it (nothing kept: the sender must post it again)."""
+        details = {"error": reason[:2000], "channel": "webhook", "peer": peer}
+        try:
+            async with self._pool.acquire() as conn, write_transaction(conn):
+                await self._keep_evidence(
+                    conn, login, "", details, raw, callback_evidence_key(raw)
+                )
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+        except _PASSING_SERVER_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL refused the callback for now: {exc}") from exc
+
+    async def _keep_evidence(
+        self,
+        conn: Connection,
+        login: str,
+        message_id: str,
+        details: Mapping[str, object],
+        raw: bytes,
+        key: str,
+    ) -> None:
         arguments = {
             "login": login,
-            "message_id": printable(receipt.message_id)[:MAX_ID_CHARS],
+            "message_id": printable(message_id)[:MAX_ID_CHARS],
             "details": json.dumps(details, ensure_ascii=True),
-            "evidence": bytes(receipt.raw),
-            "evidence_key": evidence_key(receipt.raw),
+            "evidence": bytes(raw),
+            "evidence_key": key,
         }
         # Delivered again while an earlier delivery is under investigation: one open exception
         # per receipt (never counted twice), every delivery's bytes kept. Only an operator
