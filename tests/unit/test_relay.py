@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dlrfeed.cli import main
-from dlrfeed.commands.relay import SECRET_ENV, resolve_secret
+from dlrfeed.commands.relay import RELAY_SECRET
 from dlrfeed.errors import ConfigError
 from dlrfeed.relay import encode_batch, sign
 from dlrfeed.store.changes import StatusChange
@@ -69,15 +69,15 @@ def test_a_withdrawn_status_goes_out_as_a_json_null() -> None:
 def test_secret_from_file_then_env_then_systemd_credential(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("from-file\n")
     (tmp_path / "relay-secret").write_text("from-credential")
-    assert resolve_secret(str(tmp_path / "file"), {SECRET_ENV: "x"})[0] == b"from-file"
-    assert resolve_secret(None, {SECRET_ENV: "from-env"})[0] == b"from-env"
+    assert RELAY_SECRET.resolve(str(tmp_path / "file"), {RELAY_SECRET.env: "x"})[0] == b"from-file"
+    assert RELAY_SECRET.resolve(None, {RELAY_SECRET.env: "from-env"})[0] == b"from-env"
     credentials = {"CREDENTIALS_DIRECTORY": str(tmp_path)}
-    assert resolve_secret(None, credentials)[0] == b"from-credential"
+    assert RELAY_SECRET.resolve(None, credentials)[0] == b"from-credential"
     with pytest.raises(ConfigError, match="no relay secret"):
-        resolve_secret(None, {})
+        RELAY_SECRET.resolve(None, {})
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="is empty"):
-        resolve_secret(str(tmp_path / "empty"), {})
+        RELAY_SECRET.resolve(str(tmp_path / "empty"), {})
 
 
 def test_secret_on_the_command_line_is_refused_without_echoing_it(
@@ -102,7 +102,7 @@ def test_a_bad_url_is_one_line_and_exit_78(
     url: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    monkeypatch.setenv(SECRET_ENV, "s")
+    monkeypatch.setenv(RELAY_SECRET.env, "s")
     code = main(["relay", "--url", url, "--database-url", "postgresql://127.0.0.1:1/x"])
     assert code == 78
     err = capsys.readouterr().err.strip().splitlines()

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import os
 import signal
-from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,43 +24,21 @@ from dlrfeed.daemon.sdnotify import SystemdNotifier
 from dlrfeed.daemon.settings import exposed_mode, host_port
 from dlrfeed.errors import ConfigError
 from dlrfeed.relay import Relay, RelayMetrics, RelaySettings
+from dlrfeed.secret_option import SecretOption
 
 log = structlog.get_logger("dlrfeed.relay")
 
-SECRET_ENV = "DLRFEED_RELAY_SECRET"  # noqa: S105 - the name of a variable, not a secret
-SECRET_CREDENTIAL = "relay-secret"  # noqa: S105 - the name of a credential, not a secret
-REFUSED_ON_ARGV = (
-    "refused: the relay secret is never accepted on the command line (ps, shell history); "
-    f"use --secret-file FILE, {SECRET_ENV} or the systemd credential `{SECRET_CREDENTIAL}`"
+RELAY_SECRET = SecretOption(
+    "relay secret",
+    env="DLRFEED_RELAY_SECRET",
+    credential="relay-secret",
 )
-
-
-class _RefuseSecretOnArgv(argparse.Action):
-    """`--secret` exists only to be refused without echoing the value."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        raise argparse.ArgumentError(self, REFUSED_ON_ARGV)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--url, --secret-file, --consumer, --batch-size, --timeout, --metrics, logging."""
-    parser.allow_abbrev = False  # no `--secret` → --secret-file guessing
     parser.add_argument("--url", metavar="URL", help="the endpoint to POST changes to")
-    parser.add_argument(
-        "--secret-file",
-        metavar="FILE",
-        help=f"file holding the HMAC secret (else {SECRET_ENV}, else "
-        f"$CREDENTIALS_DIRECTORY/{SECRET_CREDENTIAL}); never accepted on the command line",
-    )
-    parser.add_argument(
-        "--secret", action=_RefuseSecretOnArgv, nargs="?", metavar="-", help=REFUSED_ON_ARGV
-    )
+    RELAY_SECRET.add_to(parser, "the HMAC secret")
     add_database_url(parser)
     parser.add_argument(
         "--consumer",
@@ -86,33 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_logging_options(parser, debug_help="debug adds one event per delivered batch")
 
 
-def _read_secret(path: Path, what: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
-    secret = data.rstrip(b"\r\n")
-    if not secret:
-        raise ConfigError(f"{what} {path} is empty")
-    return secret
-
-
-def resolve_secret(secret_file: str | None, environ: Mapping[str, str]) -> tuple[bytes, str]:
-    """(secret, where it came from): --secret-file, DLRFEED_RELAY_SECRET, systemd credential."""
-    if secret_file:
-        return _read_secret(Path(secret_file), "--secret-file"), f"file {secret_file}"
-    if environ.get(SECRET_ENV):
-        return environ[SECRET_ENV].encode(), f"env {SECRET_ENV}"
-    credentials = environ.get("CREDENTIALS_DIRECTORY")
-    if credentials and (Path(credentials) / SECRET_CREDENTIAL).exists():
-        path = Path(credentials) / SECRET_CREDENTIAL
-        return _read_secret(path, "systemd credential"), f"systemd credential {SECRET_CREDENTIAL}"
-    raise ConfigError(
-        f"no relay secret: give --secret-file FILE, {SECRET_ENV}, or the systemd credential "
-        f"`{SECRET_CREDENTIAL}` (LoadCredential={SECRET_CREDENTIAL}:FILE)"
-    )
-
-
 def _endpoint(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
@@ -128,7 +78,7 @@ async def run(args: argparse.Namespace) -> int:
     if getattr(args, "_sources", {}).get("secret") == "config":
         raise ConfigError("the config file sets `secret`: keep it in a --secret-file")
     url = _endpoint(required(args, "url"))
-    secret, source = resolve_secret(args.secret_file, os.environ)
+    secret, source = RELAY_SECRET.resolve(args.secret_file, os.environ)
     try:
         metrics_address = host_port(args.metrics) if args.metrics else None
     except ValueError as exc:

@@ -401,9 +401,7 @@ class Store:
         details = {"error": reason[:2000], "channel": "webhook", "peer": peer}
         try:
             async with self._pool.acquire() as conn, write_transaction(conn):
-                await self._keep_evidence(
-                    conn, login, "", details, raw, callback_evidence_key(raw)
-                )
+                await self._keep_evidence(conn, login, "", details, raw, callback_evidence_key(raw))
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
         except _PASSING_SERVER_ERRORS as exc:
