@@ -4,6 +4,8 @@
 # - systemd-analyze, with which the tests verify and score the shipped systemd units;
 # - promtool (Debian's prometheus package), with which the tests check the alert rules.
 # - pgbouncer, the transaction pooler the integration tests run the daemon through.
+# - nginx, the TLS reverse proxy docs/webhook.md puts in front of `dlrfeed webhook`: the tests
+#   run the documented configuration for real.
 # Installs Debian's packages when they are absent and we may (root); otherwise says exactly
 # what is missing. Throwaway clusters themselves are started by scripts/pgcluster.py.
 set -euo pipefail
@@ -19,12 +21,14 @@ have_systemd_analyze() { command -v systemd-analyze >/dev/null; }
 
 have_promtool() { command -v promtool >/dev/null; }
 have_pgbouncer() { command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; }
+have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
 
 missing=()
 have_postgres || missing+=(postgresql)
 have_systemd_analyze || missing+=(systemd)
 have_promtool || missing+=(prometheus)
 have_pgbouncer || missing+=(pgbouncer)
+have_nginx || missing+=(nginx)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -44,3 +48,4 @@ have_postgres || { echo "postgresql installed but initdb still not found" >&2; e
 have_systemd_analyze || { echo "systemd installed but systemd-analyze not found" >&2; exit 1; }
 have_promtool || { echo "prometheus installed but promtool not found" >&2; exit 1; }
 have_pgbouncer || { echo "pgbouncer installed but its binary not found" >&2; exit 1; }
+have_nginx || { echo "nginx installed but its binary not found" >&2; exit 1; }

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "relay": "relay",
     "maintain": "maintain",
     "recompute": "recompute",
+    "webhook": "webhook",
 }
 
 
@@ -52,7 +53,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     """The top-level parser and each sub-command's parser, by name."""
     parser = argparse.ArgumentParser(
         prog="dlrfeed",
-        description="Drain an SMS gateway's delivery-receipt feed into PostgreSQL.",
+        description="Drain an SMS gateway's delivery receipts (its feed, or its HTTP callbacks) "
+        "into PostgreSQL.",
     )
     parser.add_argument("--version", action="version", version=f"dlrfeed {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

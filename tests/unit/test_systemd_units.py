@@ -28,6 +28,7 @@ UNITS = [
     "dlrfeed-migrate.service",
     "dlrfeed-relay.service",
     "dlrfeed-maintain.service",
+    "dlrfeed-webhook.service",
 ]
 DAEMON_UNITS = ["dlrfeed.service", "dlrfeed@.service"]
 MAX_EXPOSURE = 1.5
@@ -231,6 +232,7 @@ def _example_keys(name: str) -> set[str]:
         ("run", ["dlrfeed.env.example"]),
         ("migrate", ["migrate.env.example"]),
         ("relay", ["relay.env.example"]),
+        ("webhook", ["webhook.env.example"]),
         ("maintain", ["migrate.env.example", "maintain.env.example"]),
     ],
 )
@@ -243,8 +245,8 @@ def test_example_env_files_name_real_options(command: str, files: list[str]) -> 
         shown |= _example_keys(name)
     if command == "run":
         shown.add("DLRFEED_PASSWORD_FILE")  # set by the daemon units themselves
-    if command == "relay":
-        shown.add("DLRFEED_SECRET_FILE")  # set by the relay unit itself
+    if command in ("relay", "webhook"):
+        shown.add("DLRFEED_SECRET_FILE")  # set by the relay and webhook units themselves
     assert shown - known == set()
 
 
@@ -301,3 +303,28 @@ def test_maintain_runs_as_the_owner_daily_writing_only_its_state_directory(
     ]
     assert result.returncode == 0, result.stdout + result.stderr
     assert complaints == []
+
+
+def test_webhook_unit_takes_its_secret_as_a_credential_and_outlasts_its_clean_stop() -> None:
+    """dlrfeed-webhook.service: the callers' secret is a credential file, never environment
+    text; Type=notify with the watchdog; fatal exits are not restarted; a stop has time to
+    answer the callbacks in progress after their commit (--shutdown-timeout)."""
+    unit = _unit("dlrfeed-webhook.service")
+    assert _values(unit, "Service", "LoadCredential") == [
+        "webhook-secret:/etc/dlrfeed/webhook-secret"
+    ]
+    environment = " ".join(_values(unit, "Service", "Environment")).split()
+    assert "DLRFEED_SECRET_FILE=%d/webhook-secret" in environment
+    assert not any(item.startswith("DLRFEED_WEBHOOK_SECRET=") for item in environment)
+    assert _only(unit, "Service", "ExecStart") == f"{INSTALLED_EXECUTABLE} webhook"
+    assert _only(unit, "Service", "Type") == "notify"
+    assert _seconds(_only(unit, "Service", "WatchdogSec")) == 30
+    assert {int(c) for c in _only(unit, "Service", "RestartPreventExitStatus").split()} == {
+        ConfigError.exit_code,
+        AuthenticationError.exit_code,
+    }
+    _, subparsers = build_parser()
+    (timeout,) = [a.default for a in subparsers["webhook"]._actions if a.dest == "shutdown_timeout"]
+    assert _seconds(_only(unit, "Service", "TimeoutStopSec")) > timeout
+    assert _values(unit, "Service", "EnvironmentFile") == ["/etc/dlrfeed/webhook.env"]
+    assert "DLRFEED_WEBHOOK_SECRET" not in _example_keys("webhook.env.example")

@@ -19,6 +19,7 @@ from dlrfeed.config import (
     required,
 )
 from dlrfeed.daemon.http import MetricsServer
+from dlrfeed.daemon.lifecycle import ping_watchdog
 from dlrfeed.daemon.logsetup import configure_logging
 from dlrfeed.daemon.sdnotify import SystemdNotifier
 from dlrfeed.daemon.settings import exposed_mode, host_port
@@ -114,7 +115,7 @@ async def run(args: argparse.Namespace) -> int:
         await server.start(*metrics_address)
     notifier = SystemdNotifier()
     notifier.notify(READY="1", STATUS=f"relaying to {urlsplit(url).hostname}")
-    watchdog = asyncio.create_task(_ping_watchdog(notifier, stop), name="watchdog")
+    watchdog = asyncio.create_task(ping_watchdog(notifier, stop), name="watchdog")
     try:
         await relay.run(stop)
     finally:
@@ -124,21 +125,6 @@ async def run(args: argparse.Namespace) -> int:
         if server is not None:
             await server.close()
     return 0
-
-
-async def _ping_watchdog(notifier: SystemdNotifier, stop: asyncio.Event) -> None:
-    """WATCHDOG=1 at half the unit's WatchdogSec while the event loop turns: a hung loop stops
-    the pings and systemd restarts the unit. A PostgreSQL outage does not (the relay waits it
-    out and says so in dlrfeed_relay_up): a restart would not bring the server back."""
-    if notifier.watchdog_interval is None:
-        return
-    while not stop.is_set():
-        notifier.notify(WATCHDOG="1")
-        try:
-            async with asyncio.timeout(notifier.watchdog_interval):
-                await stop.wait()
-        except TimeoutError:
-            pass
 
 
 def _is_up(metrics: RelayMetrics) -> bool:

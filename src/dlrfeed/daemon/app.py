@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from dlrfeed.backoff import Backoff
 from dlrfeed.domain.receipt import Receipt
-from dlrfeed.errors import FeedUnavailableError, StoreUnavailableError
 from dlrfeed.feed.channel import open_channel
 from dlrfeed.feed.client import FeedClient
 
 from .http import MetricsServer
+from .lifecycle import handle_stop_signals, until_stopped
 from .metrics import DaemonMetrics
 from .pipeline import Pipeline
 from .sdnotify import SystemdNotifier
@@ -39,9 +37,6 @@ if TYPE_CHECKING:
     from dlrfeed.store.store import IngestResult
 
 log = structlog.get_logger("dlrfeed.daemon")
-
-STARTUP_DELAY = Backoff(initial=0.2, maximum=10.0)
-"""Between start-up attempts while the store or the gateway cannot be reached."""
 
 
 class DaemonStore(Protocol):
@@ -107,7 +102,7 @@ class Daemon:
         self._log_start()
         async with contextlib.AsyncExitStack() as stack:  # unwound in reverse: the module doc
             stack.callback(log.info, "daemon_stopped")
-            self._handle_signals(stack)
+            handle_stop_signals(stack, self.stop)
             pipeline = await self._open(stack)
             if pipeline is None:
                 return 0  # stopped while waiting for the store or the gateway
@@ -119,14 +114,14 @@ class Daemon:
         """Store, channel, gateway login, then the pipeline, each closed on `stack`; None if
         stopped while waiting for the store or the gateway."""
         s = self.settings
-        store: DaemonStore | None = await self._until_stopped(self._open_store)
+        store: DaemonStore | None = await until_stopped(self._stop, self._open_store)
         if store is None:
             return None
         stack.push_async_callback(store.close)  # unwound last: the pool
         channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
         stack.push_async_callback(channel.close, None)  # grace=None
         client = FeedClient(channel, s.login, s.password)
-        if not await self._until_stopped(client.check_access, hint=_feed_start_hint(s)):
+        if not await until_stopped(self._stop, client.check_access, hint=_feed_start_hint(s)):
             return None
         pipeline = Pipeline(s, client, store, self._telemetry)
         self._telemetry.watch(pipeline)
@@ -199,21 +194,6 @@ class Daemon:
                 fix="chmod 600 (or 400) the --password-file; group and others can reach it",
             )
 
-    def _handle_signals(self, stack: contextlib.AsyncExitStack) -> None:
-        """SIGTERM/SIGINT ask for a clean stop until the stack unwinds."""
-        loop = asyncio.get_running_loop()
-        signals = (signal.SIGTERM, signal.SIGINT)
-
-        def remove() -> None:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                for signum in signals:
-                    loop.remove_signal_handler(signum)
-
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            for signum in signals:
-                loop.add_signal_handler(signum, self.stop)
-        stack.callback(remove)
-
     async def _open_store(self) -> DaemonStore:
         store = await self._store_opener(self.settings)
         try:
@@ -222,31 +202,6 @@ class Daemon:
             await store.close()
             raise
         return store
-
-    async def _until_stopped(
-        self, attempt: Callable[[], Awaitable[Any]], hint: str | None = None
-    ) -> Any:
-        """Retry a start-up step through transient outages (no crash loop); None if stopped.
-        `hint`, when given, is logged with each retry: what else the failure may mean."""
-        tries = 0
-        while not self._stop.is_set():
-            try:
-                result = await attempt()
-            except (StoreUnavailableError, FeedUnavailableError) as exc:
-                tries += 1
-                delay = STARTUP_DELAY.delay(tries)
-                log.warning(
-                    "startup_waiting",
-                    error=str(exc),
-                    retry_in_s=round(delay, 2),
-                    **({"hint": hint} if hint else {}),
-                )
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._stop.wait()
-                continue
-            return True if result is None else result
-        return None
 
 
 def _feed_start_hint(settings: DaemonSettings) -> str | None:

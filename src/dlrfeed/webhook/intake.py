@@ -1,0 +1,170 @@
+"""Group commit for HTTP callbacks: concurrent requests share ingest transactions.
+
+A callback may be answered 2xx only after the transaction that stored its reception commits
+(P6, processing.md "answer only after"): the answer is what tells the gateway it may forget the
+receipt. One transaction per request would cost one WAL flush per request, so requests wait
+together: each hands its receipt to `CallbackIntake.take` and sleeps on a future; up to
+`commits` committer tasks each take everything waiting (at most `batch_size`), run one
+`Store.ingest` — the same one the feed's readers use, so one planner and one evidence log serve
+both paths — and wake each request with its own receipt's outcome. Under light load a request
+commits alone and at once (no linger); under heavy load the batches grow while the previous
+commits run, as the daemon's batches do.
+
+A store that cannot commit fails every request of that batch with `StoreUnavailableError`
+(nothing was committed: the caller answers 503 and the gateway posts again). The gate then
+holds the store down until its prober's ping succeeds, and requests in the meantime fail at
+once instead of each waiting for a connect timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.status import Outcome
+from dlrfeed.errors import StoreUnavailableError
+
+if TYPE_CHECKING:
+    from dlrfeed.daemon.store_gate import StoreGate
+    from dlrfeed.store.store import IngestResult
+
+log = structlog.get_logger("dlrfeed.webhook")
+
+
+class IntakeStore(Protocol):
+    """What the intake needs of `dlrfeed.store.Store`."""
+
+    async def ingest(self, login: str, receipts: Sequence[Receipt]) -> IngestResult: ...
+
+
+CommitObserver = Callable[[Sequence[Receipt], "IngestResult", float], None]
+"""Called after each commit with the batch, the store's result and the commit seconds."""
+
+
+class CallbackIntake:
+    """Receipts of concurrent callbacks committed together; see the module docstring."""
+
+    def __init__(
+        self,
+        store: IntakeStore,
+        gate: StoreGate,
+        *,
+        login: str,
+        batch_size: int,
+        commits: int,
+        on_commit: CommitObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._gate = gate
+        self._login = login
+        self._batch_size = batch_size
+        self._commits = commits
+        self._on_commit = on_commit
+        self._clock = clock
+        self._waiting: list[tuple[Receipt, asyncio.Future[Outcome]]] = []
+        self._arrived = asyncio.Condition()
+        self._committing = 0
+        self._idle = asyncio.Event()  # nothing waiting and nothing committing
+        self._idle.set()
+
+    @property
+    def in_hand(self) -> int:
+        """Receipts taken and not yet answered (waiting or committing)."""
+        return len(self._waiting) + self._committing
+
+    async def take(self, receipt: Receipt) -> Outcome:
+        """Store `receipt` with whatever else is waiting; its outcome once committed.
+
+        StoreUnavailableError when the store is down (at once) or the commit failed (nothing of
+        it committed). A request cancelled while it waits leaves its receipt in the batch: the
+        commit goes ahead, and the gateway's next post of it is a repeat.
+        """
+        if not self._gate.is_up:
+            raise StoreUnavailableError("the store is down (waiting for PostgreSQL to answer)")
+        outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        # Read the outcome even when the request has gone, so no error is left unretrieved.
+        outcome.add_done_callback(_retrieve)
+        self._waiting.append((receipt, outcome))
+        self._idle.clear()
+        async with self._arrived:
+            self._arrived.notify()
+        return await asyncio.shield(outcome)
+
+    async def run(self) -> None:
+        """The committers, until cancelled; a fatal store error (not an outage) ends them."""
+        async with asyncio.TaskGroup() as group:
+            for number in range(self._commits):
+                group.create_task(self._committer(), name=f"webhook-commit-{number}")
+
+    async def drain(self) -> None:
+        """Wait until every receipt taken so far is committed (or failed) and answered."""
+        await self._idle.wait()
+
+    async def _committer(self) -> None:
+        while True:
+            async with self._arrived:
+                await self._arrived.wait_for(lambda: bool(self._waiting))
+            batch = self._waiting[: self._batch_size]
+            del self._waiting[: len(batch)]
+            self._committing += len(batch)
+            commit = asyncio.ensure_future(self._commit(batch))
+            try:
+                await asyncio.shield(commit)
+            except asyncio.CancelledError:
+                # Stopped mid-commit: finish it, so every waiting request gets its answer.
+                while not commit.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(commit)
+                raise
+            finally:
+                self._committing -= len(batch)
+                if not self._waiting and not self._committing:
+                    self._idle.set()
+
+    async def _commit(self, batch: list[tuple[Receipt, asyncio.Future[Outcome]]]) -> None:
+        """One ingest for `batch`; every waiting request learns its outcome or the failure."""
+        receipts = [receipt for receipt, _ in batch]
+        started = self._clock()
+        try:
+            result = await self._store.ingest(self._login, receipts)
+        except StoreUnavailableError as exc:
+            self._gate.mark_down(exc)
+            _fail(batch, exc)
+            log.warning("callbacks_not_stored", receipts=len(batch), error=str(exc))
+            return
+        except BaseException as exc:
+            # A fatal error (the schema changed under us, the role may not write): every
+            # waiting request is answered 503, and the error ends the service.
+            failed = StoreUnavailableError(f"the store failed: {exc}")
+            _fail(batch, failed)
+            _fail(self._waiting, failed)  # nobody will commit them now
+            self._waiting.clear()
+            raise
+        self._gate.mark_up()
+        seconds = self._clock() - started
+        if self._on_commit is not None:
+            self._on_commit(receipts, result, seconds)
+        for (_, waiter), outcome in zip(batch, result.outcomes, strict=True):
+            if not waiter.done():
+                waiter.set_result(outcome)
+        log.debug("callbacks_committed", receipts=len(batch), ms=round(seconds * 1000, 2))
+
+
+def _retrieve(outcome: asyncio.Future[Outcome]) -> None:
+    if not outcome.cancelled():
+        outcome.exception()
+
+
+def _fail(
+    batch: list[tuple[Receipt, asyncio.Future[Outcome]]], error: StoreUnavailableError
+) -> None:
+    for _, waiter in batch:
+        if not waiter.done():
+            waiter.set_exception(error)
