@@ -1,0 +1,398 @@
+"""The callback formats `dlrfeed webhook` reads: one HTTP callback in, the Receipt's fields out.
+
+Pure (no I/O): the server hands over a `Callback` as received; `evidence` names the bytes kept
+as the reception's raw payload (P6, P9) and `read_callback` maps them onto the Receipt fields
+1-13 (docs/spec/interfaces.md §1, F4). Nothing here parses a date or normalises a status: the
+fields go to the same parse as the feed's, which keeps and flags what is odd (C4). A callback
+that cannot be read as a receipt at all raises `MalformedCallback`, whose text is the reason
+kept beside the evidence. The mapping of each format, with its sources, is
+docs/webhook-formats.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypedDict, assert_never, cast
+from urllib.parse import unquote_to_bytes
+
+
+class CallbackFormat(StrEnum):
+    """Whose callback a `dlrfeed webhook` endpoint takes (`--format`)."""
+
+    GATEWAY = "gateway"
+    JASMIN = "jasmin"
+    KANNEL = "kannel"
+
+
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """One HTTP callback as received: what the adapters read."""
+
+    method: str
+    """"GET" or "POST"."""
+    query: str
+    """The raw query string (after '?'), percent-encoded as received, "" if none: one character
+    per byte of the request line (decoded as latin-1, as ASGI servers hand it over)."""
+    content_type: str | None
+    """The Content-Type header as sent (may carry "; charset=..."). No adapter needs it: the
+    gateway's body is read as JSON whatever it says (gateways are sloppy, and JSON is UTF-8 by
+    RFC 8259), and form encodings are ASCII on the wire, their bytes UTF-8."""
+    body: bytes
+    """The request body, b"" for a GET."""
+
+
+class MalformedCallback(ValueError):  # noqa: N818  # the API the webhook server is built on
+    """The callback cannot be read as a receipt; str(exc) is a one-line reason for the evidence."""
+
+
+class ReceiptFields(TypedDict, total=False):
+    """The Receipt fields 1-13 a callback carries (docs/spec/interfaces.md §1). `read_callback`
+    always sets `id`, `level` and `stat`; an optional field is left out when the callback has
+    nothing to say (F4: absent, not empty)."""
+
+    id: str
+    level: int
+    stat: str
+    err: str
+    sub: str
+    dlvrd: str
+    submit_date: str
+    done_date: str
+    text: str
+    source_addr: str
+    destination_addr: str
+    smsc_message_id: str
+    connector: str
+
+
+def evidence(callback: Callback) -> bytes:
+    """The bytes kept, byte for byte, as the reception's raw payload (P6, P9).
+
+    A GET carries its receipt in the query string, so that is kept; any other method carries it
+    in the body. The method and path are how the callback reached us, not what the gateway
+    said, so they are not evidence of the receipt. `read_callback` reads these same bytes.
+    """
+    if callback.method != "GET":
+        return callback.body
+    try:
+        return callback.query.encode("latin-1")
+    except UnicodeEncodeError:
+        # A server that decoded the request line as UTF-8 hands over characters past U+00FF;
+        # encoding back to UTF-8 then restores its bytes (surrogatepass: never raise here).
+        return callback.query.encode("utf-8", "surrogatepass")
+
+
+def read_callback(fmt: CallbackFormat, callback: Callback) -> ReceiptFields:
+    """The Receipt fields of one callback in format `fmt`; MalformedCallback when it has none.
+
+    Only what cannot be a receipt is refused: no usable `id` (P10: nothing to correlate on),
+    a body or query that cannot be decoded, an ambiguous repeat of a field, a value of the
+    wrong type. Odd but readable content (a level 0, an unknown stat) is passed on, for the
+    parse to keep and flag (C4, P17).
+    """
+    match fmt:
+        case CallbackFormat.GATEWAY:
+            return _read_gateway(callback)
+        case CallbackFormat.JASMIN:
+            return _read_jasmin(callback)
+        case CallbackFormat.KANNEL:
+            return _read_kannel(callback)
+        case _:
+            assert_never(fmt)
+
+
+def _shown(value: str) -> str:
+    """A value quoted for a one-line reason: repr (newlines escaped), long ones cut."""
+    return repr(value if len(value) <= 40 else value[:40] + "...")
+
+
+def _required_id(value: str | None) -> str:
+    if value is None:
+        raise MalformedCallback("no id: nothing to correlate the receipt on (P10)")
+    if not value:
+        raise MalformedCallback("the id is empty: nothing to correlate the receipt on (P10)")
+    return value
+
+
+# --- the gateway's own webhook: a JSON object, one key per Receipt field (F4) ----------------
+
+_MAX_LEVEL = 2**32 - 1  # `level` is a uint32 in the Receipt (docs/spec/interfaces.md §1)
+_GATEWAY_STRINGS = (
+    "stat",
+    "err",
+    "sub",
+    "dlvrd",
+    "submit_date",
+    "done_date",
+    "text",
+    "source_addr",
+    "destination_addr",
+    "smsc_message_id",
+    "connector",
+)
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "a string"
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """`object_pairs_hook`: a key given twice is ambiguous evidence, never last-one-wins."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise MalformedCallback(f"the JSON key {_shown(key)} appears twice")
+            seen.add(key)
+    return found
+
+
+def _text_field(name: str, value: object) -> str:
+    if value is None:
+        raise MalformedCallback(f"{name} is null: a field with no value is left out (F4)")
+    if not isinstance(value, str):
+        raise MalformedCallback(f"{name} must be a string, got {_json_kind(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # Only a \u escape of a lone surrogate gets here (the body itself was strict UTF-8);
+        # the Receipt's strings are UTF-8, so no gateway receipt carries one.
+        raise MalformedCallback(f"{name} escapes a lone surrogate, not a character") from None
+    return value
+
+
+def _read_gateway(callback: Callback) -> ReceiptFields:
+    if callback.method != "POST":
+        raise MalformedCallback(f"the gateway posts its JSON body; got a {callback.method}")
+    try:
+        body = json.loads(callback.body.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except MalformedCallback:
+        raise
+    except UnicodeDecodeError as exc:
+        raise MalformedCallback(f"the body is not UTF-8 (byte {exc.start})") from None
+    except RecursionError:
+        raise MalformedCallback("the body is JSON nested too deeply to read") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
+        raise MalformedCallback(f"the body is not JSON: {str(exc).partition(':')[0]}") from None
+    if not isinstance(body, dict):
+        raise MalformedCallback(f"the body is {_json_kind(body)}, not a JSON object")
+    fields: dict[str, str | int] = {
+        "id": _required_id(_text_field("id", body["id"]) if "id" in body else None)
+    }
+    # F4: level and stat are plain proto3 fields, so the feed carries 0 and "" for a missing
+    # one; a callback without them reads the same, and the parse flags them (P17).
+    level = body.get("level", 0)
+    if level is None:
+        raise MalformedCallback("level is null: a field with no value is left out (F4)")
+    if type(level) is not int or not 0 <= level <= _MAX_LEVEL:
+        raise MalformedCallback(
+            f"level must be an integer in 0..{_MAX_LEVEL}, got {_json_kind(level)}"
+        )
+    fields["level"] = level
+    fields["stat"] = ""
+    for name in _GATEWAY_STRINGS:
+        if name in body:
+            fields[name] = _text_field(name, body[name])
+    # Unknown keys are not read; they stay in the evidence (P9).
+    return cast("ReceiptFields", fields)
+
+
+# --- form encodings: Jasmin's body or query, Kannel's dlr-url query -------------------------
+
+
+def _form(data: bytes, names: dict[bytes, str]) -> dict[str, str]:
+    """The parameters of a form-encoded body or query that are in `names` (wire name → name).
+
+    `+` is a space and `%XX` a byte, as urllib.parse reads a form; the bytes of a value are
+    UTF-8, strictly. A parameter given twice is ambiguous and refused; others are ignored
+    without being decoded (they stay in the evidence, P9).
+    """
+    found: dict[str, str] = {}
+    for pair in data.split(b"&"):
+        raw_name, _, raw_value = pair.partition(b"=")
+        name = names.get(unquote_to_bytes(raw_name.replace(b"+", b" ")))
+        if name is None:
+            continue
+        if name in found:
+            raise MalformedCallback(f"the parameter {name!r} is given twice")
+        try:
+            found[name] = unquote_to_bytes(raw_value.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedCallback(
+                f"the parameter {name!r} is not UTF-8 once percent-decoded"
+            ) from None
+    return found
+
+
+def _wire_names(*names: str) -> dict[bytes, str]:
+    return {name.encode("ascii"): name for name in names}
+
+
+# --- Jasmin: its DLRThrower's callback (jasmin/routing/throwers.py, docs "Receiving DLR") ----
+
+# Jasmin name → Receipt field, for the fields taken as they are. `level` and `message_status`
+# are read apart, and `connector` only at level 1 (see _read_jasmin).
+_JASMIN_RENAMED = (
+    ("id_smsc", "smsc_message_id"),
+    ("sub", "sub"),
+    ("dlvrd", "dlvrd"),
+    ("subdate", "submit_date"),
+    ("donedate", "done_date"),
+    ("err", "err"),
+    ("text", "text"),
+)
+_JASMIN_NAMES = _wire_names(
+    "id", "level", "message_status", "connector", *(name for name, _ in _JASMIN_RENAMED)
+)
+
+
+def _read_jasmin(callback: Callback) -> ReceiptFields:
+    # `dlr-method` chooses: a POST sends the parameters as a form body, a GET in the query.
+    if callback.method not in ("GET", "POST"):
+        raise MalformedCallback(f"Jasmin calls back with GET or POST; got a {callback.method}")
+    form = _form(evidence(callback), _JASMIN_NAMES)
+    fields: dict[str, str | int] = {"id": _required_id(form.get("id"))}
+    # Jasmin's level is the level of this receipt: 1 for the SMSC's answer to the submit
+    # (submit_sm_resp), 2 for the handset receipt (deliver_sm), whatever dlr-level asked for
+    # (jasmin/managers/dlr.py). That is dlrfeed's progress and result (F4).
+    raw_level = form.get("level")
+    if raw_level is None:
+        level = 0  # as for the gateway: the parse flags it (P17)
+    elif raw_level.isascii() and raw_level.isdigit() and len(raw_level) <= 10:
+        level = int(raw_level)
+        if level > _MAX_LEVEL:
+            raise MalformedCallback(f"level {_shown(raw_level)} is beyond {_MAX_LEVEL}")
+    else:
+        raise MalformedCallback(f"level {_shown(raw_level)} is not an integer")
+    fields["level"] = level
+    # At level 1 `message_status` is the SMPP command status of submit_sm_resp, not a receipt
+    # stat. ESME_ROK is the SMSC's acceptance, which Jasmin itself reports to its SMPP clients
+    # as ACCEPTD (jasmin/protocols/smpp/operations.py, getReceipt); an error status is kept as
+    # sent, so the parse raises it as an unrecognised stat instead of inventing one (P17).
+    status = form.get("message_status", "")
+    fields["stat"] = "ACCEPTD" if status == "ESME_ROK" else status
+    for name, field in _JASMIN_RENAMED:
+        if name in form:
+            fields[field] = form[name]
+    # At level 2 Jasmin fills `connector` with the receipt's own message id, not the connector
+    # (dlr.py passes dlr_connector=pdu_dlr_id): only level 1 names the connector. The level-2
+    # value stays in the evidence (P9).
+    if level == 1 and "connector" in form:
+        fields["connector"] = form["connector"]
+    return cast("ReceiptFields", fields)
+
+
+# --- Kannel: the dlr-url the sender configures, filled in by smsbox (docs/webhook-formats.md) --
+
+# The delivery report type, Kannel's `%d` (gw/dlr.h) → (level, stat when the SMSC's reply
+# carries none). The reply's own stat wins (_read_kannel).
+_KANNEL_TYPES: dict[str, tuple[int, str]] = {
+    # DLR_SUCCESS, "delivered to phone": the network's result. Kannel's SMPP driver sends it
+    # for a DELIVRD receipt (gw/smsc/smsc_smpp.c, handle_dlr).
+    "1": (2, "DELIVRD"),
+    # DLR_FAIL, "non-delivered to phone": Kannel sends it for every failed receipt (UNDELIV,
+    # REJECTD, DELETED, UNKNOWN, any unknown stat), so without the reply only the generic
+    # failure, UNDELIV, is certain.
+    "2": (2, "UNDELIV"),
+    # DLR_BUFFERED, "queued on SMSC": sent for an ACCEPTD or ENROUTE receipt (or the SMPP
+    # message states ENROUTE and ACCEPTED): the message waits in the network, progress.
+    "4": (1, "ENROUTE"),
+    # DLR_SMSC_SUCCESS, "delivered to SMSC": the SMSC accepted the submit (its reply is
+    # "ACK/..."): acceptance, not delivery (P3), progress.
+    "8": (1, "ACCEPTD"),
+    # DLR_SMSC_FAIL, "non-delivered to SMSC": the SMSC refused the submit ("NACK/..."), or
+    # Kannel gave up sending it (gw/bb_smscconn.c): no receipt can follow, so a result.
+    "16": (2, "REJECTD"),
+    # DLR_EXPIRED = 0x20|DLR_FAIL (Kannel 1.4.5 on): the SMSC's validity period ran out.
+    "34": (2, "EXPIRED"),
+    # DLR_UNKNOWN = 0x40|DLR_FAIL (Kannel 1.4.5 on, its HTTP drivers): the SMSC reported no
+    # outcome; UNKNOWN is the receipt stat that says so.
+    "66": (2, "UNKNOWN"),
+}
+# In a report %p is the message's receiver and %P its sender: dlr.c builds the report with the
+# submit's sender and receiver, and smsbox swaps them only for a mobile-originated message.
+_KANNEL_RENAMED = (("to", "destination_addr"), ("from", "source_addr"), ("smsc", "connector"))
+_KANNEL_NAMES = _wire_names("id", "type", "reply", "fid", *(name for name, _ in _KANNEL_RENAMED))
+# The SMSC's reply (%A) in SMPP v3.4 Appendix B form: label → Receipt field. "submit date" and
+# "done date" hold a space, so _appendix_b joins them first.
+_APPENDIX_B = {
+    "id": "smsc_message_id",
+    "sub": "sub",
+    "dlvrd": "dlvrd",
+    "submit_date": "submit_date",
+    "done_date": "done_date",
+    "stat": "stat",
+    "err": "err",
+}
+
+
+def _appendix_b(reply: str) -> dict[str, str]:
+    """The fields of an SMPP receipt text `id:... sub:... dlvrd:... submit date:... done
+    date:... stat:... err:... text:...`; none for another reply (Kannel's "ACK/", "NACK/...").
+
+    `text:` runs to the end (it may hold spaces and colons); the labels before it are
+    space-separated `label:value` tokens, in any order, unknown ones skipped. A label given
+    twice is ambiguous and refused.
+    """
+    cut = reply.find("text:")
+    if cut < 0:
+        cut = reply.find("Text:")  # some SMSCs capitalise it; Jasmin's parser allows both
+    head = reply if cut < 0 else reply[:cut]
+    head = head.replace("submit date:", "submit_date:").replace("done date:", "done_date:")
+    found: dict[str, str] = {}
+    for token in head.split():
+        label, colon, value = token.partition(":")
+        field = _APPENDIX_B.get(label) if colon else None
+        if field is None:
+            continue
+        if field in found:
+            raise MalformedCallback(f"the SMSC's reply gives {label!r} twice")
+        found[field] = value
+    if cut >= 0:
+        found["text"] = reply[cut + 5 :]
+    return found
+
+
+def _read_kannel(callback: Callback) -> ReceiptFields:
+    # smsbox fetches every dlr-url with GET (gw/smsbox.c: a report is TRANSTYPE_GET_URL).
+    if callback.method != "GET":
+        raise MalformedCallback(f"Kannel fetches its dlr-url with GET; got a {callback.method}")
+    # An escape with nothing to substitute expands to nothing (gw/urltrans.c), so an empty
+    # parameter is an absent field (F4).
+    form = {k: v for k, v in _form(evidence(callback), _KANNEL_NAMES).items() if v}
+    message_id = _required_id(form.get("id"))
+    kind = form.get("type")
+    if kind is None:
+        raise MalformedCallback("no type: the dlr-url lacks type=%d, the report's type")
+    known = _KANNEL_TYPES.get(kind)
+    if known is None:
+        raise MalformedCallback(
+            f"type {_shown(kind)} is none of Kannel's report types 1, 2, 4, 8, 16, 34, 66"
+        )
+    level, stat = known
+    fields: dict[str, str | int] = {"id": message_id, "level": level, "stat": stat}
+    reply = form.get("reply")
+    if reply is not None:
+        receipt = _appendix_b(reply)
+        if not receipt.get("stat"):
+            receipt.pop("stat", None)  # an empty stat says nothing: the type's stands
+        fields.update(receipt)
+    if not fields.get("smsc_message_id") and "fid" in form:
+        fields["smsc_message_id"] = form["fid"]  # %F: the id Kannel matched the receipt by
+    for name, field in _KANNEL_RENAMED:
+        if name in form:
+            fields[field] = form[name]
+    return cast("ReceiptFields", fields)
