@@ -104,8 +104,9 @@ async def test_callbacks_through_the_documented_nginx_are_stored_with_both_addre
         too_big = await client.post("/", content=oversized)
         assert too_big.status_code == 413
         assert (await client.post("/elsewhere", content=callback)).status_code == 404
-    payload, peer = await db.fetchrow("SELECT payload, peer FROM dlr.receptions")
+    (payload, peer), *_ = await db.fetch("SELECT payload, peer FROM dlr.receptions")
     assert bytes(payload) == callback
-    assert peer.startswith("127.0.0.1:") and peer.endswith(" for 127.0.0.1")
+    assert peer.startswith("127.0.0.1:")
+    assert peer.endswith(" for 127.0.0.1")  # the caller's address, as nginx forwarded it
     evidence = await db.fetchval("SELECT evidence FROM dlr.exceptions WHERE kind = 'unstorable'")
     assert bytes(evidence) == oversized[: 64 * 1024]

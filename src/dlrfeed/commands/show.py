@@ -150,6 +150,7 @@ _RECEPTION_HEADERS = [
     "done (raw)",
     "done (parsed)",
     "delivery",
+    "channel",
     "outcome",
 ]
 
@@ -164,5 +165,6 @@ def _reception_row(r: JsonDict) -> list[Any]:
         r["done_date_raw"],
         r["done_at"],
         r["delivery_count"],
+        r["channel"],
         r["outcome"],
     ]

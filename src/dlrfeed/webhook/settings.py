@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlrfeed.webhook.formats import CallbackFormat
-
 from dlrfeed.config import (
     Pooler,
     add_database_url,
@@ -31,6 +29,7 @@ from dlrfeed.daemon.settings import exposed_mode, host_port
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
 from dlrfeed.secret_option import SecretOption
+from dlrfeed.webhook.formats import CallbackFormat
 
 WEBHOOK_SECRET = SecretOption(
     "webhook secret",

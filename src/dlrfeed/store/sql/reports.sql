@@ -63,7 +63,7 @@ ORDER BY login, level, id
 -- on the days stored before it.
 SELECT r.id, r.login, r.level, r.stat, r.err, r.submit_date_raw, r.submit_at, r.done_date_raw,
        r.done_at, r.delivery_count, r.received_at, r.outcome, r.flags, r.event_id,
-       r.payload_json::text AS payload_json
+       r.channel::text AS channel, r.peer, r.payload_json::text AS payload_json
 FROM dlr.receptions_readable AS r
 WHERE r.login = ANY(:logins::text[]) AND r.message_id = ANY(:receipt_ids::text[])
   AND r.event_id = ANY(:event_ids::bigint[])
