@@ -2,6 +2,7 @@
 
 - `dlrfeed.domain` is pure: it imports neither grpc nor asyncpg nor any adapter;
 - `dlrfeed.store` knows nothing of gRPC, `dlrfeed.feed` nothing of PostgreSQL;
+- `dlrfeed.webhook` (the HTTP callbacks) knows nothing of gRPC or of the feed, its peer;
 - dlrfeed and fakegw share nothing but the generated proto;
 - neither runtime package imports the test support (`dlrfeed_testing`).
 """
@@ -42,12 +43,22 @@ def imported_modules(package: str) -> dict[str, set[str]]:
                 "dlrfeed.store",
                 "dlrfeed.feed",
                 "dlrfeed.daemon",
+                "dlrfeed.webhook",
                 "structlog",
                 "fakegw",
             ),
         ),
-        ("dlrfeed/store", ("grpc", "gateway", "dlrfeed.feed", "dlrfeed.daemon", "fakegw")),
-        ("dlrfeed/feed", ("asyncpg", "dlrfeed.store", "dlrfeed.daemon", "fakegw")),
+        (
+            "dlrfeed/store",
+            ("grpc", "gateway", "dlrfeed.feed", "dlrfeed.daemon", "dlrfeed.webhook", "fakegw"),
+        ),
+        (
+            "dlrfeed/feed",
+            ("asyncpg", "dlrfeed.store", "dlrfeed.daemon", "dlrfeed.webhook", "fakegw"),
+        ),
+        # The callback receiver is a peer of the feed over the same Store.ingest: no gRPC, and
+        # no driver of its own (the store adapter is opened by its composition root).
+        ("dlrfeed/webhook", ("grpc", "gateway", "asyncpg", "dlrfeed.feed", "fakegw")),
         ("dlrfeed", ("fakegw", "dlrfeed_testing")),
         ("fakegw", ("dlrfeed", "dlrfeed_testing")),
     ],
