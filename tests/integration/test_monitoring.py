@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,6 +56,17 @@ RELAY_METRICS = frozenset(
         "dlrfeed_relay_delivered_total",
         "dlrfeed_relay_attempt_failures_total",
         "dlrfeed_relay_up",
+    }
+)
+
+WEBHOOK_PREFIX = "dlrfeed_webhook_"
+"""Metrics of the callback receiver, a process of its own: checked against its scrape."""
+
+WEBHOOK_METRICS = frozenset(
+    {
+        "dlrfeed_webhook_store_up",
+        "dlrfeed_webhook_requests_total",
+        "dlrfeed_webhook_unreadable_total",
     }
 )
 
@@ -318,6 +330,45 @@ async def _relay_scrape(database_url: str, tmp_path: Path) -> Scrape:
     return scrape
 
 
+async def _webhook_scrape(database_url: str, tmp_path: Path) -> Scrape:
+    """A real `dlrfeed webhook --metrics` taken one good callback, one it cannot read and one
+    without the secret: scraped once it has answered all three."""
+    secret = tmp_path / "webhook-secret"
+    secret.write_bytes(b"monitoring-webhook-secret")
+    secret.chmod(0o600)
+    port, metrics_port = free_port(), free_port()
+    receiver = await _spawn(
+        tmp_path / "webhook.log", "-m", "dlrfeed.cli", "webhook",
+        "--listen", f"127.0.0.1:{port}", "--login", "acme", "--database-url", database_url,
+        "--secret-file", str(secret), "--metrics", f"127.0.0.1:{metrics_port}",
+        "--log-format", "json",
+    )  # fmt: skip
+    authorized = {"Authorization": "Bearer monitoring-webhook-secret"}
+    try:
+        await wait_until(
+            lambda: _answers(f"http://127.0.0.1:{port}/dlr"), 30, "the receiver to listen"
+        )
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            good = await client.post("/dlr", json={"id": "w1", "level": 2}, headers=authorized)
+            bad = await client.post("/dlr", content=b"not json", headers=authorized)
+            refused = await client.post("/dlr", json={"id": "w1", "level": 2})
+        assert (good.status_code, bad.status_code, refused.status_code) == (200, 400, 401)
+        scrape = await _scrape(metrics_port)
+    finally:
+        code = await _finish(receiver)
+    assert code == 0, (tmp_path / "webhook.log").read_text()[-2000:]
+    return scrape
+
+
+async def _answers(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient() as client:
+            await client.get(url)
+    except httpx.TransportError:
+        return False
+    return True
+
+
 async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promtool_clean(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -377,7 +428,11 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
     assert relay.value("dlrfeed_relay_lag_seconds") == 0
     assert relay.value("dlrfeed_relay_attempt_failures_total") >= 2  # the two 503s
 
-    for scrape in (idle, relay):
+    webhook = await _webhook_scrape(database_url, tmp_path)
+    assert webhook.value("dlrfeed_webhook_store_up") == 1
+    assert webhook.value("dlrfeed_webhook_unreadable_total") == 1
+
+    for scrape in (idle, relay, webhook):
         linted = _promtool("check", "metrics", stdin=scrape.text)
         assert linted.returncode == 0, linted.stdout + linted.stderr
         assert linted.stdout + linted.stderr == ""
@@ -391,9 +446,12 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
             name = selector.metric
             if name in PROMETHEUS_SERIES or name in recorded:
                 continue
-            process, scrape = (
-                ("relay", relay) if name.startswith(RELAY_PREFIX) else ("daemon", idle)
-            )
+            if name.startswith(RELAY_PREFIX):
+                process, scrape = "relay", relay
+            elif name.startswith(WEBHOOK_PREFIX):
+                process, scrape = "webhook receiver", webhook
+            else:
+                process, scrape = "daemon", idle
             assert name in scrape.labels, f"{where}: the {process} exports no {name}"
             exported = scrape.labels[name]
             for label, (op, value) in selector.matchers.items():
@@ -405,8 +463,9 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
             checked.add(name)
     # Far from vacuous: the rules and the dashboard cover the daemon's metrics, and every one
     # of the relay's.
-    assert len(checked - RELAY_METRICS) >= 20, sorted(checked)
+    assert len(checked - RELAY_METRICS - WEBHOOK_METRICS) >= 20, sorted(checked)
     assert {name for name in checked if name.startswith(RELAY_PREFIX)} == RELAY_METRICS
+    assert {name for name in checked if name.startswith(WEBHOOK_PREFIX)} == WEBHOOK_METRICS
 
 
 async def test_relay_up_is_zero_while_postgresql_refuses_it_and_one_again_after(

@@ -53,11 +53,12 @@ _SUCCESS_BODY = {
     CallbackFormat.JASMIN: "ACK/Jasmin",
     CallbackFormat.KANNEL: "OK",
 }
-# Peers that call back with GET (Kannel's dlr-url, Jasmin's dlr-method GET) as well as POST.
+# How each peer calls back: Jasmin by its dlr-method (GET or POST), Kannel by GET only (smsbox
+# fetches a dlr-url).
 _METHODS = {
     CallbackFormat.GATEWAY: frozenset({"POST"}),
     CallbackFormat.JASMIN: frozenset({"GET", "POST"}),
-    CallbackFormat.KANNEL: frozenset({"GET", "POST"}),
+    CallbackFormat.KANNEL: frozenset({"GET"}),
 }
 
 
