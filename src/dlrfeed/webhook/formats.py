@@ -318,8 +318,8 @@ _KANNEL_TYPES: dict[str, tuple[int, str]] = {
     "16": (2, "REJECTD"),
     # DLR_EXPIRED = 0x20|DLR_FAIL (Kannel 1.4.5 on): the SMSC's validity period ran out.
     "34": (2, "EXPIRED"),
-    # DLR_UNKNOWN = 0x40|DLR_FAIL (Kannel 1.4.5 on, its HTTP drivers): the SMSC reported no
-    # outcome; UNKNOWN is the receipt stat that says so.
+    # DLR_UNKNOWN = 0x40|DLR_FAIL (Kannel 1.4.5 on: its Clickatell driver, for a status it
+    # does not know): final by its failure bit, its outcome unknown, which UNKNOWN says.
     "66": (2, "UNKNOWN"),
 }
 # In a report %p is the message's receiver and %P its sender: dlr.c builds the report with the
