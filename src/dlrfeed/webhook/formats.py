@@ -103,9 +103,13 @@ def read_callback(fmt: CallbackFormat, callback: Callback) -> ReceiptFields:
             assert_never(fmt)
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def _shown(value: str) -> str:
     """A value quoted for a one-line reason: repr (newlines escaped), long ones cut."""
-    return repr(value if len(value) <= 40 else value[:40] + "...")
+    return repr(_cut(value))
 
 
 def _required_id(value: str | None) -> str:
@@ -140,7 +144,7 @@ def _json_kind(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
-        return f"the number {value!r}"
+        return f"the number {_cut(repr(value))}"
     if isinstance(value, list):
         return "an array"
     if isinstance(value, dict):
@@ -185,8 +189,12 @@ def _read_gateway(callback: Callback) -> ReceiptFields:
         raise MalformedCallback(f"the body is not UTF-8 (byte {exc.start})") from None
     except RecursionError:
         raise MalformedCallback("the body is JSON nested too deeply to read") from None
-    except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
-        raise MalformedCallback(f"the body is not JSON: {str(exc).partition(':')[0]}") from None
+    except json.JSONDecodeError as exc:
+        raise MalformedCallback(f"the body is not JSON: {exc.msg} (char {exc.pos})") from None
+    except ValueError:  # an integer past Python's limit on digits (sys.get_int_max_str_digits)
+        raise MalformedCallback(
+            "the body is not JSON dlrfeed can read: a number too long"
+        ) from None
     if not isinstance(body, dict):
         raise MalformedCallback(f"the body is {_json_kind(body)}, not a JSON object")
     fields: dict[str, str | int] = {
@@ -318,8 +326,8 @@ _KANNEL_TYPES: dict[str, tuple[int, str]] = {
     "16": (2, "REJECTD"),
     # DLR_EXPIRED = 0x20|DLR_FAIL (Kannel 1.4.5 on): the SMSC's validity period ran out.
     "34": (2, "EXPIRED"),
-    # DLR_UNKNOWN = 0x40|DLR_FAIL (Kannel 1.4.5 on, its HTTP drivers): the SMSC reported no
-    # outcome; UNKNOWN is the receipt stat that says so.
+    # DLR_UNKNOWN = 0x40|DLR_FAIL (Kannel 1.4.5 on: its Clickatell driver, for a status it
+    # does not know): final by its failure bit, its outcome unknown, which UNKNOWN says.
     "66": (2, "UNKNOWN"),
 }
 # In a report %p is the message's receiver and %P its sender: dlr.c builds the report with the
