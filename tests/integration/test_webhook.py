@@ -19,8 +19,10 @@ from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.store import IngestResult
 from dlrfeed.webhook.app import WebhookStore
+from dlrfeed.webhook.formats import CallbackFormat, evidence
 from dlrfeed.webhook.settings import WebhookSettings
 from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.webhook_fixtures import FIXTURE_NAMES, expected, load_fixture
 from dlrfeed_testing.webhook_harness import (
     LOGIN,
     SECRET,
@@ -306,3 +308,44 @@ async def test_an_outage_is_answered_503_with_retry_after_until_it_ends(
     finally:
         await db.close()
     assert [r["message_id"] for r in ids] == [DELIVERED["id"], "o0"]
+
+
+@pytest.mark.parametrize("callback_format", list(CallbackFormat))
+async def test_each_peers_fixtures_through_the_receiver(
+    database_url: str, db: asyncpg.Connection, callback_format: CallbackFormat
+) -> None:
+    """Every fixture of a format, sent as its peer sends it: a readable one is stored with its
+    evidence and answered as that peer expects (Jasmin retries without `ACK/Jasmin`); a
+    malformed one is kept raw and answered 400."""
+    names = [n for n in FIXTURE_NAMES if n.startswith(f"{callback_format.value}-")]
+    settings = webhook_settings(database_url, "--format", callback_format.value)
+    async with running_webhook(settings) as service, httpx.AsyncClient() as client:
+        for name in names:
+            _, callback = load_fixture(name)
+            headers = {"Content-Type": callback.content_type} if callback.content_type else {}
+            target = url(service) + (f"?{callback.query}" if callback.query else "")
+            answer = await client.request(
+                callback.method, target, content=callback.body or None, headers=headers
+            )
+            wanted = expected(name)
+            if "malformed" in wanted:
+                assert answer.status_code == 400, name
+                kept = await db.fetchval(
+                    "SELECT evidence FROM dlr.exceptions ORDER BY id DESC LIMIT 1"
+                )
+                assert bytes(kept) == evidence(callback), name
+                continue
+            assert answer.status_code == 200, (name, answer.text)
+            if callback_format is CallbackFormat.JASMIN:
+                assert answer.text == "ACK/Jasmin"
+            stored = await db.fetchrow(
+                "SELECT message_id, level, stat, payload FROM dlr.receptions"
+                " ORDER BY id DESC LIMIT 1"
+            )
+            assert stored is not None
+            assert bytes(stored["payload"]) == evidence(callback), name
+            assert (stored["message_id"], stored["level"], stored["stat"]) == (
+                wanted["id"],
+                wanted["level"],
+                wanted["stat"],
+            ), name

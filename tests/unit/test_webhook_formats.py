@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import example, given
@@ -26,9 +25,8 @@ from dlrfeed.webhook.formats import (
     read_callback,
 )
 from dlrfeed_testing.receipt_strategies import examples
+from dlrfeed_testing.webhook_fixtures import FIXTURE_NAMES, FIXTURES, expected, load_fixture
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "webhook"
-FIXTURE_NAMES = sorted(path.stem for path in FIXTURES.glob("*.txt"))
 STRING_FIELDS = (
     "stat",
     "err",
@@ -45,29 +43,6 @@ STRING_FIELDS = (
 RECEIPT_NAMES = frozenset(ReceiptFields.__annotations__)
 GATEWAY, JASMIN, KANNEL = CallbackFormat.GATEWAY, CallbackFormat.JASMIN, CallbackFormat.KANNEL
 JSON = "application/json"
-
-
-def load_fixture(name: str) -> tuple[CallbackFormat, Callback]:
-    """A fixture's format (from its name) and callback (layout: tests/fixtures/webhook/README)."""
-    head, _, body = (FIXTURES / f"{name}.txt").read_bytes().partition(b"\n\n")
-    headers = dict(
-        line.partition(": ")[::2]
-        for line in head.decode("utf-8").splitlines()
-        if not line.startswith("#")
-    )
-    callback = Callback(
-        method=headers.pop("method"),
-        query=headers.pop("query", ""),
-        content_type=headers.pop("content-type", None),
-        body=body.removesuffix(b"\n"),
-    )
-    assert headers == {}, f"{name}: unknown header lines {headers}"
-    return CallbackFormat(name.partition("-")[0]), callback
-
-
-def expected(name: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text("utf-8"))
-    return loaded
 
 
 def post(body: bytes, content_type: str | None = JSON) -> Callback:
