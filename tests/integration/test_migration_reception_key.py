@@ -26,6 +26,11 @@ from dlrfeed_testing.retention_support import DAY, install_schema_before, plan_o
 from dlrfeed_testing.rule_receipts import feed_receipt
 
 REKEYING = 13  # the migration under test
+LATER_COLUMNS_ADDED = (
+    "ALTER TABLE dlr.receptions ADD COLUMN channel text NOT NULL DEFAULT 'feed',"
+    " ADD COLUMN peer text"
+)
+LATER_COLUMNS_DROPPED = "ALTER TABLE dlr.receptions DROP COLUMN channel, DROP COLUMN peer"
 OLD_KEY = ["login", "message_id", "id"]
 NEW_KEY = ["login", "event_id", "id"]
 PARTITION_KEYS = """
@@ -78,11 +83,20 @@ async def test_days_holding_rows_keep_their_key_and_the_readers_use_both(
         hour=0, minute=0, second=0, microsecond=0
     )
     tomorrow_noon = (start_of_day + DAY).timestamp() + 12 * 3600
-    store = await Store.open(dsn, pool_size=1)
-    try:  # before the migration: progress that arrives before its message is recorded
-        await store.ingest("acme", [_receipt("early-1", 1, now), _receipt("early-2", 1, now)])
+    # Before the migration: progress that arrives before its message is recorded. Today's
+    # ingest also writes the two columns of 0015 (channel, peer), so the old table has them
+    # for its length, and drops them again: what is left is the table as released before 0013.
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(LATER_COLUMNS_ADDED)
+        store = await Store.open(dsn, pool_size=1)
+        try:
+            await store.ingest("acme", [_receipt("early-1", 1, now), _receipt("early-2", 1, now)])
+        finally:
+            await store.close()
+        await conn.execute(LATER_COLUMNS_DROPPED)
     finally:
-        await store.close()
+        await conn.close()
 
     assert await migrate(dsn) == [m.name for m in available_migrations() if m.version >= REKEYING]
     keys = await _keys(dsn)
