@@ -12,7 +12,8 @@ packages never import it (tests/unit/test_layers.py). One module per job:
 - receipts: `receipt_strategies` (hypothesis), `rule_receipts` (one receipt per rule case),
   `frozen_clock`, `retention_support`, and `oracle`, the reference rules the store is
   compared with — kept beside `invariants`, the ledger-vs-store checker that uses it;
-- tools: `traffic` (the traffic generator), `webhook_receiver`, `demo` (`make run`),
+- tools: `traffic` (the traffic generator), `webhook_receiver` (for `dlrfeed relay`),
+  `callback_receiver` (for fakegw's callbacks), `demo` (`make run`),
   `config_docs`, `local_login` (the one login of the local tools), `metrics`
   (histogram quantiles);
 - `bench`: one run module per benchmark family, `bench.run` for `make bench`, `bench.profile`

@@ -1,4 +1,5 @@
-"""Shared helpers for fakegw's tests: feed stubs with credentials, receipt bodies, a subprocess."""
+"""Shared helpers for fakegw's tests: feed stubs with credentials, receipt bodies, a subprocess,
+callback settings."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import grpc
 
 from fakegw.admin_client import basic_auth_metadata
+from fakegw.callbacks import CallbackSettings
 from gateway.receipts.v1 import feed_pb2, feed_pb2_grpc
 
 LOGIN = "acme"
@@ -68,6 +70,25 @@ def feed_client(target: str, login: str = LOGIN, password: str = PASSWORD) -> Fe
     return FeedClient(
         channel, feed_pb2_grpc.ReceiptFeedStub(channel), basic_auth_metadata(login, password)
     )
+
+
+FAST_CALLBACKS = CallbackSettings(
+    timeout_seconds=10.0, attempts=3, backoff_seconds=0.01, max_backoff_seconds=0.05
+)
+"""Callback settings for tests: retries follow each other within milliseconds, and a test that
+wants a timeout sets its own short one; the receiver's answers, not the clock, decide."""
+
+
+def callback_args(settings: CallbackSettings) -> list[str]:
+    """`fakegw serve` flags giving a process these callback settings (bearer tokens aside:
+    they come from files, `--callback-bearer-file`)."""
+    return [
+        *("--callback-timeout-seconds", str(settings.timeout_seconds)),
+        *("--callback-attempts", str(settings.attempts)),
+        *("--callback-backoff-seconds", str(settings.backoff_seconds)),
+        *("--callback-max-backoff-seconds", str(settings.max_backoff_seconds)),
+        *("--callback-concurrency", str(settings.concurrency)),
+    ]
 
 
 def start_fakegw_process(*extra_args: str) -> tuple[subprocess.Popen[str], str]:

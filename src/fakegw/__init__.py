@@ -9,8 +9,9 @@ other processes use `fakegw serve` and `fakegw.admin_client`. See docs/fakegw.md
 
 from __future__ import annotations
 
+from fakegw.callbacks import CallbackSettings
 from fakegw.faults import Faults
 from fakegw.server import FakeGateway
 from fakegw.traffic import Scenario, TrafficMix, scenario
 
-__all__ = ["FakeGateway", "Faults", "Scenario", "TrafficMix", "scenario"]
+__all__ = ["CallbackSettings", "FakeGateway", "Faults", "Scenario", "TrafficMix", "scenario"]

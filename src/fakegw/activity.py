@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass
 class QueueCounters:
-    """Monotonic counters of one login's queue since this process started."""
+    """Monotonic counters of one login's queue and callbacks since this process started."""
 
     enqueued: int = 0
     delivered: int = 0
@@ -28,6 +28,13 @@ class QueueCounters:
     released_on_stream_end: int = 0
     deadline_unknown: int = 0
     filtered_by_f2: int = 0
+    # Callbacks (F2: the webhook wins), each counted once when it is done, except `retried`
+    # (failed attempts followed by another) and `duplicated` (the duplicate-callback fault).
+    callbacks_delivered: int = 0
+    callbacks_retried: int = 0
+    callbacks_failed: int = 0  # given up after the last attempt
+    callbacks_refused: int = 0  # a 4xx other than 408/429: never retried
+    callbacks_duplicated: int = 0
 
 
 class LoginActivity:

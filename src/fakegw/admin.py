@@ -6,15 +6,17 @@ act on their own login. Methods:
 
 | method   | request                                  | response                              |
 | -------- | ---------------------------------------- | ------------------------------------- |
-| `Inject` | `{"receipts": [webhook body, ...]}`      | `{"enqueued", "dropped_at_cap"}`      |
+| `Inject` | `{"receipts": [webhook body, ...]}`      | `{"enqueued", "dropped_at_cap", ...}` |
 | `Send`   | `{"messages": [sent message, ...]}`      | `{"registered"}`                      |
-| `Report` | `{"receipts": [webhook body, ...]}`      | `{"enqueued", "filtered", ...}`       |
+| `Report` | `{"receipts": [webhook body, ...]}`      | `{"enqueued", "callbacks", ...}`      |
 | `Stats`  | `{}`                                     | counters (`queued`, `in_flight`, ...) |
 | `Ledger` | `{"after": id, "limit": n}`              | `{"records": [...], "next": id}`      |
 | `Faults` | `{"set": {knob: value, ...}}` (optional) | the current knobs                     |
 | `Sweep`  | `{}`                                     | `{}` after leases/retention/deadline  |
 
-Malformed requests answer INVALID_ARGUMENT with the reason.
+An `Inject` body that also carries `dlr_url` is POSTed to that URL instead of being queued (F2:
+the webhook wins); `callbacks` in the answer counts them. Malformed requests answer
+INVALID_ARGUMENT with the reason.
 
 Authentication: the login's Basic credentials, exactly as on the feed. For command-line
 convenience (docs/spec/interfaces.md §2: `fakegw inject --login NAME` takes no password) a
@@ -53,7 +55,7 @@ class AdminTarget(Protocol):
         ...
 
     async def inject(self, login: str, bodies: Iterable[Mapping[str, object]]) -> dict[str, int]:
-        """Enqueue receipts given as webhook bodies."""
+        """Enqueue receipts given as webhook bodies; POST those with a `dlr_url` there (F2)."""
         ...
 
     async def send(self, login: str, messages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -61,7 +63,7 @@ class AdminTarget(Protocol):
         ...
 
     async def report(self, login: str, bodies: Iterable[Mapping[str, object]]) -> dict[str, int]:
-        """Network receipts for sent messages, filtered by F2."""
+        """Network receipts for sent messages: to the feed or the `dlr_url`, as F2 says."""
         ...
 
     def stats(self, login: str) -> dict[str, int]:

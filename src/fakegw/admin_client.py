@@ -93,7 +93,8 @@ class AdminClient:
         return response
 
     async def inject(self, receipts: Iterable[Mapping[str, Any]]) -> JsonObject:
-        """Enqueue receipts (webhook bodies); `{"enqueued", "dropped_at_cap"}`."""
+        """Enqueue receipts (webhook bodies), or POST those with a `dlr_url` there (F2);
+        `{"enqueued", "dropped_at_cap", "callbacks"}`."""
         return await self.call("Inject", {"receipts": list(receipts)})
 
     async def send(self, messages: Iterable[Mapping[str, Any]]) -> JsonObject:
@@ -101,7 +102,8 @@ class AdminClient:
         return await self.call("Send", {"messages": list(messages)})
 
     async def report(self, receipts: Iterable[Mapping[str, Any]]) -> JsonObject:
-        """Network receipts for sent messages; enqueued only where F2 says so."""
+        """Network receipts for sent messages; enqueued, or POSTed to the `dlr_url`, where F2
+        says so."""
         return await self.call("Report", {"receipts": list(receipts)})
 
     async def stats(self) -> JsonObject:
@@ -170,7 +172,8 @@ class SyncAdminClient:
         return response
 
     def inject(self, receipts: Iterable[Mapping[str, Any]]) -> JsonObject:
-        """Enqueue receipts (webhook bodies); `{"enqueued", "dropped_at_cap"}`."""
+        """Enqueue receipts (webhook bodies), or POST those with a `dlr_url` there (F2);
+        `{"enqueued", "dropped_at_cap", "callbacks"}`."""
         return self.call("Inject", {"receipts": list(receipts)})
 
     def send(self, messages: Iterable[Mapping[str, Any]]) -> JsonObject:
@@ -178,7 +181,8 @@ class SyncAdminClient:
         return self.call("Send", {"messages": list(messages)})
 
     def report(self, receipts: Iterable[Mapping[str, Any]]) -> JsonObject:
-        """Network receipts for sent messages; enqueued only where F2 says so."""
+        """Network receipts for sent messages; enqueued, or POSTed to the `dlr_url`, where F2
+        says so."""
         return self.call("Report", {"receipts": list(receipts)})
 
     def stats(self) -> JsonObject:

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
+import structlog
 
 from fakegw.admin_client import SyncAdminClient
+from fakegw.callbacks import CallbackSettings
 from fakegw.faults import Faults
 from fakegw.server import FakeGateway
 from fakegw.traffic import TrafficMix, scenario
@@ -36,6 +38,13 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _login_file(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition(":")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME:FILE, got {text!r}")
+    return name, path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +76,46 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop"
     )
+    callbacks = serve.add_argument_group(
+        "callbacks (F2: receipts of a message with a dlr_url are POSTed there, never queued)"
+    )
+    callbacks.add_argument(
+        "--callback-timeout-seconds", type=float, default=10.0, help="per POST (default 10)"
+    )
+    callbacks.add_argument(
+        "--callback-attempts",
+        type=int,
+        default=10,
+        help="POSTs of one callback in all before it is given up (default 10)",
+    )
+    callbacks.add_argument(
+        "--callback-backoff-seconds",
+        type=float,
+        default=1.0,
+        help="wait after the first failed POST, doubling after each, with jitter (default 1)",
+    )
+    callbacks.add_argument(
+        "--callback-max-backoff-seconds",
+        type=float,
+        default=60.0,
+        help="cap of the backoff and of a receiver's Retry-After (default 60)",
+    )
+    callbacks.add_argument(
+        "--callback-concurrency", type=int, default=32, help="POSTs in flight at once (default 32)"
+    )
+    callbacks.add_argument(
+        "--callback-bearer-file",
+        metavar="FILE",
+        help="send 'Authorization: Bearer <the file's first line>' with every callback",
+    )
+    callbacks.add_argument(
+        "--callback-login-bearer-file",
+        type=_login_file,
+        action="append",
+        default=[],
+        metavar="NAME:FILE",
+        help="the bearer token for one login's callbacks (repeatable; wins over the above)",
+    )
     faults = serve.add_argument_group("faults (seedable: same seed + same calls = same run)")
     faults.add_argument("--seed", type=int, default=0)
     faults.add_argument("--duplicate-rate", type=float, default=0.0)
@@ -75,9 +124,19 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--ack-lost-rate", type=float, default=0.0)
     faults.add_argument("--latency-ms", type=float, default=0.0)
     faults.add_argument("--no-subscribe", action="store_true")
+    faults.add_argument(
+        "--callback-duplicate-rate",
+        type=float,
+        default=0.0,
+        help="probability that a delivered callback is POSTed once more (a lost answer)",
+    )
 
     for name, help_text in (
-        ("inject", "enqueue receipts given as JSON lines (webhook bodies)"),
+        (
+            "inject",
+            "enqueue receipts given as JSON lines (webhook bodies); "
+            "a line with a dlr_url is POSTed there instead",
+        ),
         ("send", "register sent messages given as JSON lines (F2/F3 simulation)"),
         ("report", "network receipts for sent messages, JSON lines; F2 filters them"),
         ("stats", "print one JSON object of queue counters"),
@@ -154,9 +213,50 @@ def _server_credentials(args: argparse.Namespace) -> grpc.ServerCredentials | No
     )
 
 
+def _bearer_token(path: str) -> str:
+    """The token in a file: its first line, without the line break."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    if not lines or not lines[0].strip():
+        raise SystemExit(f"no bearer token in {path}")
+    return lines[0].strip()
+
+
+def _callback_settings(args: argparse.Namespace) -> CallbackSettings:
+    try:
+        return CallbackSettings(
+            timeout_seconds=args.callback_timeout_seconds,
+            attempts=args.callback_attempts,
+            backoff_seconds=args.callback_backoff_seconds,
+            max_backoff_seconds=args.callback_max_backoff_seconds,
+            concurrency=args.callback_concurrency,
+            bearer_token=_bearer_token(args.callback_bearer_file)
+            if args.callback_bearer_file
+            else None,
+            login_bearer_tokens={
+                name: _bearer_token(path) for name, path in args.callback_login_bearer_file
+            },
+        )
+    except ValueError as exc:
+        raise SystemExit(f"fakegw serve: {exc}") from exc
+
+
+def _log_to_stderr() -> None:
+    """JSON log lines on stderr: stdout carries only the `listening` line scripts read."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+    )
+
+
 async def _serve(args: argparse.Namespace) -> int:
     host, port = args.listen
     credentials = _server_credentials(args)
+    _log_to_stderr()
     gateway = FakeGateway(
         dict(args.login),
         store=args.store,
@@ -178,7 +278,9 @@ async def _serve(args: argparse.Namespace) -> int:
             ack_lost_rate=args.ack_lost_rate,
             latency_ms=args.latency_ms,
             no_subscribe=args.no_subscribe,
+            callback_duplicate_rate=args.callback_duplicate_rate,
         ),
+        callbacks=_callback_settings(args),
     )
     bound = await gateway.start(host, port)
     stop = asyncio.Event()

@@ -28,6 +28,9 @@ class Faults:
     latency_ms: float = 0.0
     # Subscribe answers UNIMPLEMENTED (a gateway without streaming; exercises Pull fallback).
     no_subscribe: bool = False
+    # Probability that a delivered callback is POSTed once more, the same body at once: the
+    # gateway lost the receiver's answer and repeats, as real gateways do (F2 callbacks).
+    callback_duplicate_rate: float = 0.0
     rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -7,6 +7,10 @@ of N changes costs one commit. Calls that must be durable before they answer (In
 await `commit()`. With `synchronous=NORMAL` in WAL mode a committed change survives `kill -9`
 of the process (not a power cut, which a test fake does not need).
 
+Pending callbacks (fakegw.callbacks) are journaled the same way: recorded when they are made,
+their attempt count and next due time at each retry, and deleted once they are done, so a
+restarted fakegw resumes them.
+
 `:memory:` uses `NullPersistence`, the same interface doing nothing, for benchmarks: callers
 record every change unconditionally and never ask whether the store is durable.
 """
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fakegw.backend import LedgerRecord
+from fakegw.callbacks import Callback
 from fakegw.queue import Entry
 from fakegw.sending import SentMessage
 
@@ -53,6 +58,14 @@ CREATE TABLE IF NOT EXISTS sent (
     resolved INTEGER NOT NULL,
     PRIMARY KEY (login, message_id)
 );
+CREATE TABLE IF NOT EXISTS callbacks (
+    key TEXT PRIMARY KEY,
+    login TEXT NOT NULL,
+    url TEXT NOT NULL,
+    fields TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    due_at REAL NOT NULL
+);
 """
 
 
@@ -64,6 +77,7 @@ class LoadedState:
     receipts: list[tuple[int, str, str, float, int]] = field(default_factory=list)
     ledger: list[tuple[int, str, str, int, str, float, str]] = field(default_factory=list)
     sent: list[tuple[str, str, str, float, int]] = field(default_factory=list)
+    callbacks: list[tuple[str, str, str, str, int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +90,9 @@ class PendingChanges:
     ledger_insert: list[tuple[int, str, str, int, str, float, str]] = field(default_factory=list)
     sent_upsert: list[tuple[str, str, str, float, int]] = field(default_factory=list)
     sent_resolve: list[tuple[str, str]] = field(default_factory=list)
+    callbacks_insert: list[tuple[str, str, str, str, int, float]] = field(default_factory=list)
+    callbacks_update: list[tuple[int, float, str]] = field(default_factory=list)
+    callbacks_delete: list[tuple[str]] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (
@@ -85,6 +102,9 @@ class PendingChanges:
             or self.ledger_insert
             or self.sent_upsert
             or self.sent_resolve
+            or self.callbacks_insert
+            or self.callbacks_update
+            or self.callbacks_delete
         )
 
 
@@ -132,6 +152,18 @@ class Journal(Protocol):
         """A sent message that had its result, or its deadline receipt (F3)."""
         ...
 
+    def record_callbacks(self, callbacks: Iterable[Callback]) -> None:
+        """New callbacks waiting for their first POST (F2: the webhook wins)."""
+        ...
+
+    def record_callback_retry(self, callback: Callback) -> None:
+        """A callback's attempt count and next due time after a failed attempt."""
+        ...
+
+    def record_callback_done(self, key: str) -> None:
+        """A callback delivered, refused or given up: it is not resumed after a restart."""
+        ...
+
     def mark_dirty(self) -> None:
         """Write what was recorded soon, without waiting for it."""
         ...
@@ -170,6 +202,15 @@ class NullPersistence:
         return None
 
     def record_resolved(self, login: str, message_id: str) -> None:
+        return None
+
+    def record_callbacks(self, callbacks: Iterable[Callback]) -> None:
+        return None
+
+    def record_callback_retry(self, callback: Callback) -> None:
+        return None
+
+    def record_callback_done(self, key: str) -> None:
         return None
 
     def mark_dirty(self) -> None:
@@ -214,6 +255,9 @@ class SqlitePersistence:
         state.sent = conn.execute(
             "SELECT login, message_id, message, sent_at, resolved FROM sent ORDER BY sent_at"
         ).fetchall()
+        state.callbacks = conn.execute(
+            "SELECT key, login, url, fields, attempts, due_at FROM callbacks ORDER BY rowid"
+        ).fetchall()
         self._conn = conn
         return state
 
@@ -255,6 +299,20 @@ class SqlitePersistence:
     def record_resolved(self, login: str, message_id: str) -> None:
         """A sent message that had its result, or its deadline receipt (F3)."""
         self.pending.sent_resolve.append((login, message_id))
+
+    def record_callbacks(self, callbacks: Iterable[Callback]) -> None:
+        """New callbacks waiting for their first POST (F2: the webhook wins)."""
+        self.pending.callbacks_insert.extend(
+            (c.key, c.login, c.url, dumps(c.fields), c.attempts, c.due_at) for c in callbacks
+        )
+
+    def record_callback_retry(self, callback: Callback) -> None:
+        """A callback's attempt count and next due time after a failed attempt."""
+        self.pending.callbacks_update.append((callback.attempts, callback.due_at, callback.key))
+
+    def record_callback_done(self, key: str) -> None:
+        """A callback delivered, refused or given up: it is not resumed after a restart."""
+        self.pending.callbacks_delete.append((key,))
 
     def mark_dirty(self) -> None:
         """Tell the writer there are pending changes (it batches whatever piles up meanwhile)."""
@@ -316,6 +374,17 @@ class SqlitePersistence:
                 "UPDATE sent SET resolved = 1 WHERE login = ? AND message_id = ?",
                 batch.sent_resolve,
             )
+            # In this order: a callback made and done within one batch leaves no row.
+            conn.executemany(
+                "INSERT INTO callbacks (key, login, url, fields, attempts, due_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                batch.callbacks_insert,
+            )
+            conn.executemany(
+                "UPDATE callbacks SET attempts = ?, due_at = ? WHERE key = ?",
+                batch.callbacks_update,
+            )
+            conn.executemany("DELETE FROM callbacks WHERE key = ?", batch.callbacks_delete)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

@@ -1,8 +1,9 @@
 """Simulated sending for F2 and F3: which receipts of a sent message reach the feed.
 
 The admin `Send` call registers messages as the gateway would see them; `Report` hands in what
-the network reported for them. F2 decides what is enqueued; F3 adds a final `UNKNOWN` receipt
-for a message that reached the receipt deadline without a result.
+the network reported for them. F2 decides what is enqueued, and what is POSTed to the message's
+`dlr_url` instead (fakegw.callbacks); F3 adds a final `UNKNOWN` receipt for a message that
+reached the receipt deadline without a result.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fakegw.callbacks import checked_dlr_url
 from fakegw.wire import ReceiptFields
 
 Channel = Literal["grpc", "rest", "smpp"]
@@ -33,10 +35,18 @@ class SentMessage:
 
     def feed_wants(self, level: int) -> bool:
         """F2: is a receipt of `level` for this message enqueued in its login's feed?"""
+        return self._asked_for(level) and not self.dlr_url  # F2: the webhook wins.
+
+    def callback_url(self, level: int) -> str | None:
+        """F2: the URL a receipt of `level` for this message is POSTed to, if any."""
+        return self.dlr_url if self._asked_for(level) else None
+
+    def _asked_for(self, level: int) -> bool:
+        """F2: receipts were asked for, at this level, over a channel that has them here."""
         if self.channel not in ("grpc", "rest"):
-            return False  # F2: SMPP messages get receipts on the bind, never in the feed.
-        if not self.dlr or self.dlr_url:
-            return False  # F2: no receipts asked for, or the webhook wins.
+            return False  # F2: SMPP messages get receipts on the bind, never here.
+        if not self.dlr:
+            return False
         if level == 1:
             return self.dlr_level in (1, 3)
         if level == 2:
@@ -57,8 +67,8 @@ class SentMessage:
 
 def parse_sent_message(login: str, body: Mapping[str, Any], now: float) -> SentMessage:
     """Validate one `Send` item: `id`, `dlr` (bool, or REST's "yes"/"no"), `dlr_level` (1-3,
-    default 3), optional `dlr_url`, `channel` grpc|rest|smpp (default grpc), optional `sent_at`
-    (epoch seconds, default now). Raises ValueError on a malformed item."""
+    default 3), optional `dlr_url` (an http(s) URL), `channel` grpc|rest|smpp (default grpc),
+    optional `sent_at` (epoch seconds, default now). Raises ValueError on a malformed item."""
     message_id = body.get("id")
     if not isinstance(message_id, str) or not message_id:
         raise ValueError(f"sent message needs a string id: {body!r}")
@@ -67,9 +77,9 @@ def parse_sent_message(login: str, body: Mapping[str, Any], now: float) -> SentM
     dlr_level = body.get("dlr_level", 3)
     if dlr_level not in (1, 2, 3):
         raise ValueError(f"dlr_level must be 1, 2 or 3: {body!r}")
-    dlr_url = body.get("dlr_url")
-    if dlr_url is not None and not isinstance(dlr_url, str):
-        raise ValueError(f"dlr_url must be a string: {body!r}")
+    dlr_url = body.get("dlr_url") or None
+    if dlr_url is not None:
+        dlr_url = checked_dlr_url(dlr_url)
     channel = body.get("channel", "grpc")
     if channel not in _CHANNELS:
         raise ValueError(f"channel must be grpc, rest or smpp: {body!r}")
@@ -81,7 +91,7 @@ def parse_sent_message(login: str, body: Mapping[str, Any], now: float) -> SentM
         message_id=message_id,
         dlr=dlr,
         dlr_level=int(dlr_level),
-        dlr_url=dlr_url or None,
+        dlr_url=dlr_url,
         channel=str(channel),
         sent_at=float(sent_at),
     )

@@ -10,11 +10,20 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from fakegw.persistence import Journal
 from fakegw.sending import SentMessage, deadline_receipt, parse_sent_message
 from fakegw.wire import ReceiptFields
+
+
+@dataclass
+class DueReceipts:
+    """F3's deadline receipts by login: for the feed, and (F2) for a `dlr_url` instead."""
+
+    feed: dict[str, list[ReceiptFields]] = field(default_factory=dict)
+    callbacks: dict[str, list[tuple[str, ReceiptFields]]] = field(default_factory=dict)
 
 
 class SentMessages:
@@ -57,15 +66,18 @@ class SentMessages:
             message.resolved = True
             self._journal.record_resolved(message.login, message.message_id)
 
-    def due_receipts(self, now: float) -> dict[str, list[ReceiptFields]]:
+    def due_receipts(self, now: float) -> DueReceipts:
         """F3: resolve every message past its deadline; the deadline receipts F2 lets through."""
-        due: dict[str, list[ReceiptFields]] = {}
+        due = DueReceipts()
         while self._deadlines and self._deadlines[0][0] <= now:
             _, login, message_id = heapq.heappop(self._deadlines)
             message = self._messages.get((login, message_id))
             if message is None or message.resolved:
                 continue
             self.resolve(message)
-            if message.feed_wants(2):
-                due.setdefault(login, []).append(deadline_receipt(message, now))
+            url = message.callback_url(2)
+            if url is not None:
+                due.callbacks.setdefault(login, []).append((url, deadline_receipt(message, now)))
+            elif message.feed_wants(2):
+                due.feed.setdefault(login, []).append(deadline_receipt(message, now))
         return due

@@ -10,7 +10,8 @@
 Subscribe, Pull and Ack are written once, here, over a `FeedBackend` (fakegw.backend): the
 queues live in this process (fakegw.memory_backend) or, with `shared_store=True`, in a SQLite
 file several processes serve as one gateway (fakegw.shared_backend). What every backend shares
-stays here: credentials (FD1), faults, the window and Pull limits, the duplicate fault, F2/F3.
+stays here: credentials (FD1), faults, the window and Pull limits, the duplicate fault, F2/F3,
+and the callbacks a receipt with a `dlr_url` gets instead of the feed (fakegw.callback_sender).
 
 The same port also serves the admin service `fakegw.admin.v1.Admin` (JSON bodies, see
 fakegw.admin), used by `fakegw inject|send|stats` and by tests in other processes.
@@ -30,6 +31,8 @@ from fakegw.activity import LoginActivity
 from fakegw.admin import admin_handler
 from fakegw.auth import BasicCredentials
 from fakegw.backend import EnqueueResult, FeedBackend
+from fakegw.callback_sender import CallbackSender
+from fakegw.callbacks import CallbackSettings, checked_dlr_url
 from fakegw.faults import Faults
 from fakegw.memory_backend import MemoryBackend
 from fakegw.persistence import Journal, LoadedState, NullPersistence, SqlitePersistence
@@ -78,6 +81,7 @@ class FakeGateway:
         ledger_max_records: int = 0,
         server_credentials: grpc.ServerCredentials | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        callbacks: CallbackSettings | None = None,
     ) -> None:
         if not logins:
             raise ValueError("at least one login is needed")
@@ -108,6 +112,13 @@ class FakeGateway:
             NullPersistence() if store == ":memory:" else SqlitePersistence(store)
         )
         self._sent = SentMessages(self._journal, dlr_deadline_seconds)
+        # F2: receipts of a message with a `dlr_url` are POSTed there, never queued.
+        self._callbacks = CallbackSender(
+            callbacks if callbacks is not None else CallbackSettings(),
+            self._journal,
+            self._faults,
+            self._activities,
+        )
         self._backend: FeedBackend | None = None
         self._server: grpc.aio.Server | None = None
         self._housekeeper: asyncio.Task[None] | None = None
@@ -137,9 +148,11 @@ class FakeGateway:
         self._started = True
         state = self._journal.load()
         self._sent.restore(state.sent)
+        self._callbacks.restore(state.callbacks)
         backend = self._open_backend(state)
         await backend.start()
         await self._journal.start()
+        await self._callbacks.start()
         self._backend = backend
         server = grpc.aio.server(
             options=[
@@ -197,6 +210,8 @@ class FakeGateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeper
             self._housekeeper = None
+        # Callbacks in flight are abandoned; the journal keeps them pending for the next start.
+        await self._callbacks.close()
         if self._backend is not None:
             # After the streams' releases (F7), which the backend has queued or done.
             await self._backend.close()
@@ -258,12 +273,25 @@ class FakeGateway:
     async def inject(self, login: str, bodies: Iterable[Mapping[str, object]]) -> dict[str, int]:
         """Enqueue receipts (webhook-body dicts, keys = Receipt fields 1-13) for `login`.
 
-        Returns `{"enqueued": n, "dropped_at_cap": m}` once they are durable. Duplicate faults
-        apply. All bodies are validated first, so a malformed one enqueues nothing (ValueError).
+        A body that also carries `dlr_url` is not queued: it is POSTed to that URL (F2: the
+        webhook wins), without the `dlr_url` key. Returns `{"enqueued": n, "dropped_at_cap": m,
+        "callbacks": c}` once all of them are durable. Duplicate faults apply to the queue. All
+        bodies are validated first, so a malformed one enqueues nothing (ValueError).
         """
-        all_fields = [normalize_fields(body) for body in bodies]
-        enqueued, dropped = await self._enqueue(login, all_fields)
-        return {"enqueued": enqueued, "dropped_at_cap": dropped}
+        queued: list[ReceiptFields] = []
+        callbacks: list[tuple[str, ReceiptFields]] = []
+        for body in bodies:
+            url = body.get("dlr_url")
+            if url is None or url == "":
+                queued.append(normalize_fields(body))
+            else:
+                fields = normalize_fields({k: v for k, v in body.items() if k != "dlr_url"})
+                callbacks.append((checked_dlr_url(url), fields))
+        enqueued, dropped = await self._enqueue(login, queued)
+        if callbacks:
+            self._callbacks.submit(login, callbacks, time.time())
+            await self._journal.commit()
+        return {"enqueued": enqueued, "dropped_at_cap": dropped, "callbacks": len(callbacks)}
 
     async def send(self, login: str, messages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         """Register sent messages (F2 inputs; F3 deadline starts at `sent_at`)."""
@@ -272,15 +300,24 @@ class FakeGateway:
         return {"registered": registered}
 
     async def report(self, login: str, bodies: Iterable[Mapping[str, object]]) -> dict[str, int]:
-        """The network reports receipts for sent messages; F2 decides which reach the feed.
+        """The network reports receipts for sent messages; F2 decides which reach the feed,
+        and which the message's `dlr_url` instead.
 
-        Returns counts: `enqueued`, `filtered` (F2 said no), `unknown_message` (never sent by
-        this login; use `inject` to enqueue receipts for unknown ids), `dropped_at_cap`.
+        Returns counts: `enqueued`, `callbacks` (to be POSTed to the `dlr_url`), `filtered` (F2
+        said no), `unknown_message` (never sent by this login; use `inject` to enqueue receipts
+        for unknown ids), `dropped_at_cap`.
         """
         counters = self._activities[login].counters
         all_fields = [normalize_fields(body) for body in bodies]
-        result = {"enqueued": 0, "filtered": 0, "unknown_message": 0, "dropped_at_cap": 0}
+        result = {
+            "enqueued": 0,
+            "callbacks": 0,
+            "filtered": 0,
+            "unknown_message": 0,
+            "dropped_at_cap": 0,
+        }
         wanted: list[ReceiptFields] = []
+        callbacks: list[tuple[str, ReceiptFields]] = []
         for fields in all_fields:
             message = self._sent.find(login, str(fields.get("id", "")))
             if message is None:
@@ -289,13 +326,18 @@ class FakeGateway:
             level = int(fields.get("level", 0))
             if level == 2:
                 self._sent.resolve(message)
-            if message.feed_wants(level):
+            url = message.callback_url(level)
+            if url is not None:
+                callbacks.append((url, fields))  # F2: the webhook wins
+            elif message.feed_wants(level):
                 wanted.append(fields)
             else:
                 result["filtered"] += 1
                 counters.filtered_by_f2 += 1
         if wanted:
             result["enqueued"], result["dropped_at_cap"] = await self._enqueue(login, wanted)
+        if callbacks:
+            result["callbacks"] = self._callbacks.submit(login, callbacks, time.time())
         await self._journal.commit()
         return result
 
@@ -309,6 +351,7 @@ class FakeGateway:
             "queued": queued,
             "in_flight": in_flight,
             "total": queued + in_flight,
+            "callbacks_pending": self._callbacks.pending(login),
             **activity.counter_values(),
             "streams": activity.streams,
         }
@@ -337,7 +380,8 @@ class FakeGateway:
         for login, counts in swept.items():
             if login in self._activities:
                 self._activities[login].swept(counts.lease_expired, counts.removed_by_retention)
-        for login, receipts in self._sent.due_receipts(now).items():
+        due = self._sent.due_receipts(now)
+        for login, receipts in due.feed.items():
             activity = self._activities.get(login)
             if activity is None:
                 continue  # a login no longer configured: resolved, nothing to enqueue
@@ -345,6 +389,11 @@ class FakeGateway:
             result = await backend.enqueue(login, receipts, now)
             activity.enqueued(*result)
             activity.counters.deadline_unknown += result.enqueued
+        for login, callbacks in due.callbacks.items():
+            if login in self._activities:
+                # F3 and F2: the message's webhook gets its UNKNOWN; journaled in the same
+                # batch as the message's resolution, so a crash loses both or neither.
+                self._callbacks.submit(login, callbacks, now)
         self._journal.mark_dirty()
 
     async def _housekeeping(self) -> None:

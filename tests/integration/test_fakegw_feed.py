@@ -342,7 +342,7 @@ async def test_f15_at_the_cap_new_receipts_are_dropped_and_counted(
 ) -> None:
     async with gateway(cap=3) as gw, _client(gw) as client:
         result = await gw.inject(LOGIN, [receipt_body(i) for i in range(5)])
-        assert result == {"enqueued": 3, "dropped_at_cap": 2}
+        assert result == {"enqueued": 3, "dropped_at_cap": 2, "callbacks": 0}
         stats = gw.stats(LOGIN)
         assert (stats["total"], stats["dropped_at_cap"]) == (3, 2)
         receipts = await client.pull()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dlrfeed_testing.callback_receiver import CallbackReceiver
 from dlrfeed_testing.fakegw_support import LOGIN, LOGINS, OTHER_LOGIN, PASSWORD, feed_client
 from fakegw.admin_client import AdminClient
 from fakegw.server import FakeGateway
@@ -19,46 +20,55 @@ def _result(message_id: str) -> dict[str, object]:
 
 async def test_f2_only_feed_eligible_receipts_are_enqueued() -> None:
     """Webhook wins, SMPP never, dlr off never, and only requested levels reach the feed."""
-    messages = [
-        {"id": "grpc-both", "dlr": True, "dlr_level": 3, "channel": "grpc"},
-        {"id": "rest-result", "dlr": "yes", "dlr_level": 2, "channel": "rest"},
-        {"id": "grpc-progress", "dlr": True, "dlr_level": 1, "channel": "grpc"},
-        {"id": "webhook", "dlr": True, "dlr_level": 3, "dlr_url": "https://x.example/dlr"},
-        {"id": "smpp", "dlr": True, "dlr_level": 3, "channel": "smpp"},
-        {"id": "no-dlr", "dlr": False, "dlr_level": 3, "channel": "grpc"},
-        {"id": "rest-no", "dlr": "no", "dlr_level": 3, "channel": "rest"},
-    ]
-    async with FakeGateway(LOGINS).running() as gw:
-        async with AdminClient(gw.target, LOGIN, PASSWORD) as admin:
-            assert (await admin.send(messages))["registered"] == len(messages)
-            reports = [f(str(m["id"])) for m in messages for f in (_progress, _result)]
-            reports.append(_result("never-sent"))
-            result = await admin.report(reports)
-        assert result == {"enqueued": 4, "filtered": 10, "unknown_message": 1, "dropped_at_cap": 0}
-        client = feed_client(gw.target)
-        receipts = await client.pull()
-        await client.close()
-        assert sorted((r.id, r.level) for r in receipts) == [
-            ("grpc-both", 1),
-            ("grpc-both", 2),
-            ("grpc-progress", 1),
-            ("rest-result", 2),
+    async with CallbackReceiver() as receiver:
+        messages = [
+            {"id": "grpc-both", "dlr": True, "dlr_level": 3, "channel": "grpc"},
+            {"id": "rest-result", "dlr": "yes", "dlr_level": 2, "channel": "rest"},
+            {"id": "grpc-progress", "dlr": True, "dlr_level": 1, "channel": "grpc"},
+            {"id": "webhook", "dlr": True, "dlr_level": 3, "dlr_url": receiver.url()},
+            {"id": "smpp", "dlr": True, "dlr_level": 3, "channel": "smpp"},
+            {"id": "no-dlr", "dlr": False, "dlr_level": 3, "channel": "grpc"},
+            {"id": "rest-no", "dlr": "no", "dlr_level": 3, "channel": "rest"},
         ]
-        # Receipts are per login: the other login's feed got nothing.
-        assert gw.stats(OTHER_LOGIN)["total"] == 0
+        async with FakeGateway(LOGINS).running() as gw:
+            async with AdminClient(gw.target, LOGIN, PASSWORD) as admin:
+                assert (await admin.send(messages))["registered"] == len(messages)
+                reports = [f(str(m["id"])) for m in messages for f in (_progress, _result)]
+                reports.append(_result("never-sent"))
+                result = await admin.report(reports)
+            # F2: the webhook's two receipts go to its dlr_url (test_fakegw_callbacks.py).
+            assert result == {
+                "enqueued": 4,
+                "callbacks": 2,
+                "filtered": 8,
+                "unknown_message": 1,
+                "dropped_at_cap": 0,
+            }
+            client = feed_client(gw.target)
+            receipts = await client.pull()
+            await client.close()
+            assert sorted((r.id, r.level) for r in receipts) == [
+                ("grpc-both", 1),
+                ("grpc-both", 2),
+                ("grpc-progress", 1),
+                ("rest-result", 2),
+            ]
+            # Receipts are per login: the other login's feed got nothing.
+            assert gw.stats(OTHER_LOGIN)["total"] == 0
 
 
 async def test_f3_message_without_result_by_the_deadline_gets_a_final_unknown() -> None:
-    async with FakeGateway(
-        LOGINS, dlr_deadline_seconds=0.3, housekeeping_seconds=0.05
-    ).running() as gw:
+    async with (
+        CallbackReceiver() as receiver,
+        FakeGateway(LOGINS, dlr_deadline_seconds=0.3, housekeeping_seconds=0.05).running() as gw,
+    ):
         await gw.send(
             LOGIN,
             [
                 {"id": "silent", "dlr": True, "dlr_level": 3},
                 {"id": "answered", "dlr": True, "dlr_level": 3},
                 {"id": "progress-only", "dlr": True, "dlr_level": 1},
-                {"id": "webhook", "dlr": True, "dlr_level": 3, "dlr_url": "https://x.example"},
+                {"id": "webhook", "dlr": True, "dlr_level": 3, "dlr_url": receiver.url()},
             ],
         )
         await gw.report(LOGIN, [_result("answered")])
