@@ -1,19 +1,23 @@
 """The ledger-vs-store invariant checker: what fakegw handed out and had acked, against PostgreSQL.
 
-fakegw's ledger records every receipt it enqueued and every successful ack (docs/fakegw.md).
-The store keeps every delivery raw in `dlr.receptions` (the serialized receipt, ack token
-included) and the logical events, projections and exceptions beside it. The checker proves:
+fakegw's ledger records every receipt it enqueued and every successful ack, and for a receipt
+meant for a `dlr_url` (F2) every callback it made and every one the receiver answered 2xx
+(docs/fakegw.md). The store keeps every delivery raw in `dlr.receptions` (the serialized
+receipt with its ack token, or the callback's body as posted) and the logical events,
+projections and exceptions beside it. Both paths are checked alike. The checker proves:
 
-- **lost** — an enqueued (login, id, level) with no logical event and no C8 `unstorable`
-  evidence (F5, F8, C4, C8);
+- **lost** — an enqueued or called-back (login, id, level) with no logical event and no C8
+  `unstorable` evidence (F5, F8, C4, C8);
 - **double-applied** — a `message_status` row that differs from the independent reference
   (`dlrfeed_testing.oracle`, the rule table of docs/rules.md) over the message's stored
   deliveries in
   their recorded arrival order, or an event whose delivery counters differ from the
   deliveries actually stored (P13, P14, C1);
 - **acked-but-missing** — a receipt the gateway removed on an Ack whose token is in no stored
-  reception and no `unstorable` evidence (F8, C7);
-- **queued** — receipts still waiting or leased at the gateway (the queue must end empty);
+  reception and no `unstorable` evidence (F8, C7), or a callback the receiver answered 2xx
+  whose body is in no stored reception and no evidence (2xx only after the commit);
+- **queued** — receipts still waiting or leased at the gateway, or callbacks it has not yet
+  had answered 2xx (the queue must end empty);
 - **drain time** — how long the queue took to empty, when asked to wait for it.
 
     python scripts/invariants.py --gateway H:P --login L --password P --database-url URL
@@ -40,6 +44,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import fingerprint
 from dlrfeed_testing.oracle import Expected, Sent, expect
 from fakegw.admin_client import AdminClient, JsonObject
+from fakegw.callbacks import webhook_body
 from gateway.receipts.v1 import feed_pb2
 
 SAMPLE = 5
@@ -74,11 +79,12 @@ async def read_ledger(admin: AdminClient, page: int = 5_000) -> list[JsonObject]
 
 
 async def wait_for_drain(admin: AdminClient, within_s: float) -> tuple[JsonObject, float | None]:
-    """Poll the gateway's stats until nothing is queued or leased; (stats, seconds or None)."""
+    """Poll the gateway's stats until nothing is queued, leased or waiting to be called back;
+    (stats, seconds or None)."""
     started = time.monotonic()
     while True:
         stats = await admin.stats()
-        if stats["queued"] == 0 and stats["in_flight"] == 0:
+        if stats["queued"] == 0 and stats["in_flight"] == 0 and stats["callbacks_pending"] == 0:
             return stats, time.monotonic() - started
         if time.monotonic() - started >= within_s:
             return stats, None
@@ -90,6 +96,14 @@ def _token_of(raw: bytes) -> str | None:
         return feed_pb2.Receipt.FromString(raw).ack_token
     except Exception:  # noqa: BLE001  # evidence is arbitrary bytes; unparsable = no token
         return None
+
+
+def _posted_receipt(body: bytes) -> feed_pb2.Receipt:
+    """A callback's body (the gateway's webhook JSON, F4) as the Receipt it stands for."""
+    message = feed_pb2.Receipt()
+    for key, value in json.loads(body).items():
+        setattr(message, key, value)
+    return message
 
 
 def _delivery_fingerprint(message: feed_pb2.Receipt) -> str:
@@ -140,7 +154,8 @@ async def store_rows(database_url: str, login: str) -> dict[str, list[asyncpg.Re
             return {
                 "receptions": await conn.fetch(
                     "SELECT id, event_id, delivery_count, outcome, payload, done_at,"
-                    " received_at FROM dlr.receptions WHERE login = $1 ORDER BY id",
+                    " received_at, channel::text AS channel"
+                    " FROM dlr.receptions WHERE login = $1 ORDER BY id",
                     login,
                 ),
                 "events": await conn.fetch(
@@ -186,6 +201,9 @@ def compare(
     options = options or IntegrationOptions()
     enqueued = [r for r in ledger if r["kind"] == "enqueue"]
     acked = {str(r["token"]) for r in ledger if r["kind"] == "ack"}
+    called_back = [r for r in ledger if r["kind"] == "callback"]
+    answered = {r["token"]: r for r in ledger if r["kind"] == "callback_answered"}
+    posted_bodies: set[bytes] = set()
 
     stored_tokens: set[str] = set()
     fingerprints: dict[int, list[str]] = defaultdict(list)
@@ -195,10 +213,15 @@ def compare(
     redeliveries = 0
     outcomes: Counter[str] = Counter()
     for row in rows["receptions"]:
-        message = feed_pb2.Receipt.FromString(bytes(row["payload"]))
-        stored_tokens.add(message.ack_token)
-        same_delivery[(message.ack_token, int(row["delivery_count"]))] += 1
-        redeliveries += int(row["delivery_count"]) > 1
+        payload = bytes(row["payload"])
+        if row["channel"] == "webhook":
+            posted_bodies.add(payload)
+            message = _posted_receipt(payload)
+        else:
+            message = feed_pb2.Receipt.FromString(payload)
+            stored_tokens.add(message.ack_token)
+            same_delivery[(message.ack_token, int(row["delivery_count"]))] += 1
+            redeliveries += int(row["delivery_count"]) > 1
         outcomes[row["outcome"]] += 1
         fingerprints[row["event_id"]].append(_delivery_fingerprint(message))
         has = message.HasField
@@ -234,8 +257,18 @@ def compare(
         key = _ledger_key(record)
         if key not in event_keys and str(record["token"]) not in unstorable_tokens:
             lost.append(f"{key[0][:40]!r}/{key[1]}")
+    evidence = {bytes(row["evidence"]) for row in rows["unstorable"] if row["evidence"]}
+    for record in called_back:
+        key = _ledger_key(record)
+        if key not in event_keys and webhook_body(record["receipt"]) not in evidence:
+            lost.append(f"{key[0][:40]!r}/{key[1]} (callback)")
 
     acked_missing = sorted(acked - stored_tokens - unstorable_tokens)
+    acked_missing += sorted(
+        f"callback {key}"
+        for key, record in answered.items()
+        if webhook_body(record["receipt"]) not in posted_bodies | evidence
+    )
     # With an empty queue every enqueued receipt was acked, unless retention or the cap
     # removed it (F15, F16): reported, not an invariant of the daemon.
     never_acked = {str(r["token"]) for r in enqueued} - acked
@@ -269,8 +302,10 @@ def compare(
             double.append(f"{row['message_id'][:40]!r}: store {actual} reference {wanted}")
 
     report: dict[str, Any] = {
-        "receipts": len(enqueued),
-        "distinct_keys": len({_ledger_key(r) for r in enqueued}),
+        "receipts": len(enqueued) + len(called_back),
+        "callbacks": len(called_back),
+        "callbacks_answered": len(answered),
+        "distinct_keys": len({_ledger_key(r) for r in (*enqueued, *called_back)}),
         "acks": len(acked),
         "receptions": len(rows["receptions"]),
         "redeliveries": redeliveries,
@@ -313,7 +348,15 @@ async def check(
         ledger = await read_ledger(admin)
     rows = await store_rows(database_url, login)
     report = compare(ledger, rows, options)
-    report["queued"] = int(stats["queued"]) + int(stats["in_flight"])
+    # What the gateway still holds: waiting, leased, or callbacks not yet answered 2xx.
+    report["queued"] = (
+        int(stats["queued"]) + int(stats["in_flight"]) + int(stats["callbacks_pending"])
+    )
+    report["gateway_callbacks_retried"] = int(stats["callbacks_retried"])
+    report["gateway_callbacks_duplicated"] = int(stats["callbacks_duplicated"])
+    report["gateway_callbacks_given_up"] = int(stats["callbacks_failed"]) + int(
+        stats["callbacks_refused"]
+    )
     report["gateway_redelivered"] = int(stats["redelivered"])
     report["gateway_already_gone"] = int(stats["already_gone"])
     report["gateway_lease_expired"] = int(stats["lease_expired"])

@@ -49,7 +49,9 @@ class SweepCounts:
 
 
 class LedgerRecord(NamedTuple):
-    """One ledger record: a receipt entering (`enqueue`) or leaving by an ack (`ack`)."""
+    """One ledger record: a receipt entering the queue (`enqueue`) or leaving it by an ack
+    (`ack`); or, for a receipt meant for a `dlr_url` (F2), its callback made (`callback`) and
+    answered 2xx by the receiver (`callback_answered`), `token` then the callback's key."""
 
     id: int
     kind: str
@@ -127,4 +129,10 @@ class FeedBackend(Protocol):
 
     def ledger(self, login: str | None, after: int, limit: int) -> LedgerPage:
         """Ledger records with id > `after`, of `login` or of all, oldest first, at most `limit`."""
+        ...
+
+    def record_callbacks(
+        self, kind: str, login: str, callbacks: Sequence[tuple[str, ReceiptFields]], now: float
+    ) -> None:
+        """Ledger records of callbacks (`callback` or `callback_answered`), each (key, fields)."""
         ...

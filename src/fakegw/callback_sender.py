@@ -20,7 +20,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import httpx
@@ -56,6 +56,11 @@ def _redacted(url: httpx.URL) -> str:
     return str(url.copy_with(username=None, password=None))
 
 
+CallbackLedger = Callable[[str, str, Sequence[tuple[str, ReceiptFields]], float], None]
+"""Where the sender records (kind, login, [(key, fields)], at) for the invariant checker: each
+callback made (`callback`) and each answered 2xx (`callback_answered`)."""
+
+
 class CallbackSender:
     """The gateway's callbacks in flight: retries, concurrency, counters, durability."""
 
@@ -65,8 +70,10 @@ class CallbackSender:
         journal: Journal,
         faults: Faults,
         activities: Mapping[str, LoginActivity],
+        ledger: CallbackLedger,
     ) -> None:
         self._settings = settings
+        self._ledger = ledger
         self._journal = journal
         self._faults = faults
         self._activities = activities
@@ -95,6 +102,8 @@ class CallbackSender:
         for callback in made:
             self._add(callback)
         self._journal.record_callbacks(made)
+        if made:
+            self._ledger("callback", login, [(c.key, c.fields) for c in made], now)
         return len(made)
 
     def pending(self, login: str) -> int:
@@ -180,6 +189,9 @@ class CallbackSender:
                 await self._post(callback)
                 counters.callbacks_duplicated += 1
             counters.callbacks_delivered += 1
+            self._ledger(
+                "callback_answered", callback.login, [(callback.key, callback.fields)], time.time()
+            )
             self._finish(callback)
         elif outcome is Outcome.REFUSED:
             counters.callbacks_refused += 1

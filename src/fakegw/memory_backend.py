@@ -211,12 +211,22 @@ class MemoryBackend:
                 break
         return LedgerPage(records, last, self._ledger_dropped + 1)
 
+    def record_callbacks(
+        self, kind: str, login: str, callbacks: Sequence[tuple[str, ReceiptFields]], now: float
+    ) -> None:
+        """Ledger records of callbacks; journaled with the next commit, as the others."""
+        self._add_ledger_records([(kind, login, 0, key, now, fields) for key, fields in callbacks])
+
     def _append_ledger(self, kind: str, login: str, entries: Sequence[Entry], at: float) -> None:
+        self._add_ledger_records(
+            [(kind, login, entry.seq, entry.token, at, entry.fields) for entry in entries]
+        )
+
+    def _add_ledger_records(
+        self, rows: Sequence[tuple[str, str, int, str, float, ReceiptFields]]
+    ) -> None:
         first = self._ledger_dropped + len(self._ledger) + 1
-        records = [
-            LedgerRecord(first + offset, kind, login, entry.seq, entry.token, at, entry.fields)
-            for offset, entry in enumerate(entries)
-        ]
+        records = [LedgerRecord(first + offset, *row) for offset, row in enumerate(rows)]
         self._ledger.extend(records)
         self._journal.record_ledger(records)
         if self._ledger_max_records and len(self._ledger) > self._ledger_max_records * 11 // 10:

@@ -118,6 +118,7 @@ class FakeGateway:
             self._journal,
             self._faults,
             self._activities,
+            self._ledger_callbacks,
         )
         self._backend: FeedBackend | None = None
         self._server: grpc.aio.Server | None = None
@@ -126,6 +127,13 @@ class FakeGateway:
         self._started = False
         self.port = 0
         self.host = "127.0.0.1"
+
+    def _ledger_callbacks(
+        self, kind: str, login: str, callbacks: Sequence[tuple[str, ReceiptFields]], now: float
+    ) -> None:
+        """The callbacks' ledger records go where the queue's do (the backend's ledger)."""
+        if self._backend is not None:
+            self._backend.record_callbacks(kind, login, callbacks, now)
 
     # -- lifecycle ------------------------------------------------------------------------
     @property

@@ -21,13 +21,17 @@ import json
 import sqlite3
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
+
+import structlog
 
 from fakegw.persistence import dumps
 from fakegw.tokens import TokenSigner
 from fakegw.wire import ReceiptFields, encode_fields
+
+log = structlog.get_logger("fakegw.shared")
 
 # One row per leased receipt: (seq, delivery_count, wire, token, queue_pos).
 LeasedRow = tuple[int, int, bytes, str, int]
@@ -112,6 +116,24 @@ class SharedStore:
     async def _on_store_thread(self, operation: Callable[[], _Result]) -> _Result:
         """Run one operation on the store thread (one connection, one at a time)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, operation)
+
+    def add_ledger(self, rows: list[tuple[str, str, int, str, float, str]]) -> None:
+        """Append ledger rows (kind, login, seq, token, at, fields JSON) on the store thread,
+        behind the operations already queued there; a failure is logged, not raised."""
+        self._executor.submit(self._add_ledger, rows).add_done_callback(_log_failure)
+
+    def _add_ledger(self, rows: list[tuple[str, str, int, str, float, str]]) -> None:
+        conn = self._transaction()
+        try:
+            conn.executemany(
+                "INSERT INTO ledger (kind, login, seq, token, at, fields)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     async def enqueue(
         self, login: str, all_fields: list[ReceiptFields], cap: int, now: float
@@ -372,3 +394,8 @@ class SharedStore:
         assert self._reader is not None
         (first,) = self._reader.execute("SELECT MIN(id) FROM ledger").fetchone()
         return int(first or 1)
+
+
+def _log_failure(done: Future[None]) -> None:
+    if done.exception() is not None:
+        log.error("ledger_write_failed", exc_info=done.exception())

@@ -142,6 +142,14 @@ class SharedBackend:
         """(waiting, leased) receipts of `login`, across all nodes."""
         return self._store.sizes(login)
 
+    def record_callbacks(
+        self, kind: str, login: str, callbacks: Sequence[tuple[str, ReceiptFields]], now: float
+    ) -> None:
+        """Ledger records of this node's callbacks, in the file every node reads."""
+        self._store.add_ledger(
+            [(kind, login, 0, key, now, json.dumps(fields)) for key, fields in callbacks]
+        )
+
     def ledger(self, login: str | None, after: int, limit: int) -> LedgerPage:
         """Ledger records of every node with id > `after` (of `login`, or all)."""
         records = list(_ledger_records(self._store.ledger_page(login, after, limit)))

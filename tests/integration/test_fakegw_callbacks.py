@@ -101,6 +101,28 @@ async def test_f2_injected_lines_with_a_dlr_url_are_posted_not_queued() -> None:
         await client.close()
 
 
+async def test_the_ledger_records_each_callback_made_and_each_answered_2xx() -> None:
+    """What the invariant checker reads: `callback` when one is made, `callback_answered` once
+    the receiver answered it 2xx (not for a refusal), each naming the callback by its key."""
+    script = {"/refuse": replies(400)}
+    async with CallbackReceiver(script) as receiver, gateway() as gw:
+        await gw.inject(
+            LOGIN,
+            [
+                {**receipt_body(1), "dlr_url": receiver.url("/take")},
+                {**receipt_body(2), "dlr_url": receiver.url("/refuse")},
+            ],
+        )
+        await wait_until(lambda: counter(gw, "callbacks_pending")() == 0)
+        records = gw.ledger(LOGIN)["records"]
+    made = {r["receipt"]["id"]: r["token"] for r in records if r["kind"] == "callback"}
+    answered = [
+        (r["receipt"]["id"], r["token"]) for r in records if r["kind"] == "callback_answered"
+    ]
+    assert set(made) == {"m1", "m2"}
+    assert answered == [("m1", made["m1"])]
+
+
 async def test_a_dlr_url_that_is_not_an_http_url_is_invalid_argument() -> None:
     async with gateway() as gw, AdminClient(gw.target, LOGIN, PASSWORD) as admin:
         for url in ("ftp://127.0.0.1/dlr", "/relative", "http://:80/", 7):

@@ -20,9 +20,18 @@ from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
 from dlrfeed_testing.chaos.run import run_scenario
 from dlrfeed_testing.chaos.scenarios import BY_NAME, SCENARIOS
-from dlrfeed_testing.daemon_harness import LOGIN, PASSWORD, receipt_bodies, running_gateway
+from dlrfeed_testing.daemon_harness import (
+    LOGIN,
+    PASSWORD,
+    receipt_bodies,
+    running_gateway,
+    wait_until,
+)
+from dlrfeed_testing.fakegw_support import FAST_CALLBACKS
 from dlrfeed_testing.invariants import compare, store_rows
 from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.webhook_harness import running_webhook, webhook_settings
+from dlrfeed_testing.webhook_harness import url as webhook_url
 from fakegw.admin_client import basic_auth_metadata
 from fakegw.server import FakeGateway
 from gateway.receipts.v1 import feed_pb2, feed_pb2_grpc
@@ -56,6 +65,15 @@ FAULT_EVIDENCE: dict[str, Any] = {
     "slow_commit_lease": lambda r: r["gateway_lease_expired"] > 0,
     "three_process_race": lambda r: r["daemon_processes"] == 3 and r["conflicts"] > 0,
     "hostile_flood": lambda r: r["receipts"] > 600,
+    # The receiver was killed mid-burst, callbacks were retried and posted twice, and the
+    # callbacks the gateway saw answered 2xx are the ones it made.
+    "webhook_kill9": lambda r: (
+        r["daemon_kills"] == 2
+        and r["gateway_callbacks_retried"] > 0
+        and r["gateway_callbacks_duplicated"] > 0
+        and r["callbacks"] > 0
+        and r["callbacks_answered"] == r["callbacks"]
+    ),
     # The primary died mid-drain (some receipts acked before, the rest only after promotion),
     # and no commit returned while the synchronous standby was cut off.
     "failover_sync": lambda r: 0 < failover_acks(r)[0] < r["receipts"] and failover_acks(r)[1] == 0,
@@ -160,3 +178,37 @@ async def test_two_long_ids_with_one_prefix_are_two_logical_events(database_url:
         report = compare(gateway.ledger(LOGIN)["records"], await store_rows(database_url, LOGIN))
     assert report["events"] == 2
     assert report["lost"] == 0, report["samples"]
+
+
+async def test_checker_detects_callbacks_lost_or_answered_but_missing(database_url: str) -> None:
+    """The callback path's invariants can fail too: callbacks posted to a real receiver check
+    clean, then a callback answered 2xx whose reception is gone is `acked_but_missing`, and one
+    whose logical event is gone is `lost`."""
+    async with (
+        running_webhook(webhook_settings(database_url)) as receiver,
+        running_gateway(callbacks=FAST_CALLBACKS) as gateway,
+    ):
+        bodies = receipt_bodies(20, prefix="w")
+        await gateway.inject(LOGIN, [{**b, "dlr_url": webhook_url(receiver)} for b in bodies])
+        await wait_until(lambda: _delivered(gateway, len(bodies)), 30, "every callback answered")
+        ledger = gateway.ledger(LOGIN)["records"]
+    clean = compare(ledger, await store_rows(database_url, LOGIN))
+    assert (clean["lost"], clean["double_applied"], clean["acked_but_missing"]) == (0, 0, 0)
+    assert clean["callbacks"] == clean["callbacks_answered"] == len(bodies)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("ALTER TABLE dlr.receptions DISABLE TRIGGER receptions_append_only")
+        await conn.execute("DELETE FROM dlr.receptions WHERE message_id = 'w0000002'")
+        await conn.execute(  # its uncorrelated exceptions first: they name the events
+            "DELETE FROM dlr.exceptions WHERE message_id = 'w0000003';"
+            " DELETE FROM dlr.events WHERE message_id = 'w0000003'"
+        )
+    finally:
+        await conn.close()
+    broken = compare(ledger, await store_rows(database_url, LOGIN))
+    assert broken["acked_but_missing"] == 2  # w0000002's two callbacks, answered, not stored
+    assert broken["lost"] == 2  # w0000003: its progress and its result
+
+
+async def _delivered(gateway: FakeGateway, count: int) -> bool:
+    return bool(gateway.stats(LOGIN)["callbacks_delivered"] == count)

@@ -1,4 +1,5 @@
-"""The processes a chaos scenario breaks (fakegw, `dlrfeed run`) and the rig that holds them.
+"""The processes a chaos scenario breaks (fakegw, `dlrfeed run`, `dlrfeed webhook`) and the rig
+that holds them.
 
 Each process is killable and restartable on its port; `Rig` is what a scenario gets: the
 cluster, its database, its seeded randomness, its gateway and daemons, and what it noted.
@@ -20,12 +21,13 @@ from typing import Any
 
 import asyncpg
 import grpc
+import httpx
 
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
 from dlrfeed_testing.daemon_harness import LOGIN, PASSWORD, run_args
 from dlrfeed_testing.paths import REPO
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.pgcluster import PgCluster, free_port
 from fakegw.admin_client import AdminClient
 from fakegw.traffic import Scenario, TrafficMix, scenario
 
@@ -97,13 +99,16 @@ class DaemonProcess:
         self.process: asyncio.subprocess.Process | None = None
         self.kills = 0
 
+    def argv(self) -> list[str]:
+        """The `dlrfeed` command line this process runs."""
+        return run_args(self.gateway.target, self.database_url, *self.extra)
+
     async def start(self) -> None:
         env = {**os.environ, "DLRFEED_PASSWORD": PASSWORD}
         env.pop("NOTIFY_SOCKET", None)
         with self.log.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "dlrfeed.cli",
-                *run_args(self.gateway.target, self.database_url, *self.extra),
+                sys.executable, "-m", "dlrfeed.cli", *self.argv(),
                 env=env, stdout=log, stderr=log, cwd=REPO,
             )  # fmt: skip
 
@@ -126,6 +131,46 @@ class DaemonProcess:
             self.process.kill()
             await self.process.wait()
             return None
+
+
+MAX_CALLBACK_BYTES = 256 * 1024
+
+
+class WebhookProcess(DaemonProcess):
+    """One `dlrfeed webhook` process, on one port across restarts (the callbacks' dlr_url)."""
+
+    def __init__(self, gateway: GatewayProcess, database_url: str, log: Path, port: int) -> None:
+        super().__init__(gateway, database_url, log, ())
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/dlr"
+
+    async def wait_ready(self, within_s: float = 30.0) -> None:
+        """Until it answers HTTP (it takes callbacks from then on)."""
+        deadline = time.monotonic() + within_s
+        async with httpx.AsyncClient() as client:
+            while True:
+                try:
+                    await client.get(self.url)
+                except httpx.TransportError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the webhook receiver did not start") from None
+                    await asyncio.sleep(0.05)
+                else:
+                    return
+
+    def argv(self) -> list[str]:
+        return [
+            "webhook", "--listen", f"127.0.0.1:{self.port}", "--login", LOGIN,
+            "--database-url", self.database_url, "--log-format", "json",
+            # The traffic's oversized texts (70,000 characters, which the feed takes whole) fit
+            # under this limit. A body over the limit is refused by design and kept only in part
+            # (tests/integration/test_webhook.py), so the proof that nothing is lost runs with
+            # a limit the traffic stays under.
+            "--max-body-bytes", str(MAX_CALLBACK_BYTES),
+        ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- the rig
@@ -157,6 +202,16 @@ class Rig:
             )
             await daemon.start()
             self.daemons.append(daemon)
+
+    async def start_webhook(self) -> WebhookProcess:
+        """A callback receiver beside the daemons; stopped and checked as they are."""
+        receiver = WebhookProcess(
+            self.gateway, self.database_url, self.workdir / "webhook.log", free_port()
+        )
+        await receiver.start()
+        self.daemons.append(receiver)
+        await receiver.wait_ready()
+        return receiver
 
     async def record(self, traffic: Scenario) -> None:
         """The sending application's side (P5): every sent message recorded before receipts."""

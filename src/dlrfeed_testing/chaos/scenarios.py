@@ -441,6 +441,64 @@ _RELAY_LOG = "SELECT position, login, message_id, status FROM dlr.status_changes
 _RELAY_CURSOR = "SELECT position FROM dlr.change_cursors WHERE consumer = 'chaos'"
 
 
+def by_both_paths(
+    receipts: list[dict[str, Any]], url: str, rng: random.Random, both_rate: float
+) -> list[dict[str, Any]]:
+    """The traffic split between the two paths a gateway offers (F2): half the messages sent
+    with `dlr_url` (their receipts POSTed there), the rest by the feed; and a share of receipts
+    sent both ways, as during a migration from one path to the other (one event, P14)."""
+    by_callback: dict[str, bool] = {}
+    split: list[dict[str, Any]] = []
+    for receipt in receipts:
+        called_back = by_callback.setdefault(str(receipt.get("id")), rng.random() < 0.5)
+        if called_back or rng.random() < both_rate:
+            split.append({**receipt, "dlr_url": url})
+        if not called_back:
+            split.append(receipt)
+    return split
+
+
+# A gateway that retries its callbacks quickly and never gives up on one, and posts one in ten
+# twice (a lost answer, as seen from the gateway).
+RETRYING_GATEWAY = (
+    "--callback-backoff-seconds", "0.05",
+    "--callback-max-backoff-seconds", "1",
+    "--callback-attempts", "100000",
+    "--callback-duplicate-rate", "0.1",
+)  # fmt: skip
+
+
+async def webhook_kill9(rig: Rig) -> str:
+    kills = 6 if rig.full else 2
+    receipts = 20_000 if rig.full else 3_000
+    work = traffic(rig, receipts)
+    await rig.record(work)
+    receiver = await rig.start_webhook()
+    await rig.start_daemons(1, "--streams", "2", "--release-after", "5")
+    bodies = by_both_paths(work.receipts, receiver.url, rig.rng, both_rate=0.05)
+    span = kills * 3.0 + 6
+
+    async def breaker() -> None:
+        for _ in range(kills):
+            await asyncio.sleep(rig.rng.uniform(0.5, 1.5))
+            await receiver.kill9()
+            await receiver.start()
+            await receiver.wait_ready()
+        # Both paths at once through one PostgreSQL outage while the receiver serves: the
+        # feed stops acking, the receiver answers 503; both resume by themselves.
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(rig.cluster.stop, "fast")
+        await asyncio.sleep(3)
+        await asyncio.to_thread(rig.cluster.start)
+
+    await during(rig.feed(bodies, span), breaker)
+    callbacks = sum("dlr_url" in body for body in bodies)
+    return (
+        f"{callbacks:,} of {len(bodies):,} receipts by callback; {kills} x kill -9 of the "
+        "receiver, a 3 s PostgreSQL outage, 10 % of callbacks posted twice"
+    )
+
+
 async def relay_kill9(rig: Rig) -> str:
     kills = 6 if rig.full else 2
     receipts = 20_000 if rig.full else 3_000
@@ -579,6 +637,16 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
         "--require-synchronous-commit) finds the new primary by itself, nothing acked is "
         "missing and nothing is applied twice (F8, C7).",
         failover_sync,
+    ),
+    ScenarioSpec(
+        "webhook_kill9",
+        "both paths at once: kill -9 of the callback receiver, an outage, duplicate posts",
+        "Receipts arrive by the feed and by HTTP callback (a message's dlr_url), some by both: "
+        "the receiver answers 2xx only after the commit, so kill -9 mid-burst and a PostgreSQL "
+        "outage (503 + Retry-After) cost the gateway retries, never a receipt; a callback "
+        "posted twice, or by both paths, is one logical event (P6, P14, F2).",
+        webhook_kill9,
+        RETRYING_GATEWAY,
     ),
     ScenarioSpec(
         "relay_kill9",
