@@ -1,10 +1,14 @@
-"""The local demo behind `make run`: PostgreSQL, fakegw, traffic and `dlrfeed run`, one live view.
+"""The local demo behind `make run`: PostgreSQL, fakegw, traffic, `dlrfeed run` and `dlrfeed
+webhook`, one live view.
 
 Starts, in order, a throwaway PostgreSQL cluster (data kept in DATA_DIR/postgres between runs),
 `dlrfeed migrate`, `fakegw serve` (queue in DATA_DIR/fakegw.sqlite), `dlrfeed run` (2 streams,
-metrics on a free port) and the traffic simulator (`dlrfeed_testing.traffic`), then redraws one view
-of the flow each second until Ctrl-C or `--duration`. Stopping is ordered — traffic, then the
-daemon (SIGTERM, wait: it commits and acks what it holds), then fakegw, then PostgreSQL — and
+metrics on a free port), `dlrfeed webhook` (the callback path: a share of the messages is sent
+with its address as `dlr_url`, so fakegw POSTs their receipts there instead of queueing them)
+and the traffic simulator (`dlrfeed_testing.traffic`), then redraws one view of the flow each
+second until Ctrl-C or `--duration`. Stopping is ordered — traffic, then the daemon and the
+receiver (SIGTERM, wait: they commit and ack or answer what they hold), then fakegw (callbacks
+not yet answered stay in its store for the next run), then PostgreSQL — and
 every child runs in its own process group, which is killed on every exit path. A summary from
 `dlrfeed stats --json` and the commands to explore the data follow.
 
@@ -204,6 +208,9 @@ class Sample:
     backlog: int | None = None
     in_flight: int | None = None
     acked: int | None = None
+    callbacks_answered: int | None = None
+    callbacks_pending: int | None = None
+    by_callback: int | None = None
     open_exceptions: int | None = None
 
 
@@ -294,6 +301,9 @@ class LiveView:
             f"{_count(traffic.get('late_submissions'))} late submissions)",
             f"  gateway     backlog {_count(s.backlog):>8}   in flight {_count(s.in_flight):>7}"
             f"   acked {_count(s.acked)}",
+            f"  callbacks   answered 2xx {_count(s.callbacks_answered):>6}"
+            f"   waiting {_count(s.callbacks_pending):>6}"
+            f"   stored by callback {_count(s.by_callback)} (dlrfeed webhook)",
             f"  dlrfeed     receipts/s {_count(rate):>5}   stored {_count(s.stored):>9}"
             f"   repeats {_count(s.repeats)}   conflicts {_count(s.conflicts)}",
             f"  store       open exceptions {_count(s.open_exceptions)}"
@@ -312,6 +322,8 @@ class LiveView:
             f"stored={_count(s.stored)} repeats={_count(s.repeats)} "
             f"conflicts={_count(s.conflicts)} open_exceptions={_count(s.open_exceptions)} "
             f"backlog={_count(s.backlog)} in_flight={_count(s.in_flight)} "
+            f"callbacks_answered={_count(s.callbacks_answered)} "
+            f"stored_by_callback={_count(s.by_callback)} "
             f"receive_ack_p99={_seconds(p99)}"
         )
 
@@ -352,6 +364,7 @@ class Demo:
         self.database_url = ""
         self.gateway = ""
         self.metrics = ""
+        self.webhook_url = ""
         self.traffic_log_offset = -1
         self.left_in_gateway: int | None = None
         self.run_started = datetime.now(UTC)
@@ -429,6 +442,22 @@ class Demo:
             "becoming healthy", lambda: http_get(self.metrics, "/healthz", 1) is not None, child, 30
         )
 
+    def start_webhook(self) -> None:
+        """The callback receiver on a free port; its URL is the dlr_url the traffic sends."""
+        port, metrics = free_port(), f"127.0.0.1:{free_port()}"
+        child = Child.start(
+            "webhook",
+            [
+                _venv_command("dlrfeed"), "webhook", "--listen", f"127.0.0.1:{port}",
+                "--login", LOGIN, "--database-url", self.database_url, "--metrics", metrics,
+                "--log-format", "json",
+            ],
+            self.layout.logs / "webhook.log", self.env,
+        )  # fmt: skip
+        self.children["webhook"] = child
+        self.webhook_url = f"http://127.0.0.1:{port}/dlr"
+        _wait_for("becoming healthy", lambda: http_get(metrics, "/healthz", 1), child, 30)
+
     def start_traffic(self) -> None:
         self.children["traffic"] = traffic = Child.start(
             "traffic",
@@ -436,6 +465,7 @@ class Demo:
                 sys.executable, "-m", "dlrfeed_testing.traffic", "--target", self.gateway,
                 "--login", LOGIN, "--database-url", self.database_url,
                 "--rate", str(self.args.rate), "--anomaly-rate", str(self.args.anomaly_rate),
+                "--webhook-url", self.webhook_url, "--webhook-rate", str(self.args.webhook_rate),
             ],
             self.layout.logs / "traffic.log", self.env,
         )  # fmt: skip
@@ -465,9 +495,18 @@ class Demo:
                         stats = admin.stats()
                         sample.backlog, sample.in_flight = stats["queued"], stats["in_flight"]
                         sample.acked = stats["acked"]
+                        sample.callbacks_answered = stats["callbacks_delivered"]
+                        sample.callbacks_pending = stats["callbacks_pending"]
                     sample.open_exceptions = runner.run(
                         conn.fetchval(
                             "SELECT count(*) FROM dlr.exceptions WHERE resolved_at IS NULL"
+                        )
+                    )
+                    sample.by_callback = runner.run(
+                        conn.fetchval(
+                            "SELECT count(*) FROM dlr.receptions"
+                            " WHERE channel = 'webhook' AND received_at >= $1",
+                            self.run_started,
                         )
                     )
                     view.show(sample, self.traffic_totals())
@@ -483,7 +522,12 @@ class Demo:
         """Traffic first (no new receipts), then the daemon (it commits and acks what it holds),
         then the gateway. Exit codes by name (None = had to be killed)."""
         codes: dict[str, int | None] = {}
-        for name, timeout in (("traffic", 10.0), ("dlrfeed", 40.0), ("fakegw", 10.0)):
+        for name, timeout in (
+            ("traffic", 10.0),
+            ("dlrfeed", 40.0),
+            ("webhook", 40.0),
+            ("fakegw", 10.0),
+        ):
             child = self.children.pop(name, None)
             if child is None:
                 continue
@@ -553,7 +597,12 @@ def render_summary(
     lines.append("  still in progress:")
     lines += [f"    {status:<14} {n:>9,}" for status, n in sorted(network["progress"].items())]
     lines += [
-        f"  receptions stored {stats['receptions']['total']:,}, logical events {stats['events']:,}",
+        f"  receptions stored {stats['receptions']['total']:,} ("
+        + ", ".join(
+            f"{n:,} by {channel}"
+            for channel, n in sorted(stats["receptions"]["by_channel"].items())
+        )
+        + f"), logical events {stats['events']:,}",
         f"  repeats {stats['repeats']['deliveries']:,}, "
         f"conflicting deliveries {stats['conflicts']['deliveries']:,}, "
         f"uncorrelated receptions {stats['uncorrelated']['receptions']:,}",
@@ -589,7 +638,7 @@ def explore_hint(demo: Demo, message_id: str | None) -> list[str]:
         f"  {dlrfeed} stats --database-url {url}",
         f"  {dlrfeed} exceptions --database-url {url}",
         f"  {python} scripts/pgcluster.py stop {rel}",
-        f"Logs: {_short_path(demo.layout.logs)}/ (fakegw, dlrfeed, traffic)",
+        f"Logs: {_short_path(demo.layout.logs)}/ (fakegw, dlrfeed, webhook, traffic)",
     ]
 
 
@@ -613,8 +662,13 @@ def run(args: argparse.Namespace) -> int:
         demo.say(f"fakegw     {demo.gateway} (store {demo.layout.fakegw_store})")
         demo.start_daemon()
         demo.say(f"dlrfeed    2 streams, metrics http://{demo.metrics}/metrics")
+        demo.start_webhook()
+        demo.say(f"webhook    {demo.webhook_url} (dlrfeed webhook: receipts by HTTP callback)")
         demo.start_traffic()
-        demo.say(f"traffic    {args.rate:g} messages/s, anomaly rate {args.anomaly_rate:g}\n")
+        demo.say(
+            f"traffic    {args.rate:g} messages/s, anomaly rate {args.anomaly_rate:g}, "
+            f"{args.webhook_rate:.0%} of them sent with dlr_url\n"
+        )
         demo.watch()
     except StopSignalError:
         pass
@@ -625,7 +679,7 @@ def run(args: argparse.Namespace) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
         with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
-            demo.say("\nstopping: traffic, dlrfeed, fakegw, postgres ...")
+            demo.say("\nstopping: traffic, dlrfeed, webhook, fakegw, postgres ...")
         codes = demo.stop_children()
         if failure is None and demo.database_url:
             try:
@@ -672,6 +726,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--anomaly-rate", type=float, default=0.04, help="see scripts/traffic.py --help"
     )
     parser.add_argument("--streams", type=int, default=2, help="dlrfeed run --streams")
+    parser.add_argument(
+        "--webhook-rate",
+        type=float,
+        default=0.2,
+        help="messages sent with the receiver's address as dlr_url (their receipts by callback)",
+    )
     parser.add_argument(
         "--dlr-deadline-seconds",
         type=float,

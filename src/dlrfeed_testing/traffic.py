@@ -84,6 +84,7 @@ class Totals:
     late_progress: int = 0
     withheld_results: int = 0
     result_only_messages: int = 0
+    callback_messages: int = 0
     record_failures: int = 0
 
     def as_json(self, pending: int) -> str:
@@ -128,6 +129,9 @@ class Simulator:
             if self.rng.random() < self.args.result_only_rate:
                 message["dlr_level"] = 2  # F2: the gateway will drop its progress receipts
                 self.totals.result_only_messages += 1
+            if self.args.webhook_url and self.rng.random() < self.args.webhook_rate:
+                message["dlr_url"] = self.args.webhook_url  # F2: its receipts are POSTed there
+                self.totals.callback_messages += 1
         return batch
 
     def plan(self, batch: Scenario, sent: float, late_ids: set[str]) -> None:
@@ -368,6 +372,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--progress-rate", type=float, default=0.8, help="messages that get a progress receipt"
+    )
+    parser.add_argument(
+        "--webhook-url",
+        help="messages sent with this dlr_url get their receipts POSTed there, not in the feed",
+    )
+    parser.add_argument(
+        "--webhook-rate",
+        type=float,
+        default=0.2,
+        help="with --webhook-url: the messages sent with it (F2: the webhook wins)",
     )
     parser.add_argument("--result-delay-min", type=float, default=1.0, help="seconds")
     parser.add_argument("--result-delay-max", type=float, default=6.0, help="seconds")

@@ -46,8 +46,9 @@ def data_dir() -> Iterator[Path]:
 
 
 def test_demo_runs_stops_cleanly_and_summarises(data_dir: Path) -> None:
-    """An 8-second demo exits 0, stores receipts, opens exceptions for the anomalies (P12,
-    P14), stops every child (no fakegw/dlrfeed/traffic/postgres left) and keeps its data."""
+    """An 8-second demo exits 0, stores receipts by both paths (feed and callback), opens
+    exceptions for the anomalies (P12, P14), stops every child (no fakegw/dlrfeed/webhook/
+    traffic/postgres left) and keeps its data."""
     python = str(VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable))
     proc = subprocess.run(
         [python, "scripts/demo.py", "--duration", "8", "--data-dir", str(data_dir),
@@ -71,7 +72,11 @@ def test_demo_runs_stops_cleanly_and_summarises(data_dir: Path) -> None:
     assert int(stored.group(1).replace(",", "")) > 0, out
     exceptions = re.findall(r"^\s{4}(\w+)\s+([\d,]+) / ([\d,]+)$", out, re.M)
     assert sum(int(total.replace(",", "")) for _, _, total in exceptions) >= 1, out
-    assert "stopped: traffic exit 0, dlrfeed exit 0, fakegw exit 0" in out
+    assert "stopped: traffic exit 0, dlrfeed exit 0, webhook exit 0, fakegw exit 0" in out
+    # Both paths: receipts by the feed and by HTTP callback (dlr_url) in the one store.
+    channels = re.search(r"receptions stored [\d,]+ \(([\d,]+) by feed, ([\d,]+) by webhook\)", out)
+    assert channels is not None, out
+    assert min(int(n.replace(",", "")) for n in channels.groups()) > 0, out
     shown = re.search(r"dlrfeed show (\S+) --database-url (\S+)", out)
     assert shown is not None, out
     assert shown.group(1) != "MESSAGE_ID"  # a real message of this run
@@ -87,6 +92,7 @@ def test_demo_runs_stops_cleanly_and_summarises(data_dir: Path) -> None:
     assert {p.name for p in (data_dir / "logs").iterdir()} >= {
         "fakegw.log",
         "dlrfeed.log",
+        "webhook.log",
         "traffic.log",
     }
 

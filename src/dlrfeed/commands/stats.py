@@ -80,7 +80,11 @@ def render(totals: JsonDict) -> str:
         "",
         "independent verification: none — dlrfeed has no source beyond the network's reports",
         "",
-        f"receptions {totals['receptions']['total']}, logical events {totals['events']}",
+        f"receptions {totals['receptions']['total']} ("
+        + ", ".join(
+            f"{n} by {channel}" for channel, n in sorted(totals["receptions"]["by_channel"].items())
+        )
+        + f"), logical events {totals['events']}",
         f"  repeats: {totals['repeats']['deliveries']} ({_percent(totals['repeats']['rate'])})",
         f"  conflicts: {totals['conflicts']['deliveries']} conflicting deliveries, "
         f"{totals['conflicts']['open']} open",

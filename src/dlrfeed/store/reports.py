@@ -8,6 +8,7 @@ are plain JSON-ready dicts: the commands print them as tables or, with `--json`,
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -233,10 +234,11 @@ async def statistics(conn: asyncpg.Connection, login: str | None) -> JsonDict:
     """
     submissions = await _aggregate(conn, _SUBMISSIONS, login)
     statuses = [_row(r) for r in await _STATUS_COUNTS.fetch(conn, login=login)]
-    outcomes = {
-        r["outcome"]: int(r["receptions"])
-        for r in await _RECEPTION_OUTCOMES.fetch(conn, login=login)
-    }
+    outcomes: Counter[str] = Counter()
+    channels: Counter[str] = Counter()
+    for r in await _RECEPTION_OUTCOMES.fetch(conn, login=login):
+        outcomes[r["outcome"]] += int(r["receptions"])
+        channels[r["channel"]] += int(r["receptions"])
     events = await _aggregate(conn, _EVENT_TOTALS, login)
     exceptions = {
         r["kind"]: {"open": int(r["open"]), "total": int(r["total"])}
@@ -260,7 +262,11 @@ async def statistics(conn: asyncpg.Connection, login: str | None) -> JsonDict:
             "progress": {s["status"]: int(s["messages"]) for s in statuses if not s["is_final"]},
         },
         "independent_verification": None,
-        "receptions": {"total": receptions, "by_outcome": outcomes},
+        "receptions": {
+            "total": receptions,
+            "by_outcome": dict(outcomes),
+            "by_channel": dict(channels),
+        },
         "events": int(events["events"]),
         "repeats": {
             "deliveries": int(events["repeated_deliveries"]),

@@ -148,12 +148,12 @@ LEFT JOIN dlr.message_status AS s USING (login, message_id)
 WHERE (:login::text IS NULL OR m.login = :login)
 
 -- name: stats_reception_outcomes
--- `stats`: every delivery by the outcome the rules gave it.
-SELECT outcome, count(*) AS receptions
+-- `stats`: every delivery by the outcome the rules gave it, and by the path it came by.
+SELECT outcome, channel::text AS channel, count(*) AS receptions
 FROM dlr.receptions
 WHERE (:login::text IS NULL OR login = :login)
-GROUP BY outcome
-ORDER BY outcome
+GROUP BY outcome, channel
+ORDER BY outcome, channel
 
 -- name: stats_event_totals
 -- `stats`: logical events, and the deliveries that repeated or contradicted one (P14).
