@@ -14,7 +14,7 @@ DURATION ?= 0
 help:
 	@echo "make run     local demo: PostgreSQL + fake gateway + traffic + dlrfeed, live view (DURATION=s to stop by itself)"
 	@echo "make test    lint + the whole test suite against real PostgreSQL and real gRPC"
-	@echo "make bench   benchmarks; writes docs/benchmarks.md"
+	@echo "make bench   benchmarks; writes docs/benchmarks.md and docs/benchmarks-webhook.md"
 	@echo "make bench-growth  a store grown to RECEIPTS (20 M) receptions; writes docs/benchmarks-growth.md"
 	@echo "make chaos   the full fault-injection matrix; writes docs/reliability.md"
 	@echo "make fuzz    long property-based fuzzing of parse + ingest"
@@ -51,6 +51,7 @@ run: install
 bench: install
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) scripts/bench.py --out docs/benchmarks.md
+	$(PY) scripts/bench_webhook.py --out docs/benchmarks-webhook.md > /dev/null
 
 # Hours at the default size; RECEIPTS=1000000 STEP=200000 for a smaller run. The profiles run
 # side by side, each on its own CPU; GROWTH_CONFIGS=default=8000000,recommended grows one of

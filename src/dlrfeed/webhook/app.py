@@ -30,9 +30,11 @@ from dlrfeed.webhook.settings import WebhookSettings
 
 log = structlog.get_logger("dlrfeed.webhook")
 
-# Receipts waiting for a commit, per commit slot, before new callbacks are answered 503: past
-# that the store is behind, and holding more would only lengthen every answer.
+# Callbacks waiting for a commit before new ones are answered 503: four full commits per commit
+# slot, and at least enough for a burst from many connections; past that the store is behind,
+# and holding more would only lengthen every answer.
 _BACKLOG_PER_COMMIT = 4
+_MIN_BACKLOG = 1024
 
 
 class WebhookStore(IntakeStore, EvidenceStore, Protocol):
@@ -144,7 +146,7 @@ class WebhookService:
                 secret=s.secret,
                 max_body_bytes=s.max_body_bytes,
                 retry_after=s.retry_after,
-                max_in_hand=s.batch_size * s.commits * _BACKLOG_PER_COMMIT,
+                max_in_hand=max(s.batch_size * s.commits * _BACKLOG_PER_COMMIT, _MIN_BACKLOG),
             )
             runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=s.shutdown_timeout)
             await runner.setup()
