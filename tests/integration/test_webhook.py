@@ -18,7 +18,7 @@ import pytest
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.store import IngestResult
-from dlrfeed.webhook.app import WebhookStore
+from dlrfeed.webhook.app import WebhookService, WebhookStore
 from dlrfeed.webhook.formats import CallbackFormat, evidence
 from dlrfeed.webhook.settings import WebhookSettings
 from dlrfeed_testing.pgcluster import PgCluster
@@ -349,3 +349,34 @@ async def test_each_peers_fixtures_through_the_receiver(
                 wanted["level"],
                 wanted["stat"],
             ), name
+
+
+async def test_a_stop_answers_the_callbacks_in_their_commit_first(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """SIGTERM while a callback waits for its commit: the receiver stops listening, lets the
+    commit finish, answers 200, then exits 0 (a callback is never cut off between its commit
+    and its answer while there is time)."""
+    held: list[HeldStore] = []
+
+    async def opener(settings: WebhookSettings) -> WebhookStore:
+        from dlrfeed.webhook.app import open_store
+
+        held.append(HeldStore(await open_store(settings)))
+        return held[0]
+
+    settings = webhook_settings(database_url)
+    service = WebhookService(settings, store_opener=opener)
+    running = asyncio.create_task(service.run())
+    await asyncio.wait_for(service.ready.wait(), 30)
+    async with httpx.AsyncClient() as client:
+        answer = asyncio.create_task(client.post(url(service), content=body(DELIVERED)))
+        await _until(lambda: service.callbacks_in_hand == 1)
+        service.stop()
+        await asyncio.sleep(0.2)
+        assert not answer.done()
+        assert not running.done()
+        held[0].release.set()
+        assert (await answer).status_code == 200
+    assert await asyncio.wait_for(running, 30) == 0
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 1
