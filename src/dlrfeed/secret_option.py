@@ -43,18 +43,9 @@ class SecretOption:
             f"$CREDENTIALS_DIRECTORY/{self.credential}); never accepted on the command line",
         )
         message = self.refused_on_argv
-
-        class RefuseOnArgv(argparse.Action):
-            def __call__(
-                self,
-                parser: argparse.ArgumentParser,
-                namespace: argparse.Namespace,
-                values: object,
-                option_string: str | None = None,
-            ) -> None:
-                raise argparse.ArgumentError(self, message)
-
-        parser.add_argument("--secret", action=RefuseOnArgv, nargs="?", metavar="-", help=message)
+        parser.add_argument(
+            "--secret", action=refusing_action(message), nargs="?", metavar="-", help=message
+        )
 
     def find(self, secret_file: str | None, environ: Mapping[str, str]) -> tuple[bytes, str] | None:
         """(secret, where it came from), or None when no source gives one."""
@@ -77,6 +68,24 @@ class SecretOption:
                 f"credential `{self.credential}` (LoadCredential={self.credential}:FILE)"
             )
         return found
+
+
+def refusing_action(message: str) -> type[argparse.Action]:
+    """An argparse action that refuses its option with `message` without echoing the value
+    (argparse would print an unknown option's value, and the option would otherwise abbreviate
+    its `-file` sibling)."""
+
+    class RefuseOnArgv(argparse.Action):
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: object,
+            option_string: str | None = None,
+        ) -> None:
+            raise argparse.ArgumentError(self, message)
+
+    return RefuseOnArgv
 
 
 def _read_secret(path: Path, what: str) -> bytes:

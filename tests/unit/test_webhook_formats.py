@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from dlrfeed.webhook import formats
 from dlrfeed.webhook.formats import (
+    TEXT_FIELDS,
     Callback,
     CallbackFormat,
     MalformedCallback,
@@ -26,20 +27,8 @@ from dlrfeed.webhook.formats import (
 )
 from dlrfeed_testing.receipt_strategies import examples
 from dlrfeed_testing.webhook_fixtures import FIXTURE_NAMES, FIXTURES, expected, load_fixture
+from gateway.receipts.v1 import feed_pb2
 
-STRING_FIELDS = (
-    "stat",
-    "err",
-    "sub",
-    "dlvrd",
-    "submit_date",
-    "done_date",
-    "text",
-    "source_addr",
-    "destination_addr",
-    "smsc_message_id",
-    "connector",
-)
 RECEIPT_NAMES = frozenset(ReceiptFields.__annotations__)
 GATEWAY, JASMIN, KANNEL = CallbackFormat.GATEWAY, CallbackFormat.JASMIN, CallbackFormat.KANNEL
 JSON = "application/json"
@@ -79,7 +68,7 @@ def assert_fields_or_one_line_reason(result: ReceiptFields | str) -> None:
     assert isinstance(result["level"], int)
     assert isinstance(result["stat"], str)
     assert set(result) <= RECEIPT_NAMES
-    assert all(isinstance(result.get(name, ""), str) for name in STRING_FIELDS)
+    assert all(isinstance(result.get(name, ""), str) for name in TEXT_FIELDS)
 
 
 # --- the fixtures --------------------------------------------------------------------------
@@ -345,7 +334,9 @@ def test_formats_module_is_pure() -> None:
 
 
 def test_receipt_fields_are_the_receipts_fields_1_to_13() -> None:
-    assert list(ReceiptFields.__annotations__) == ["id", "level", *STRING_FIELDS]
+    proto = [f.name for f in feed_pb2.Receipt.DESCRIPTOR.fields if f.number <= 13]
+    assert list(ReceiptFields.__annotations__) == proto
+    assert tuple(proto[2:]) == TEXT_FIELDS
 
 
 # --- properties ----------------------------------------------------------------------------
@@ -357,7 +348,7 @@ def receipt_fields(draw: st.DrawFn) -> dict[str, str | int]:
     fields: dict[str, str | int] = {"id": draw(st.text(min_size=1))}
     if draw(st.booleans()):
         fields["level"] = draw(st.integers(0, 2**32 - 1))
-    for name in STRING_FIELDS:
+    for name in TEXT_FIELDS:
         if draw(st.booleans()):
             fields[name] = draw(st.text())
     return fields

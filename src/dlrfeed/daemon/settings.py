@@ -32,6 +32,7 @@ from dlrfeed.errors import ConfigError
 from dlrfeed.feed.channel import TlsSettings
 from dlrfeed.feed.client import MAX_ACK_TOKENS, MAX_PULL, MAX_PULL_WAIT_SECONDS
 from dlrfeed.feed.reader import Mode, ReaderSettings
+from dlrfeed.secret_option import refusing_action
 
 GATEWAY_MAX_WINDOW = 1000  # F11: a larger window is silently capped by the gateway
 REDACTED = "<redacted>"
@@ -43,20 +44,6 @@ def host_port(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
-
-
-class _RefusePasswordOnArgv(argparse.Action):
-    """`--password` exists only to be refused without echoing the value (argparse would print
-    an unknown option's value, and `--password` would otherwise abbreviate --password-file)."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        raise argparse.ArgumentError(self, REFUSED_ON_ARGV)
 
 
 REFUSED_ON_ARGV = (
@@ -78,7 +65,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "$CREDENTIALS_DIRECTORY/password); never accepted on the command line",
     )
     feed.add_argument(
-        "--password", action=_RefusePasswordOnArgv, nargs="?", metavar="-", help=REFUSED_ON_ARGV
+        "--password",
+        action=refusing_action(REFUSED_ON_ARGV),
+        nargs="?",
+        metavar="-",
+        help=REFUSED_ON_ARGV,
     )
     feed.add_argument("--tls", action="store_true", help="TLS to the gateway (system roots)")
     feed.add_argument("--ca-file", metavar="FILE", help="PEM CA bundle instead of system roots")

@@ -67,6 +67,12 @@ class ReceiptFields(TypedDict, total=False):
     connector: str
 
 
+TEXT_FIELDS: tuple[str, ...] = tuple(
+    name for name in ReceiptFields.__annotations__ if name not in ("id", "level")
+)
+"""The Receipt's text fields: every field but `id` and `level` is a string (F4)."""
+
+
 def evidence(callback: Callback) -> bytes:
     """The bytes kept, byte for byte, as the reception's raw payload (P6, P9).
 
@@ -123,19 +129,6 @@ def _required_id(value: str | None) -> str:
 # --- the gateway's own webhook: a JSON object, one key per Receipt field (F4) ----------------
 
 _MAX_LEVEL = 2**32 - 1  # `level` is a uint32 in the Receipt (docs/spec/interfaces.md §1)
-_GATEWAY_STRINGS = (
-    "stat",
-    "err",
-    "sub",
-    "dlvrd",
-    "submit_date",
-    "done_date",
-    "text",
-    "source_addr",
-    "destination_addr",
-    "smsc_message_id",
-    "connector",
-)
 
 
 def _json_kind(value: object) -> str:
@@ -211,7 +204,7 @@ def _read_gateway(callback: Callback) -> ReceiptFields:
         )
     fields["level"] = level
     fields["stat"] = ""
-    for name in _GATEWAY_STRINGS:
+    for name in TEXT_FIELDS:
         if name in body:
             fields[name] = _text_field(name, body[name])
     # Unknown keys are not read; they stay in the evidence (P9).
