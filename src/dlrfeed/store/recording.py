@@ -43,6 +43,9 @@ _SUBMISSION_COLUMNS = (
     "dlr_requested",
     "dlr_levels",
 )
+# Submissions per transaction: each holds its ids' correlation locks until it commits, and the
+# server's shared lock table is bounded (docs/postgresql.md, "Locks").
+_CHUNK = 500
 # Where each of rules.RECORD_FIELDS sits in a row of Submission.normalised.
 _RECORD_POSITIONS = (1, 3, 5, 6, 7, 8, 9)
 
@@ -52,18 +55,25 @@ async def record_submissions(
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
     transaction, and correlate the receipts that were waiting for them (see
-    `Store.record_submissions`, which translates the driver's errors)."""
+    `Store.record_submissions`, which translates the driver's errors). One durable step: only
+    the last chunk waits for the WAL flush, which makes every chunk before it durable too
+    (sql/submissions.sql, commit_without_flush_wait)."""
     by_login: dict[str, list[Submission]] = {}
     for submission in submissions:
         by_login.setdefault(submission.login, []).append(submission)
+    chunks = [
+        (login, group[start : start + _CHUNK])
+        for login, group in sorted(by_login.items())
+        for start in range(0, len(group), _CHUNK)
+    ]
     recorded = late = 0
-    for login, group in sorted(by_login.items()):
-        for start in range(0, len(group), 500):
-            chunk = group[start : start + 500]
-            async with write_transaction(conn):
-                new, applied = await _record_chunk(conn, options, login, chunk)
-            recorded += new
-            late += applied
+    for number, (login, chunk) in enumerate(chunks, 1):
+        async with write_transaction(conn):
+            if number < len(chunks):
+                await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
+            new, applied = await _record_chunk(conn, options, login, chunk)
+        recorded += new
+        late += applied
     return SubmissionResult(
         recorded=recorded,
         already_recorded=len(submissions) - recorded,

@@ -541,15 +541,17 @@ class Store:
 
         Idempotent: a message id already recorded for its login is left unchanged; a different
         record of it is kept in a `second_record` exception (P12). Chunks of 500 commit one by
-        one; BadDataError when the database refuses a value. Deliveries that arrived first are
-        replayed through the same planner in their arrival order, and the `uncorrelated`
-        exceptions of their events resolved with the reason.
+        one, and the call returns once all of them are durable (one WAL flush for the call, not
+        one per chunk); BadDataError when the database refuses a value. Deliveries that arrived
+        first are replayed through the same planner in their arrival order, and the
+        `uncorrelated` exceptions of their events resolved with the reason.
         """
         try:
             async with self._pool.acquire() as conn:
                 return await recording.record_submissions(conn, self.options, submissions)
         except _DATA_ERRORS as exc:
-            # Chunks already committed stay (recording is idempotent: run the file again).
+            # Chunks already committed stay, durable once the server flushes its WAL (within
+            # wal_writer_delay); recording is idempotent: run the file again.
             raise BadDataError(f"a submission was refused by the database: {exc}") from exc
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
