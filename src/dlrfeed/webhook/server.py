@@ -151,8 +151,9 @@ class CallbackServer:
             except MalformedCallback as exc:
                 return await self._keep_unreadable(raw, str(exc), peer, status=400)
             outcome = await self._intake.take(self._receipt(fields, raw, peer))
-        except StoreUnavailableError as exc:
-            return self._unavailable(str(exc))
+        except StoreUnavailableError:
+            # The reason is in the log (store_unavailable); the caller learns only to retry.
+            return self._unavailable("the store cannot take callbacks now")
         finally:
             self._metrics.answer_seconds.observe(time.monotonic() - started)
         success = _SUCCESS_BODY[self._format]
