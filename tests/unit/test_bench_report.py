@@ -212,6 +212,12 @@ def test_subscribe_against_pull_and_what_a_second_process_gives() -> None:
     assert "| `subscribe 2x2` | 0.90 met | 45 / 30 = 1.50 **not met** |" in section
     assert "| pull | `pull 1x2` → `pull 2x2` | 5,000 → 10,000 | 2.00 | 24 → 30 |" in section
     assert "| subscribe | `subscribe 1x2` → `subscribe 2x2` | 6,000 → 9,000 | 1.50 |" in section
+    walls = report.split("### What stops the targets not met", 1)[1]
+    # 2x2 misses its CPU target: 45 + 10 + 30 µs against 30 + 10 + 30, both 1.6 cores busy.
+    assert "`subscribe 2x2` reaches 0.90 of `pull 2x2`'s rate at 1.50 x its" in walls
+    assert "85 µs in all against 70" in walls
+    assert "Subscribe can reach about 0.82 of Pull's rate" in walls
+    assert "of `pull 1x2`'s rate" not in walls  # 1x2 meets both
 
 
 def test_make_bench_keeps_the_hand_written_last_section() -> None:

@@ -311,6 +311,43 @@ def _subscribe_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _subscribe_walls(results: dict[str, Any]) -> list[str]:
+    """For a Subscribe configuration below its targets against Pull: the CPU per receipt of
+    each process on both, the best rate ratio those allow on the same cores, and the profile."""
+    configurations = results["configurations"]
+    cpu = results.get("cpu_us_per_receipt", {})
+    walls = []
+    for name in configurations:
+        shape = name.split(" ", 1)[1]
+        pull_name = f"pull {shape}"
+        if configuration_mode(name) != "subscribe" or pull_name not in configurations:
+            continue
+        rate = configurations[name]["e2e"]["median"] / configurations[pull_name]["e2e"]["median"]
+        mine, pulls = cpu.get(name, {}).get("e2e"), cpu.get(pull_name, {}).get("e2e")
+        if not mine or not pulls or not mine.get("daemon") or not pulls.get("daemon"):
+            continue
+        cpu_ratio = mine["daemon"] / pulls["daemon"]
+        if rate >= TARGET_SUBSCRIBE_TO_PULL and cpu_ratio <= TARGET_SUBSCRIBE_CPU_TO_PULL:
+            continue
+        walls.append(
+            f"- `{name}` reaches {rate:.2f} of `{pull_name}`'s rate at {cpu_ratio:.2f} x its "
+            f"daemon CPU per receipt. Per receipt, fakegw {mine.get('fakegw', 0):.0f} µs "
+            f"against {pulls.get('fakegw', 0):.0f}, the daemon {mine['daemon']:.0f} against "
+            f"{pulls['daemon']:.0f}, PostgreSQL {mine.get('postgres', 0):.0f} against "
+            f"{pulls.get('postgres', 0):.0f}: {cpu_total(mine):.0f} µs in all against "
+            f"{cpu_total(pulls):.0f}, so on the same cores (busy {mine['cores_busy']:.2f} and "
+            f"{pulls['cores_busy']:.2f}) Subscribe can reach about "
+            f"{cpu_total(pulls) * mine['cores_busy'] / (cpu_total(mine) * pulls['cores_busy']):.2f}"
+            " of Pull's rate. The difference is gRPC's work per stream message, paid by the "
+            "gateway and the daemon alike, which Pull pays once per response: in the subscribe "
+            f"profile gRPC takes {_share(results, 'subscribe', 'gRPC'):.0f} % of the daemon's "
+            f"samples and the event loop {_share(results, 'subscribe', 'event loop'):.0f} %. "
+            "The daemon's threads split that cost, and the candidates tried against it, are in "
+            f"*{HAND_WRITTEN_HEADING[3:]}*."
+        )
+    return walls
+
+
 def _backlog_section(results: dict[str, Any]) -> list[str]:
     backlogs = results.get("backlogs", [])
     if not backlogs:
@@ -509,6 +546,7 @@ def _walls_section(results: dict[str, Any]) -> list[str]:
             )
         if r["to_naive"] < TARGET_RATIO_TO_NAIVE:
             below_naive.append(f"`{name}` {r['to_naive']:.1f}x")
+    walls += _subscribe_walls(results)
     if below_naive:
         reference = results.get("store_reference", {}).get("naive_receipts_per_s")
         writer = (
