@@ -38,7 +38,7 @@ from typing import Any
 
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.feed.channel import open_channel, open_stream_channel
-from dlrfeed.feed.client import FeedClient, SubscribeStream, is_own_cancellation
+from dlrfeed.feed.client import FeedClient, PullCall, SubscribeStream, is_own_cancellation
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
@@ -155,13 +155,28 @@ async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
             for other in streams_open:
                 other.cancel()
 
+    pulls_open: set[PullCall] = set()
+
     async def puller() -> None:
         nonlocal done
         while done < count:
-            receipts = await client.pull(1000, 1).receipts()
+            call = client.pull(1000, 1)
+            pulls_open.add(call)
+            try:
+                receipts = await call.receipts()
+            except asyncio.CancelledError:
+                if is_own_cancellation(call.cancelled_by_us):
+                    return
+                raise
+            finally:
+                pulls_open.discard(call)
             done += len(receipts)
             if receipts:
                 await ack_all([r.ack_token for r in receipts])
+        # The quota is reached: the other readers' long polls would wait out their second on
+        # an empty queue and count it; end them (they hold nothing, everything was pulled).
+        for other in list(pulls_open):
+            other.cancel()
 
     worker = subscriber if mode == "subscribe" else puller
     await asyncio.gather(*(worker() for _ in range(streams)))
