@@ -90,9 +90,9 @@ def open_stream_channel(
     (`dlrfeed.feed.client.SubscribeStream`); same limits, keepalive and TLS as `open_channel`.
 
     `SingleThreadedUnaryStream` makes the reading thread take each message off the call's own
-    completion queue: no channel spin thread, no hop per message. grpc.aio instead pays a
-    completion-queue poll, a wake-up of the event loop and a future per stream message, which
-    made Subscribe cost twice Pull's CPU per receipt (docs/benchmarks.md).
+    completion queue itself, with no channel spin thread in between. grpc.aio instead pays a
+    completion-queue poll in a thread of its own, a wake-up of the event loop and a future per
+    stream message (docs/benchmarks.md, "Measured by hand").
     """
     options = _options(max_message_bytes)
     options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
