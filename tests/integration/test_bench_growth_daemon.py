@@ -11,7 +11,8 @@ import asyncpg
 import pytest
 
 from dlrfeed.store import Store, Submission
-from dlrfeed_testing.bench.growth import BATCHES_PER_ROUND, MESSAGES_PER_BATCH, grow
+from dlrfeed_testing.bench.growth import grow
+from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, MESSAGES_PER_BATCH
 from dlrfeed_testing.bench.sender_time import SenderClock, sender_dsn
 from dlrfeed_testing.pgcluster import PgCluster
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import time
+from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
@@ -290,3 +293,68 @@ async def test_system_two_processes_two_streams_100k(database_url: str, tmp_path
     """The system check at full size: 100,000 receipts."""
     async with running_gateway(lease_seconds=5.0) as gateway:
         await _system_run(gateway, database_url, tmp_path, 100_000)
+
+
+async def _metrics_text(port: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
+    await writer.drain()
+    response = (await reader.read()).decode()
+    writer.close()
+    head, body = response.split("\r\n\r\n", 1)
+    assert head.split()[1] == "200", head
+    return body
+
+
+def _sample(text: str, name: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+async def test_each_worker_serves_its_own_promtool_clean_metrics(
+    gateway: FakeGateway, database_url: str, tmp_path: Path
+) -> None:
+    """`--processes 2 --metrics HOST:0`: one scrape per process (docs/daemon.md, "Several
+    processes"). Each worker binds a port of its own and logs it, each scrape passes `promtool
+    check metrics`, and the workers' counters add up to the whole drain."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: run `make install` (scripts/ensure-system-packages.sh)"
+    await gateway.inject(LOGIN, receipt_bodies(2_000))
+    log = tmp_path / "supervisor.log"
+    process = await start_daemon(
+        gateway.target, database_url, log, "--processes", "2", "--streams", "1",
+        "--mode", "subscribe", "--metrics", "127.0.0.1:0",
+    )  # fmt: skip
+
+    def ports() -> list[int]:
+        return sorted({e["port"] for e in log_events(log) if e["event"] == "metrics_listening"})
+
+    async def both_listening() -> bool:
+        return len(ports()) == 2
+
+    try:
+        await wait_until(both_listening, 60, "both workers' metrics ports")
+        await wait_until(lambda: drained(gateway), 60, "the drain")
+
+        async def all_counted() -> bool:
+            texts = [await _metrics_text(port) for port in ports()]
+            return sum(_sample(t, "dlrfeed_receipts_stored_total") for t in texts) == 2_000
+
+        await wait_until(all_counted, 30, "the workers' counters to add up")
+        scrapes = [await _metrics_text(port) for port in ports()]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await finish(process, 40) == 0, log.read_text()[-3000:]
+    for text in scrapes:
+        linter = await asyncio.create_subprocess_exec(
+            promtool, "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
+        )
+        output, _ = await linter.communicate(text.encode())
+        assert (linter.returncode, output.decode()) == (0, "")
+        assert _sample(text, "dlrfeed_readers_configured") == 1
+    received = [_sample(t, "dlrfeed_receipts_received_total") for t in scrapes]
+    assert sum(received) == 2_000

@@ -12,16 +12,18 @@ from typing import Any
 
 import pytest
 
-from dlrfeed_testing.bench.growth import (
+from dlrfeed_testing.bench.growth_configs import config_sizes
+from dlrfeed_testing.bench.growth_report import (
+    config_result,
+    markdown,
+    merged_reports,
+    report_key,
+)
+from dlrfeed_testing.bench.growth_traffic import (
     BATCHES_PER_ROUND,
     LATE_SHARE,
     MESSAGES_PER_BATCH,
     Traffic,
-    config_result,
-    config_sizes,
-    markdown,
-    merged_reports,
-    report_key,
 )
 from dlrfeed_testing.bench.sender_time import Reading, SenderClock
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dlrfeed_testing.bench.profile import summarise_profile
-from dlrfeed_testing.bench.report import ratios, render_report
+from dlrfeed_testing.bench.report import hand_written_section, ratios, render_report
 from dlrfeed_testing.bench.run import quantile, summary
 from dlrfeed_testing.metrics import histogram_quantile
 
@@ -183,3 +183,48 @@ def test_cpu_per_receipt_table_and_the_machine_bound_of_a_missed_ratio() -> None
     walls = report.split("### What stops the targets not met", 1)[1]
     # The store ceiling (10,000/s) is the slower one: 70 µs against 97 µs end to end.
     assert "can reach only about 0.72" in walls
+
+
+def _daemon_cpu(us: float) -> dict[str, dict[str, float]]:
+    return {
+        "feed": {"fakegw": 10.0, "postgres": 0.0, "bench": 20.0, "cores_busy": 1.5},
+        "store": {"fakegw": 0.0, "postgres": 30.0, "bench": 20.0, "cores_busy": 1.5},
+        "e2e": {"fakegw": 10.0, "postgres": 30.0, "daemon": us, "cores_busy": 1.6},
+    }
+
+
+def test_subscribe_against_pull_and_what_a_second_process_gives() -> None:
+    """Subscribe's rate and daemon CPU per receipt against Pull's of the same shape, with
+    verdicts; and each mode's 2-process configuration against its 1-process one."""
+    results = _results()
+    results["configurations"]["subscribe 2x2"] = _figures([1.0] * 3, [1.0] * 3, [9_000] * 3)
+    results["configurations"]["pull 2x2"] = _figures([1.0] * 3, [1.0] * 3, [10_000] * 3)
+    results["cpu_us_per_receipt"] = {
+        "subscribe 1x2": _daemon_cpu(30.0),
+        "pull 1x2": _daemon_cpu(24.0),
+        "subscribe 2x2": _daemon_cpu(45.0),
+        "pull 2x2": _daemon_cpu(30.0),
+    }
+    report = render_report(results)
+    section = report.split("## Subscribe against Pull", 1)[1].split("\n## ", 1)[0]
+    # 1x2: 6,000 / 5,000 and 30 / 24; 2x2: 9,000 / 10,000 and 45 / 30.
+    assert "| `subscribe 1x2` | 1.20 met | 30 / 24 = 1.25 met |" in section
+    assert "| `subscribe 2x2` | 0.90 met | 45 / 30 = 1.50 **not met** |" in section
+    assert "| pull | `pull 1x2` → `pull 2x2` | 5,000 → 10,000 | 2.00 | 24 → 30 |" in section
+    assert "| subscribe | `subscribe 1x2` → `subscribe 2x2` | 6,000 → 9,000 | 1.50 |" in section
+    walls = report.split("### What stops the targets not met", 1)[1]
+    # 2x2 misses its CPU target: 45 + 10 + 30 µs against 30 + 10 + 30, both 1.6 cores busy.
+    assert "`subscribe 2x2` reaches 0.90 of `pull 2x2`'s rate at 1.50 x its" in walls
+    assert "85 µs in all against 70" in walls
+    assert "Subscribe can reach about 0.82 of Pull's rate" in walls
+    assert "of `pull 1x2`'s rate" not in walls  # 1x2 meets both
+
+
+def test_make_bench_keeps_the_hand_written_last_section() -> None:
+    """The section measured by hand survives a new report, at its end, word for word."""
+    kept = "## Measured by hand\n\nCandidate A against B: 1.10.\n"
+    previous = render_report(_results(), kept)
+    assert previous.endswith(kept)
+    assert hand_written_section(previous) == kept
+    assert render_report(_results(), hand_written_section(previous)) == previous
+    assert hand_written_section(render_report(_results())) == ""

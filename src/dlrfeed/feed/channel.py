@@ -1,8 +1,9 @@
-"""The gRPC channel to the gateway: TLS or plaintext, message-size limits, keepalive.
+"""The gRPC channels to the gateway: TLS or plaintext, message-size limits, keepalive.
 
-One channel per process carries every reader's stream and the Acker's calls (HTTP/2 multiplexes
-them over one connection). Certificates are read here, at start-up, so that a missing or
-unreadable file is a configuration error with one clear line, not a failed handshake later.
+One `grpc.aio` channel per process carries every Pull and the Acker's calls, one synchronous
+channel every reader's Subscribe stream (HTTP/2 multiplexes each over one connection).
+Certificates are read here, at start-up, so that a missing or unreadable file is a
+configuration error with one clear line, not a failed handshake later.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
+import grpc.experimental
 
 from dlrfeed.errors import ConfigError
 
@@ -49,14 +51,8 @@ def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
     )
 
 
-def open_channel(
-    target: str,
-    tls: TlsSettings | None,
-    *,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> grpc.aio.Channel:
-    """A `grpc.aio` channel to `target` (HOST:PORT); must be called inside the running loop."""
-    options: list[tuple[str, int | str]] = [
+def _options(max_message_bytes: int) -> list[tuple[str, int | str]]:
+    return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         # A keepalive ping every 5 min finds a silently dead connection under an idle Subscribe
@@ -67,8 +63,41 @@ def open_channel(
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.max_reconnect_backoff_ms", 5_000),
     ]
+
+
+def open_channel(
+    target: str,
+    tls: TlsSettings | None,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.aio.Channel:
+    """A `grpc.aio` channel to `target` (HOST:PORT); must be called inside the running loop."""
+    options = _options(max_message_bytes)
     if tls is None:
         return grpc.aio.insecure_channel(target, options=options)
     if tls.server_name:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.aio.secure_channel(target, channel_credentials(tls), options=options)
+
+
+def open_stream_channel(
+    target: str,
+    tls: TlsSettings | None,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.Channel:
+    """A synchronous channel to `target` for Subscribe streams, each read by a thread of its own
+    (`dlrfeed.feed.client.SubscribeStream`); same limits, keepalive and TLS as `open_channel`.
+
+    `SingleThreadedUnaryStream` makes the reading thread take each message off the call's own
+    completion queue itself, with no channel spin thread in between. grpc.aio instead pays a
+    completion-queue poll in a thread of its own, a wake-up of the event loop and a future per
+    stream message (docs/benchmarks.md, "Measured by hand").
+    """
+    options = _options(max_message_bytes)
+    options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
+    if tls is None:
+        return grpc.insecure_channel(target, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(target, channel_credentials(tls), options=options)

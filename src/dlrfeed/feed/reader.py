@@ -226,23 +226,24 @@ class FeedReader:
         try:
             while True:
                 try:
-                    receipt = await stream.read()
+                    receipts = await stream.read()
                 except asyncio.CancelledError:
                     if is_own_cancellation(stream.cancelled_by_us):
                         raise _Released from None
                     raise
-                if receipt is None:
+                if receipts is None:
                     raise FeedUnavailableError("the gateway ended the Subscribe stream")
                 if self._stopping:
                     # F7: what arrives after stop stays unacked and is released at close.
                     await self._closed.wait()
                     return
                 self._attempt = 0
+                # One hand-off per group of stream messages, like a Pull's response.
                 if self._on_received is not None:
-                    self._on_received(Mode.SUBSCRIBE, 1)
-                await self._sink.accept([receipt])
+                    self._on_received(Mode.SUBSCRIBE, len(receipts))
+                await self._sink.accept(receipts)
                 now = self._clock()
-                policy.streamed(1, now)
+                policy.streamed(len(receipts), now)
                 if policy.mode(now) is not Mode.SUBSCRIBE:
                     # A backlog: Pull drains it for a fraction of the CPU per receipt
                     # (docs/daemon.md). Commit and ack what we hold first, so closing the

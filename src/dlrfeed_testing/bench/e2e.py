@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
-from dlrfeed.feed.channel import open_channel
-from dlrfeed.feed.client import FeedClient, SubscribeStream, is_own_cancellation
+from dlrfeed.feed.channel import open_channel, open_stream_channel
+from dlrfeed.feed.client import FeedClient, PullCall, SubscribeStream, is_own_cancellation
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
@@ -119,7 +119,8 @@ async def record_messages(database_url: str, message_ids: Iterable[str]) -> None
 async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
     """Receipts/s of our FeedClient draining `count` and acking in 500s, storing nothing."""
     channel = open_channel(target, None)
-    client = FeedClient(channel, LOGIN, PASSWORD)
+    stream_channel = open_stream_channel(target, None)
+    client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
     done = 0
     started = time.perf_counter()
 
@@ -136,11 +137,11 @@ async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
         tokens: list[str] = []
         try:
             while done < count:
-                receipt = await stream.read()
-                if receipt is None:
+                receipts = await stream.read()
+                if receipts is None:
                     return
-                tokens.append(receipt.ack_token)
-                done += 1
+                tokens.extend(receipt.ack_token for receipt in receipts)
+                done += len(receipts)
                 if len(tokens) >= 250:
                     await ack_all(tokens)
                     tokens = []
@@ -154,17 +155,33 @@ async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
             for other in streams_open:
                 other.cancel()
 
+    pulls_open: set[PullCall] = set()
+
     async def puller() -> None:
         nonlocal done
         while done < count:
-            receipts = await client.pull(1000, 1).receipts()
+            call = client.pull(1000, 1)
+            pulls_open.add(call)
+            try:
+                receipts = await call.receipts()
+            except asyncio.CancelledError:
+                if is_own_cancellation(call.cancelled_by_us):
+                    return
+                raise
+            finally:
+                pulls_open.discard(call)
             done += len(receipts)
             if receipts:
                 await ack_all([r.ack_token for r in receipts])
+        # The quota is reached: the other readers' long polls would wait out their second on
+        # an empty queue and count it; end them (they hold nothing, everything was pulled).
+        for other in list(pulls_open):
+            other.cancel()
 
     worker = subscriber if mode == "subscribe" else puller
     await asyncio.gather(*(worker() for _ in range(streams)))
     elapsed = time.perf_counter() - started
+    stream_channel.close()
     await channel.close(grace=None)
     return count / elapsed
 

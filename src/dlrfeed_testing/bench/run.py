@@ -50,7 +50,7 @@ import grpc
 from dlrfeed_testing.bench import daemon_process, naive_consumer
 from dlrfeed_testing.bench import e2e as bench_e2e
 from dlrfeed_testing.bench.profile import summarise_profile
-from dlrfeed_testing.bench.report import draw_chart, render_report
+from dlrfeed_testing.bench.report import draw_chart, hand_written_section, render_report
 from dlrfeed_testing.bench.store import measure_store
 from dlrfeed_testing.local_login import LOGIN, PASSWORD
 from dlrfeed_testing.pgcluster import PgCluster, free_port, server_bindir
@@ -81,7 +81,9 @@ CONFIGURATIONS = (
     Configuration("subscribe", 1, 2),
     Configuration("subscribe", 2, 2),
     Configuration("pull", 1, 2),
+    Configuration("pull", 2, 2),
     Configuration("auto", 1, 2),
+    Configuration("auto", 2, 2),
 )
 
 
@@ -591,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     results["chart"] = chart.name if draw_chart(results, chart) else None
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
-    args.out.write_text(render_report(results))
+    previous = args.out.read_text() if args.out.exists() else ""
+    args.out.write_text(render_report(results, hand_written_section(previous)))
     log(f"wrote {args.out}")
     return 0
 

@@ -1,0 +1,116 @@
+"""`SubscribeStream` over real loopback gRPC against fakegw: the thread that takes the stream's
+messages, the groups it hands to the loop, and how a stream ends (F7, F11)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from dlrfeed.domain.receipt import Receipt
+from dlrfeed.errors import AuthenticationError, FeedUnavailableError
+from dlrfeed.feed.channel import open_channel, open_stream_channel
+from dlrfeed.feed.client import FeedClient, SubscribeStream
+from dlrfeed_testing.fakegw_support import LOGIN, LOGINS, PASSWORD, receipt_body, wait_until
+from fakegw.server import FakeGateway
+
+
+@asynccontextmanager
+async def _feed(password: str = PASSWORD) -> AsyncIterator[tuple[FakeGateway, FeedClient]]:
+    async with FakeGateway(LOGINS).running() as gw:
+        channel = open_channel(gw.target, None)
+        stream_channel = open_stream_channel(gw.target, None)
+        try:
+            yield gw, FeedClient(channel, LOGIN, password, stream_channel=stream_channel)
+        finally:
+            stream_channel.close()
+            await channel.close(grace=None)
+
+
+async def _read(stream: SubscribeStream, count: int) -> list[list[Receipt]]:
+    """Each read()'s receipts until `count` have come."""
+    groups: list[list[Receipt]] = []
+    while sum(map(len, groups)) < count:
+        receipts = await stream.read()
+        assert receipts is not None
+        groups.append(receipts)
+    return groups
+
+
+def _stream_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("subscribe-")]
+
+
+async def test_receipts_that_arrived_while_the_loop_was_busy_come_in_one_read() -> None:
+    async with _feed() as (gw, client):
+        await gw.inject(LOGIN, [receipt_body(n) for n in range(50)])
+        stream = client.subscribe(window=100)
+        await wait_until(lambda: gw.stats(LOGIN)["in_flight"] == 50)
+        await asyncio.sleep(0.2)  # the loop stays away: the stream's thread queues them all
+        groups = await _read(stream, 50)
+        stream.cancel()
+    assert [r.message_id for group in groups for r in group] == [f"m{n}" for n in range(50)]
+    assert len(groups) < 50
+    assert all(len({r.received_at for r in group}) == 1 for group in groups)
+
+
+async def test_the_stream_holds_its_window_and_resumes_after_an_ack() -> None:
+    """F11: what the thread queues is bounded by the window, not by the backlog."""
+    async with _feed() as (gw, client):
+        await gw.inject(LOGIN, [receipt_body(n) for n in range(30)])
+        stream = client.subscribe(window=10)
+        first = [r for group in await _read(stream, 10) for r in group]
+        await asyncio.sleep(0.2)
+        assert gw.stats(LOGIN)["in_flight"] == 10
+        assert (await client.ack([r.ack_token for r in first])).acked == 10
+        second = [r for group in await _read(stream, 10) for r in group]
+        stream.cancel()
+    assert [r.message_id for r in first + second] == [f"m{n}" for n in range(20)]
+
+
+async def test_cancel_ends_the_read_releases_the_receipts_and_the_thread() -> None:
+    """F7: our cancel() ends the call, the gateway releases what it held at once."""
+    async with _feed() as (gw, client):
+        await gw.inject(LOGIN, [receipt_body(n) for n in range(5)])
+        stream = client.subscribe(window=100)
+        await _read(stream, 5)
+        waiting = asyncio.create_task(stream.read())
+        await asyncio.sleep(0.1)
+        stream.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert stream.cancelled_by_us
+        await wait_until(lambda: gw.stats(LOGIN)["queued"] == 5)
+        await wait_until(lambda: not _stream_threads())
+
+
+async def test_a_cut_stream_gives_its_receipts_then_a_feed_error() -> None:
+    async with _feed() as (gw, client):
+        gw.faults.cut_stream_every = 20
+        await gw.inject(LOGIN, [receipt_body(n) for n in range(30)])
+        stream = client.subscribe(window=100)
+        received = [r for group in await _read(stream, 20) for r in group]
+        with pytest.raises(FeedUnavailableError):
+            await stream.read()
+    assert [r.message_id for r in received] == [f"m{n}" for n in range(20)]
+    await wait_until(lambda: not _stream_threads())
+
+
+async def test_a_refused_login_is_an_authentication_error() -> None:
+    async with _feed(password="wrong") as (_gw, client):
+        stream = client.subscribe(window=10)
+        with pytest.raises(AuthenticationError):
+            await stream.read()
+
+
+async def test_a_client_without_a_stream_channel_cannot_subscribe() -> None:
+    async with FakeGateway(LOGINS).running() as gw:
+        channel = open_channel(gw.target, None)
+        try:
+            with pytest.raises(TypeError, match="stream_channel"):
+                FeedClient(channel, LOGIN, PASSWORD).subscribe(window=10)
+        finally:
+            await channel.close(grace=None)
