@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Mapping
 
 from dlrfeed.cli import build_parser
 from dlrfeed.config import LayeredDefaults
-from dlrfeed.webhook.app import StoreOpener, WebhookService, open_store
+from dlrfeed.daemon.lifecycle import open_store
+from dlrfeed.webhook.app import StoreOpener, WebhookService
 from dlrfeed.webhook.settings import WebhookSettings
 
 LOGIN = "acme"

@@ -145,7 +145,7 @@ async def test_the_answer_waits_for_the_commit_and_concurrent_callbacks_share_on
     held: list[HeldStore] = []
 
     async def opener(settings: WebhookSettings) -> WebhookStore:
-        from dlrfeed.webhook.app import open_store
+        from dlrfeed.daemon.lifecycle import open_store
 
         held.append(HeldStore(await open_store(settings)))
         return held[0]
@@ -360,7 +360,7 @@ async def test_a_stop_answers_the_callbacks_in_their_commit_first(
     held: list[HeldStore] = []
 
     async def opener(settings: WebhookSettings) -> WebhookStore:
-        from dlrfeed.webhook.app import open_store
+        from dlrfeed.daemon.lifecycle import open_store
 
         held.append(HeldStore(await open_store(settings)))
         return held[0]

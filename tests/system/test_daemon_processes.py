@@ -124,7 +124,8 @@ CRASHING_DAEMON = """
 import asyncio, os, sys
 from dlrfeed.cli import build_parser
 from dlrfeed.config import LayeredDefaults
-from dlrfeed.daemon.app import Daemon, open_store
+from dlrfeed.daemon.app import Daemon
+from dlrfeed.daemon.lifecycle import open_store
 from dlrfeed.daemon.settings import DaemonSettings
 
 WHERE = os.environ["CRASH_AT"]

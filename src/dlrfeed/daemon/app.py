@@ -25,7 +25,7 @@ from dlrfeed.feed.client import FeedClient
 from dlrfeed.feed.modes import Mode
 
 from .http import MetricsServer
-from .lifecycle import handle_stop_signals, until_stopped
+from .lifecycle import ServiceStore, checked, handle_stop_signals, open_store, until_stopped
 from .metrics import DaemonMetrics
 from .pipeline import Pipeline
 from .sdnotify import SystemdNotifier
@@ -40,32 +40,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger("dlrfeed.daemon")
 
 
-class DaemonStore(Protocol):
+class DaemonStore(ServiceStore, Protocol):
     """What the daemon needs of `dlrfeed.store.Store`."""
 
     async def ingest(self, login: str, receipts: Sequence[Receipt]) -> IngestResult: ...
 
-    async def ping(self) -> None: ...
-
-    async def check_schema(self) -> None: ...
-
-    async def close(self) -> None: ...
-
 
 StoreOpener = Callable[[DaemonSettings], Awaitable[DaemonStore]]
-
-
-async def open_store(settings: DaemonSettings) -> DaemonStore:
-    """Open the real PostgreSQL store with a pool sized for the readers."""
-    from dlrfeed.store import Store  # the adapter is imported only by the composition root
-
-    return await Store.open(
-        settings.database_url,
-        pool_size=settings.db_pool_size,
-        options=settings.integration,
-        pooler=settings.database_pooler,
-        require_synchronous_commit=settings.require_synchronous_commit,
-    )
 
 
 class Daemon:
@@ -203,13 +184,7 @@ class Daemon:
             )
 
     async def _open_store(self) -> DaemonStore:
-        store = await self._store_opener(self.settings)
-        try:
-            await store.check_schema()
-        except BaseException:
-            await store.close()
-            raise
-        return store
+        return await checked(await self._store_opener(self.settings))
 
 
 def _feed_start_hint(settings: DaemonSettings) -> str | None:

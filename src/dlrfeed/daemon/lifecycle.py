@@ -1,6 +1,7 @@
-"""What every long-running dlrfeed service does at start and stop, whatever it serves: retry
-its start-up through outages, stop cleanly on SIGTERM/SIGINT, and ping systemd's watchdog while
-its event loop turns (`dlrfeed run`, `dlrfeed relay`, `dlrfeed webhook`)."""
+"""What every long-running dlrfeed service does at start and stop, whatever it serves: open its
+store and check the schema, retry its start-up through outages, stop cleanly on SIGTERM/SIGINT,
+and ping systemd's watchdog while its event loop turns (`dlrfeed run`, `dlrfeed relay`,
+`dlrfeed webhook`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
@@ -17,10 +18,71 @@ from dlrfeed.errors import FeedUnavailableError, StoreUnavailableError
 
 from .sdnotify import SystemdNotifier
 
+if TYPE_CHECKING:
+    from dlrfeed.config import Pooler
+    from dlrfeed.domain.options import IntegrationOptions
+    from dlrfeed.store import Store
+
 log = structlog.get_logger("dlrfeed.daemon")
 
 STARTUP_DELAY = Backoff(initial=0.2, maximum=10.0)
 """Between start-up attempts while the store or the gateway cannot be reached."""
+
+
+class StoreSettings(Protocol):
+    """What a service's settings say of its store."""
+
+    @property
+    def database_url(self) -> str: ...
+
+    @property
+    def db_pool_size(self) -> int: ...
+
+    @property
+    def integration(self) -> IntegrationOptions: ...
+
+    @property
+    def database_pooler(self) -> Pooler: ...
+
+    @property
+    def require_synchronous_commit(self) -> bool: ...
+
+
+class ServiceStore(Protocol):
+    """What every service needs of its store, besides its own work: a schema check at start,
+    a ping for its store gate, and a close."""
+
+    async def ping(self) -> None: ...
+
+    async def check_schema(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=ServiceStore)
+
+
+async def open_store(settings: StoreSettings) -> Store:
+    """Open the real PostgreSQL store with the service's pool size and rules."""
+    from dlrfeed.store import Store  # the adapter is imported only by the composition roots
+
+    return await Store.open(
+        settings.database_url,
+        pool_size=settings.db_pool_size,
+        options=settings.integration,
+        pooler=settings.database_pooler,
+        require_synchronous_commit=settings.require_synchronous_commit,
+    )
+
+
+async def checked(store: _S) -> _S:
+    """`store`, once its schema is current; closed when it is not (the error is raised)."""
+    try:
+        await store.check_schema()
+    except BaseException:
+        await store.close()
+        raise
+    return store
 
 
 def handle_stop_signals(stack: contextlib.AsyncExitStack, stop: Callable[[], None]) -> None:

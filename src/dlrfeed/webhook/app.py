@@ -19,7 +19,14 @@ import structlog
 from aiohttp import web
 
 from dlrfeed.daemon.http import MetricsServer
-from dlrfeed.daemon.lifecycle import handle_stop_signals, ping_watchdog, until_stopped
+from dlrfeed.daemon.lifecycle import (
+    ServiceStore,
+    checked,
+    handle_stop_signals,
+    open_store,
+    ping_watchdog,
+    until_stopped,
+)
 from dlrfeed.daemon.sdnotify import SystemdNotifier
 from dlrfeed.daemon.settings import redact_url
 from dlrfeed.daemon.store_gate import StoreGate
@@ -37,30 +44,11 @@ _BACKLOG_PER_COMMIT = 4
 _MIN_BACKLOG = 1024
 
 
-class WebhookStore(IntakeStore, EvidenceStore, Protocol):
+class WebhookStore(IntakeStore, EvidenceStore, ServiceStore, Protocol):
     """What the receiver needs of `dlrfeed.store.Store`."""
-
-    async def ping(self) -> None: ...
-
-    async def check_schema(self) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 StoreOpener = Callable[[WebhookSettings], Awaitable[WebhookStore]]
-
-
-async def open_store(settings: WebhookSettings) -> WebhookStore:
-    """Open the real PostgreSQL store with a connection per commit slot and one to ping."""
-    from dlrfeed.store import Store  # the adapter is imported only by the composition root
-
-    return await Store.open(
-        settings.database_url,
-        pool_size=settings.db_pool_size,
-        options=settings.integration,
-        pooler=settings.database_pooler,
-        require_synchronous_commit=settings.require_synchronous_commit,
-    )
 
 
 class WebhookService:
@@ -166,13 +154,7 @@ class WebhookService:
         return 0
 
     async def _open_store(self) -> WebhookStore:
-        store = await self._store_opener(self.settings)
-        try:
-            await store.check_schema()
-        except BaseException:
-            await store.close()
-            raise
-        return store
+        return await checked(await self._store_opener(self.settings))
 
     async def _serve_metrics(self, stack: contextlib.AsyncExitStack, gate: StoreGate) -> None:
         if self.settings.metrics is None:
