@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,15 @@ def test_no_import_crosses_a_layer(package: str, forbidden: tuple[str, ...]) -> 
         for module, names in imported_modules(package).items()
     }
     assert {m: n for m, n in crossings.items() if n} == {}
+
+
+def test_the_command_line_loads_no_http_server() -> None:
+    """Every command's parser is built when any `dlrfeed` command starts: the webhook
+    receiver's HTTP server (aiohttp) is imported by `dlrfeed webhook` alone, not by the
+    daemon, whose memory it would grow (the 1 M-backlog RSS in docs/benchmarks.md)."""
+    probe = (
+        "import sys; from dlrfeed.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'aiohttp'))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
