@@ -67,6 +67,14 @@ def non_negative_float(text: str) -> float:
     return _number(text, float, lambda value: value >= 0, "not be negative")
 
 
+def host_port(text: str) -> tuple[str, int]:
+    """`HOST:PORT` → (host, port); raises ValueError with a readable message."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
 def env_name(dest: str) -> str:
     """`database_url` → `DLRFEED_DATABASE_URL`."""
     return ENV_PREFIX + dest.upper().replace("-", "_")

@@ -14,6 +14,7 @@ import structlog
 from dlrfeed.config import (
     add_database_url,
     add_logging_options,
+    host_port,
     positive_float,
     positive_int,
     required,
@@ -22,7 +23,7 @@ from dlrfeed.daemon.http import MetricsServer
 from dlrfeed.daemon.lifecycle import ping_watchdog
 from dlrfeed.daemon.logsetup import configure_logging
 from dlrfeed.daemon.sdnotify import SystemdNotifier
-from dlrfeed.daemon.settings import exposed_mode, host_port
+from dlrfeed.daemon.settings import exposed_mode
 from dlrfeed.errors import ConfigError
 from dlrfeed.relay import Relay, RelayMetrics, RelaySettings
 from dlrfeed.secret_option import SecretOption

@@ -105,9 +105,7 @@ class Daemon:
         stream_channel = None
         if s.mode is not Mode.PULL:
             # Closed after the streams (the ordered stop closes them) and before the pool.
-            stream_channel = open_stream_channel(
-                s.gateway, s.tls, max_message_bytes=s.max_message_bytes
-            )
+            stream_channel = open_stream_channel(s.gateway, s.tls)
             stack.callback(stream_channel.close)
         client = FeedClient(channel, s.login, s.password, stream_channel=stream_channel)
         if not await until_stopped(self._stop, client.check_access, hint=_feed_start_hint(s)):

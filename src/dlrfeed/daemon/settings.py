@@ -23,6 +23,7 @@ from dlrfeed.config import (
     add_database_pooler,
     add_integration_options,
     add_logging_options,
+    host_port,
     integration_options,
     non_negative_float,
     positive_int,
@@ -36,14 +37,6 @@ from dlrfeed.secret_option import refusing_action
 
 GATEWAY_MAX_WINDOW = 1000  # F11: a larger window is silently capped by the gateway
 REDACTED = "<redacted>"
-
-
-def host_port(text: str) -> tuple[str, int]:
-    """`HOST:PORT` → (host, port); raises ValueError with a readable message."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
 
 
 REFUSED_ON_ARGV = (

@@ -1,24 +1,35 @@
 """The gRPC channels to the gateway: TLS or plaintext, message-size limits, keepalive.
 
-One `grpc.aio` channel per process carries every Pull and the Acker's calls, one synchronous
-channel every reader's Subscribe stream (HTTP/2 multiplexes each over one connection).
+One `grpc.aio` channel per process carries every Pull and the Acker's calls, one grpclib
+connection every reader's Subscribe stream (HTTP/2 multiplexes each over one connection).
 Certificates are read here, at start-up, so that a missing or unreadable file is a
 configuration error with one clear line, not a failed handshake later.
 """
 
 from __future__ import annotations
 
+import logging
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import grpc.aio
-import grpc.experimental
+import grpclib.client
+import grpclib.config
+import grpclib.encoding.base
 
+from dlrfeed.config import host_port
 from dlrfeed.errors import ConfigError
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """A Pull of 1000 receipts, some carrying megabyte fields (C8), must still fit in one message."""
+
+KEEPALIVE_SECONDS = 300.0
+"""A keepalive ping every 5 min finds a silently dead connection under an idle Subscribe
+stream; not more often, or a default server answers GOAWAY "too_many_pings"."""
+KEEPALIVE_TIMEOUT_SECONDS = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +66,8 @@ def _options(max_message_bytes: int) -> list[tuple[str, int | str]]:
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        # A keepalive ping every 5 min finds a silently dead connection under an idle Subscribe
-        # stream; not more often, or a default server answers GOAWAY "too_many_pings".
-        ("grpc.keepalive_time_ms", 300_000),
-        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
+        ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_SECONDS * 1000)),
         # Reconnect backoff is ours (FeedReader); keep the channel's own short.
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.max_reconnect_backoff_ms", 5_000),
@@ -80,24 +89,59 @@ def open_channel(
     return grpc.aio.secure_channel(target, channel_credentials(tls), options=options)
 
 
-def open_stream_channel(
-    target: str,
-    tls: TlsSettings | None,
-    *,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> grpc.Channel:
-    """A synchronous channel to `target` for Subscribe streams, each read by a thread of its own
-    (`dlrfeed.feed.client.SubscribeStream`); same limits, keepalive and TLS as `open_channel`.
+def open_stream_channel(target: str, tls: TlsSettings | None) -> grpclib.client.Channel:
+    """The HTTP/2 connection that carries every reader's Subscribe stream (grpclib, on the
+    event loop), with the same TLS and keepalive as `open_channel`; opened at the first call.
 
-    `SingleThreadedUnaryStream` makes the reading thread take each message off the call's own
-    completion queue itself, with no channel spin thread in between. grpc.aio instead pays a
-    completion-queue poll in a thread of its own, a wake-up of the event loop and a future per
-    stream message (docs/benchmarks.md, "Measured by hand").
+    Why not grpcio here: grpcio pays a receive operation, a completion and a thread wake-up per
+    stream message, in the daemon and — through its small, probe-grown flow-control window —
+    in the gateway too, where a Pull pays once per response. grpclib parses the frames that
+    have arrived in one pass on the loop and grants a 4 MiB window, so the gateway writes many
+    receipts per frame (docs/benchmarks.md, "Measured by hand").
     """
-    options = _options(max_message_bytes)
-    options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
-    if tls is None:
-        return grpc.insecure_channel(target, options=options)
-    if tls.server_name:
-        options.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.secure_channel(target, channel_credentials(tls), options=options)
+    host, port = host_port(target)
+    # hpack logs every header it encodes at DEBUG, the Authorization header (the login's
+    # password) among them: never let a debug set-up of the standard logging print it.
+    logging.getLogger("hpack").setLevel(logging.INFO)
+    context: ssl.SSLContext | None = None
+    name_override: str | None = None
+    if tls is not None:
+        context = ssl_context(tls)
+        name_override = tls.server_name
+    config = grpclib.config.Configuration(
+        _keepalive_time=KEEPALIVE_SECONDS,
+        _keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
+        ssl_target_name_override=name_override,
+    )
+    return grpclib.client.Channel(host, port, codec=RawBytesCodec(), ssl=context, config=config)
+
+
+def ssl_context(tls: TlsSettings) -> ssl.SSLContext:
+    """The client TLS context of `tls` (HTTP/2 by ALPN); raises ConfigError like
+    `channel_credentials` for unreadable or half-given files."""
+    channel_credentials(tls)  # the same checks, the same one-line errors
+    try:
+        context = ssl.create_default_context(
+            cafile=str(tls.ca_file) if tls.ca_file is not None else None
+        )
+        if tls.client_cert is not None and tls.client_key is not None:
+            context.load_cert_chain(tls.client_cert, tls.client_key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"cannot load the TLS files (--ca-file, --client-cert/--client-key): {exc}"
+        ) from exc
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+class RawBytesCodec(grpclib.encoding.base.CodecBase):
+    """Messages as the bytes on the wire: `Receipt.raw` must be exactly what was received
+    (P6), and each receipt is decoded on its own (dlrfeed.feed.wire, C8)."""
+
+    __content_subtype__ = "proto"
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        return cast(bytes, message)
+
+    def decode(self, data: bytes, message_type: Any) -> bytes:
+        return data

@@ -2,7 +2,7 @@
 
 `FeedClient` is the only place that touches the generated stubs. It turns each proto `Receipt`
 into a `dlrfeed.domain.receipt.Receipt` (keeping the serialized bytes whole as `raw`, P6/P9) and
-every failed call (`grpc.aio.AioRpcError`, or the `grpc.RpcError` of a Subscribe stream) into one
+every failed call (`grpc.aio.AioRpcError`, or grpclib's errors on a Subscribe stream) into one
 of the project's exception types, so that retry policies elsewhere match only those (STYLE:
 translate errors at the boundary).
 """
@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import threading
+import ssl
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import grpc
 import grpc.aio
+import grpclib.client
+import grpclib.const
+import grpclib.exceptions
 
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import (
@@ -34,6 +36,7 @@ from dlrfeed.feed.wire import receipt_from_proto as receipt_from_proto  # moved;
 from gateway.receipts.v1 import feed_pb2
 
 _SERVICE = "/gateway.receipts.v1.ReceiptFeed/"
+_Metadata = tuple[tuple[str, str], ...]
 MAX_ACK_TOKENS = 1000  # F9: more is INVALID_ARGUMENT
 MAX_PULL = 1000  # F10
 MAX_PULL_WAIT_SECONDS = 20  # F10
@@ -64,8 +67,29 @@ class FeedTlsError(ConfigError):
 
 def translate_rpc_error(exc: grpc.Call | grpc.aio.AioRpcError, rpc: str) -> DlrfeedError:
     """The project's error for a failed call of `rpc`; the message never carries credentials."""
-    code = exc.code()
-    details = (exc.details() or "").strip()
+    return translate_status(exc.code(), exc.details() or "", rpc)
+
+
+def translate_stream_error(exc: BaseException) -> DlrfeedError:
+    """The project's error for a Subscribe stream that failed in grpclib (status or transport)."""
+    if isinstance(exc, grpclib.exceptions.GRPCError):
+        return translate_status(grpc.StatusCode[exc.status.name], exc.message or "", "Subscribe")
+    if isinstance(exc, ssl.SSLError):
+        return FeedTlsError(
+            f"TLS handshake with the gateway failed on Subscribe: {exc} — check --tls, "
+            "--ca-file and --client-cert/--client-key"
+        )
+    if isinstance(exc, (OSError, EOFError, grpclib.exceptions.StreamTerminatedError)):
+        # Refused, reset, or lost: the network or a restarting gateway.
+        return FeedUnavailableError(f"Subscribe failed: {type(exc).__name__}: {exc}")
+    if isinstance(exc, DlrfeedError):
+        return exc
+    return FeedUnavailableError(f"Subscribe failed: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def translate_status(code: grpc.StatusCode, details: str, rpc: str) -> DlrfeedError:
+    """The project's error for status `code` of `rpc`, whichever library reported it."""
+    details = details.strip()
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return AuthenticationError(
             f"the gateway refused the login ({code.name} on {rpc}): check --login and the "
@@ -97,26 +121,22 @@ class SubscribeStream:
     """One open Subscribe call: `read()` the receipts that have arrived, `cancel()` to end it
     (F7 releases).
 
-    A thread of the stream's own takes the messages off the call (a synchronous, single-threaded
-    call of `open_stream_channel`) and queues their bytes; it wakes the event loop only when it
-    queues into an empty queue. So the loop pays one hop per *group* of messages — all that
-    arrived while it was busy — and decodes the group at once, where grpc.aio paid a poll, a
-    wake-up and a future per message. The queue holds at most `window` receipts: the gateway
-    sends no more until some are acked (F11).
+    A task of the stream's own takes the messages off the call and queues their bytes: grpclib
+    parses every frame that has arrived in one pass, so the task takes a whole group without
+    yielding, and wakes the reader once per group. The reader decodes the group at once and
+    hands it on in one piece, like a Pull's response. The queue holds at most `window`
+    receipts: the gateway sends no more until some are acked (F11).
     """
 
     def __init__(
-        self, call: grpc.CallIterator[bytes], loop: asyncio.AbstractEventLoop, name: str
+        self, channel: grpclib.client.Channel, request: bytes, metadata: _Metadata, name: str
     ) -> None:
-        self._call = call
-        self._loop = loop
         self._arrived: deque[bytes] = deque()
         self._wakeup = asyncio.Event()
         self._ended = False
         self._error: BaseException | None = None  # how the call ended, when not cleanly
         self._cancelled_by_us = False
-        self._thread = threading.Thread(target=self._take_messages, name=name, daemon=True)
-        self._thread.start()
+        self._task = asyncio.create_task(self._take_messages(channel, request, metadata), name=name)
 
     async def read(self) -> list[Receipt] | None:
         """Every receipt that has arrived since the last read, oldest first (at least one; waits
@@ -133,49 +153,54 @@ class SubscribeStream:
             if self._ended:
                 if self._error is None:
                     return None
-                if isinstance(self._error, grpc.RpcError):
-                    raise translate_rpc_error(cast(grpc.Call, self._error), "Subscribe")
-                raise self._error
+                raise translate_stream_error(self._error)
             self._wakeup.clear()
             await self._wakeup.wait()
         if self._cancelled_by_us:
             raise asyncio.CancelledError
         received_at = time.time()
         arrived = self._arrived
-        # popleft, not a copy then clear(): the thread may append meanwhile.
+        self._arrived = deque()
         # C8: bytes the strict decoder refuses still become a receipt (dlrfeed.feed.wire).
-        return [receipt_from_wire(arrived.popleft(), received_at) for _ in range(len(arrived))]
+        return [receipt_from_wire(raw, received_at) for raw in arrived]
 
     @property
     def cancelled_by_us(self) -> bool:
         return self._cancelled_by_us
 
     def cancel(self) -> None:
-        """End the stream; the gateway releases its unacked receipts at once (F7). The thread
-        sees the call cancelled and ends."""
+        """End the stream: the call is reset (RST_STREAM), and the gateway releases its unacked
+        receipts at once (F7)."""
         self._cancelled_by_us = True
-        self._call.cancel()  # type: ignore[no-untyped-call]  # unannotated in grpc-stubs
+        self._task.cancel()
         self._wakeup.set()
 
-    def _take_messages(self) -> None:
-        """The stream's thread: queue each message's bytes, wake the loop on the first of a
-        group, and record how the call ended."""
-        arrived = self._arrived
+    async def _take_messages(
+        self, channel: grpclib.client.Channel, request: bytes, metadata: _Metadata
+    ) -> None:
+        """The stream's task: queue each message's bytes, wake the reader, and record how the
+        call ended."""
+        wakeup = self._wakeup
         try:
-            for raw in self._call:
-                arrived.append(raw)
-                if len(arrived) == 1:
-                    self._wake()
-        except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised by read()
+            async with channel.request(
+                _SERVICE + "Subscribe",
+                grpclib.const.Cardinality.UNARY_STREAM,
+                bytes,
+                bytes,
+                metadata=metadata,
+            ) as call:
+                await call.send_message(request, end=True)
+                while (raw := await call.recv_message()) is not None:
+                    self._arrived.append(raw)
+                    wakeup.set()
+        except asyncio.CancelledError:
+            if not self._cancelled_by_us:
+                raise
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, raised by read()
             self._error = exc
-        self._ended = True
-        self._wake()
-
-    def _wake(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._wakeup.set)
-        except RuntimeError:
-            return  # the loop is closed: nobody reads any more
+        finally:
+            self._ended = True
+            wakeup.set()
 
 
 class FeedClient:
@@ -187,24 +212,15 @@ class FeedClient:
         login: str,
         password: str,
         *,
-        stream_channel: grpc.Channel | None = None,
+        stream_channel: grpclib.client.Channel | None = None,
         ack_timeout: float = 10.0,
     ) -> None:
         credential = base64.b64encode(f"{login}:{password}".encode()).decode("ascii")
         # The only copy of the secret lives in this tuple; it is never logged or repr'd.
         self.__metadata = (("authorization", f"Basic {credential}"),)
         self._ack_timeout = ack_timeout
-        # Subscribe returns the raw bytes so that `Receipt.raw` is exactly what was received;
-        # without a stream channel (`open_stream_channel`) the client can Pull and Ack only.
-        self._subscribe = (
-            None
-            if stream_channel is None
-            else stream_channel.unary_stream(
-                _SERVICE + "Subscribe",
-                request_serializer=feed_pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=None,
-            )
-        )
+        # Without a stream channel (`open_stream_channel`) the client can Pull and Ack only.
+        self._stream_channel = stream_channel
         self._streams = 0
         self._pull = channel.unary_unary(
             _SERVICE + "Pull",
@@ -224,12 +240,14 @@ class FeedClient:
 
     def subscribe(self, window: int) -> SubscribeStream:
         """Open a Subscribe stream holding at most `window` unacked receipts (F11); must be
-        called inside the running loop, which `SubscribeStream.read()` then wakes."""
-        if self._subscribe is None:
+        called inside the running loop."""
+        if self._stream_channel is None:
             raise TypeError("this FeedClient has no stream_channel: it cannot Subscribe")
-        call = self._subscribe(feed_pb2.SubscribeRequest(window=window), metadata=self.__metadata)
+        request = feed_pb2.SubscribeRequest(window=window).SerializeToString()
         self._streams += 1
-        return SubscribeStream(call, asyncio.get_running_loop(), f"subscribe-{self._streams}")
+        return SubscribeStream(
+            self._stream_channel, request, self.__metadata, f"subscribe-{self._streams}"
+        )
 
     def pull(self, max_receipts: int, wait_seconds: int) -> PullCall:
         """Start one long-poll Pull (F10); await `PullCall.receipts()` for its result."""

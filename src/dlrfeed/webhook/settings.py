@@ -20,12 +20,13 @@ from dlrfeed.config import (
     add_database_url,
     add_integration_options,
     add_logging_options,
+    host_port,
     integration_options,
     positive_float,
     positive_int,
     required,
 )
-from dlrfeed.daemon.settings import exposed_mode, host_port
+from dlrfeed.daemon.settings import exposed_mode
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.errors import ConfigError
 from dlrfeed.secret_option import SecretOption
