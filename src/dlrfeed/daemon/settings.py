@@ -72,7 +72,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls-server-name", metavar="NAME", help="name to verify in the server certificate"
     )
     feed.add_argument(
-        "--max-message-mb", type=positive_int, default=64, help="largest gRPC message accepted"
+        "--max-message-mb",
+        type=positive_int,
+        default=64,
+        help="largest Pull response accepted (a Subscribe message is one receipt, any size)",
     )
     store = parser.add_argument_group("store")
     store.add_argument("--database-url", metavar="URL", help="PostgreSQL URL (libpq style)")
