@@ -6,7 +6,11 @@ from collections import Counter
 from typing import Any
 
 _CATEGORIES = (
-    ("gRPC (grpc.aio, cygrpc)", ("grpc/", "cygrpc", "grpc_")),
+    # Subscribe streams are read by grpclib over h2; Pull and Ack by grpcio.
+    (
+        "gRPC (grpcio's aio and cygrpc; grpclib and h2 for streams)",
+        ("grpc/", "cygrpc", "grpc_", "grpclib/", "h2/", "hyperframe/", "hpack/"),
+    ),
     ("protobuf", ("google/protobuf", "_pb2")),
     ("asyncpg", ("asyncpg/",)),
     ("store (dlrfeed.store)", ("dlrfeed/store/",)),
