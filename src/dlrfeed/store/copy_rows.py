@@ -2,7 +2,10 @@
 
 Everything of a reception but its id, outcome and event id depends on the receipt alone, so
 those fields are encoded while the server runs the batch's events insert (the client would
-otherwise wait); the three late fields are appended as the plan decides them. asyncpg's
+otherwise wait); the three late fields are appended as the plan decides them. The receipt's
+parsed content (stat, err, done date, fingerprint, flags, parser version) is encoded apart,
+because whether the row holds it is known only once the batch's events are: a reception whose
+content is its event's leaves it to the event (`AS_EVENT`, migration 0016). asyncpg's
 `copy_records_to_table` would encode every field after the plan, on the critical path. The
 store sends the rows in pieces as its plan completes them, so the server inserts one piece
 while the client plans the next (docs/rules.md, "Throughput").
@@ -25,29 +28,30 @@ from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
 from dlrfeed.domain.receipt import Channel
 from dlrfeed.domain.status import Outcome
 
-# The COPY column order: the receipt's own fields, then the late ones (see `complete`).
-COLUMNS = (
+# The COPY column order: the receipt's own fields, its parsed content, then the late ones
+# (see `complete`).
+OWN_COLUMNS = (
     "login",
     "message_id",
     "level",
-    "stat",
-    "err",
     "submit_date_raw",
     "submit_at",
-    "done_date_raw",
-    "done_at",
     "delivery_count",
     "received_at",
     "payload",
+    "channel",
+    "peer",
+)
+CONTENT_COLUMNS = (
+    "stat",
+    "err",
+    "done_date_raw",
+    "done_at",
     "flags",
     "parser_version",
     "fingerprint",
-    "channel",
-    "peer",
-    "id",
-    "outcome",
-    "event_id",
 )
+COLUMNS = (*OWN_COLUMNS, *CONTENT_COLUMNS, "id", "outcome", "event_id")
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)  # no flags, no extension
 TRAILER = struct.pack(">h", -1)
@@ -91,20 +95,25 @@ def _text_array(values: Sequence[str]) -> bytes:
 
 
 _OUTCOME_FIELDS = {outcome: _text(outcome.value) for outcome in Outcome}
+AS_EVENT = _NULL * len(CONTENT_COLUMNS)
+"""The content fields of a reception whose content is its event's: all NULL (migration 0016)."""
 # An enum's binary form is its label: the two channels, encoded once.
 _CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_args(Channel)}
 
 
-def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[bytes]:
-    """Each reception's row up to its late fields (P6): the field count and every field of
-    `COLUMNS` before `id`, in that order."""
+def encode_receipt_fields(
+    login: str, events: Iterable[LogicalEvent]
+) -> tuple[list[bytes], list[bytes]]:
+    """Each reception's own fields (P6): the field count and every field of `OWN_COLUMNS`, in
+    that order; and apart, its parsed content, the fields of `CONTENT_COLUMNS`."""
     head = _FIELD_COUNT + _text(login)
-    tail_constant = _text(PARSER_VERSION)
+    parser_version = _text(PARSER_VERSION)
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
     # ... and their reported dates. Keyed with `fold` too: two times of one zone that differ
     # only in it compare equal in Python, yet are an hour apart at a DST change.
     dates: dict[tuple[datetime | None, int], bytes] = {}
     rows = []
+    contents = []
     for e in events:
         received_at = received.get(e.received_at)
         if received_at is None:
@@ -125,40 +134,50 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
                     head,
                     _text(e.message_id),
                     _int8(e.level),
-                    _text(e.stat),
-                    _text(e.err),
                     _text(e.submit_date_raw),
                     submit_at,
-                    _text(e.done_date_raw),
-                    done_at,
                     _int8(e.delivery_count),
                     received_at,
                     _length(len(e.raw)),
                     e.raw,
-                    _text_array(e.flags),
-                    tail_constant,
-                    _text(e.fingerprint),
                     _CHANNEL_FIELDS[e.channel],
                     _text(e.peer),
                 )
             )
         )
-    return rows
+        contents.append(
+            b"".join(
+                (
+                    _text(e.stat),
+                    _text(e.err),
+                    _text(e.done_date_raw),
+                    done_at,
+                    _text_array(e.flags),
+                    parser_version,
+                    _text(e.fingerprint),
+                )
+            )
+        )
+    return rows, contents
 
 
 def complete(
     rows: Sequence[bytes],
+    contents: Sequence[bytes],
     ids: Iterable[int],
     outcomes: Sequence[Outcome],
     event_ids: Sequence[int],
 ) -> bytes:
-    """COPY data rows: each row of `encode_receipt_fields` with its id, outcome and event id
-    appended. The whole COPY data is `SIGNATURE`, then the rows, in one or more pieces, then
-    `TRAILER`."""
+    """COPY data rows: each row of `encode_receipt_fields` with its content (its own, or
+    `AS_EVENT`), id, outcome and event id appended. The whole COPY data is `SIGNATURE`, then
+    the rows, in one or more pieces, then `TRAILER`."""
     parts: list[bytes] = []
-    for row, reception_id, outcome, event_id in zip(rows, ids, outcomes, event_ids, strict=True):
+    for row, content, reception_id, outcome, event_id in zip(
+        rows, contents, ids, outcomes, event_ids, strict=True
+    ):
         parts += (
             row,
+            content,
             _int8_field(8, reception_id),
             _OUTCOME_FIELDS[outcome],
             _int8_field(8, event_id),

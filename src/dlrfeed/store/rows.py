@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
-from dlrfeed.domain.parse import LogicalEvent, fingerprint
+from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent, fingerprint
 from dlrfeed.domain.rules import (
     Basis,
     Delivery,
@@ -166,6 +166,39 @@ def first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
             ]
         )
     return firsts, dumps(rows)
+
+
+Content: TypeAlias = tuple[str, str | None, str | None, float | None, str, tuple[str, ...]]
+"""A delivery's parsed content as a row stores it (stat, err, done_date_raw, done_at as an
+instant, fingerprint, flags): equal contents are written alike, whatever zone a date was in."""
+
+
+def content_of(e: LogicalEvent) -> Content:
+    """The content a reception of `e` (or the event it creates) stores (migration 0016)."""
+    return (
+        e.stat,
+        e.err,
+        e.done_date_raw,
+        None if e.done_at is None else e.done_at.timestamp(),
+        e.fingerprint,
+        e.flags,
+    )
+
+
+def stored_content(row: asyncpg.Record) -> Content | None:
+    """The first content of a stored event (queries.LOCK_EXISTING_EVENTS), or None when another
+    parser version wrote it: a reception then keeps its own, to say which parser read it."""
+    if row["parser_version"] != PARSER_VERSION:
+        return None
+    done_at = row["done_at"]
+    return (
+        row["stat"],
+        row["err"],
+        row["done_date_raw"],
+        None if done_at is None else done_at.timestamp(),
+        row["fingerprint"],
+        tuple(row["flags"]),
+    )
 
 
 def replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:

@@ -47,16 +47,19 @@ from dlrfeed.errors import (
 )
 from dlrfeed.store import copy_rows, queries, recompute, recording
 from dlrfeed.store.correlation import correlate
-from dlrfeed.store.migrate import ensure_current
+from dlrfeed.store.migrate import current_version, ensure_current
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
 from dlrfeed.store.rows import (
+    Content,
     column_arrays,
+    content_of,
     first_events,
     planned_exceptions,
     printable,
     reception_ids_in_blocks,
     state_from_row,
     status_json,
+    stored_content,
 )
 from dlrfeed.store.server import (
     WRITABLE,
@@ -106,6 +109,9 @@ _SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedFunctionError,
 )
 _DEADLOCK_RETRIES = 8
+# The schema from which a reception leaves content equal to its event's to the event, and an
+# event's correlation id equal to its own id is NULL (migration 0016_leaner_rows).
+_LEAN_ROWS_VERSION = 16
 # Receptions per COPY piece: the server inserts a piece while the client plans the next one.
 _COPY_PIECE = 100
 # Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
@@ -196,6 +202,7 @@ class Store:
         *,
         through_pooler: bool = False,
         server: ServerFacts | None = None,
+        full_rows: bool = False,
     ) -> None:
         self._pool = pool
         self.options = options
@@ -203,6 +210,10 @@ class Store:
         """Whether the pool does without named prepared statements (a transaction pooler)."""
         self.server = server
         """What `open` found of the server (its synchronous commit settings)."""
+        self.full_rows = full_rows
+        """Whether every reception and event is written out whole, as before migration 0016:
+        a schema older than it (only ever met by tests that migrate an old store: the
+        services refuse a schema behind the code) has no room for the leaner rows."""
 
     @classmethod
     async def open(
@@ -240,13 +251,21 @@ class Store:
                 facts = await check_server(
                     conn, require_synchronous_commit=require_synchronous_commit
                 )
+                full_rows = (
+                    await current_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
+                    < _LEAN_ROWS_VERSION
+                )
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, _CONNECTION_ERRORS):
                 raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
             raise
         return cls(
-            pool, options or IntegrationOptions(), through_pooler=through_pooler, server=facts
+            pool,
+            options or IntegrationOptions(),
+            through_pooler=through_pooler,
+            server=facts,
+            full_rows=full_rows,
         )
 
     async def close(self) -> None:
@@ -442,7 +461,7 @@ class Store:
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
         # the held statuses and the batch's reception id blocks, in one statement, while the
         # client encodes the receptions.
-        returned, receipt_fields = await _overlapped(
+        returned, (receipt_fields, receipt_contents) = await _overlapped(
             queries.INSERT_EVENTS_READ_STATUSES.fetch(
                 conn,
                 login=login,
@@ -451,6 +470,7 @@ class Store:
                 events=events_json,
                 correlated=sorted(submitted),
                 id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
+                full_rows=self.full_rows,
             ),
             lambda: copy_rows.encode_receipt_fields(login, events),
         )
@@ -466,6 +486,13 @@ class Store:
                 held[row["message_id"]] = state_from_row(row)
         stored: dict[tuple[str, int], int] = {}
         keys: dict[tuple[str, int], KeyContents] = {}
+        # Each event's first content as it stands on the event row (migration 0016): the
+        # events inserted now hold their first delivery's in this batch.
+        event_content: dict[int, Content | None] = {
+            inserted[(e.message_id, e.level)]: content_of(e)
+            for e in firsts
+            if (e.message_id, e.level) in inserted
+        }
         if len(inserted) < len(firsts):
             existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
             for r in await queries.LOCK_EXISTING_EVENTS.fetch(
@@ -476,6 +503,7 @@ class Store:
             ):
                 stored[(r[1], r[2])] = r[0]
                 keys[(r[1], r[2])] = KeyContents(Status(r[4]), (r[3], *r[5]))
+                event_content[r[0]] = stored_content(r)
 
         # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
         # insert path: far less work and WAL than INSERT ... SELECT per row). The planner
@@ -487,6 +515,13 @@ class Store:
         event_ids = [
             inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
         ]
+        # A delivery whose parsed content is its event's leaves it to the event: the row says
+        # only what is its own (migration 0016). Anything else keeps its content whole.
+        if not self.full_rows:
+            receipt_contents = [
+                copy_rows.AS_EVENT if content_of(e) == event_content[event_id] else content
+                for e, event_id, content in zip(events, event_ids, receipt_contents, strict=True)
+            ]
 
         async def planned_receptions() -> AsyncIterator[bytes]:
             yield copy_rows.SIGNATURE
@@ -495,6 +530,7 @@ class Store:
                 _plan_piece(plan, events, piece, event_ids, reception_ids)
                 yield copy_rows.complete(
                     receipt_fields[piece.start : piece.stop],
+                    receipt_contents[piece.start : piece.stop],
                     reception_ids[piece.start : piece.stop],
                     plan.outcomes[piece.start : piece.stop],
                     event_ids[piece.start : piece.stop],
