@@ -109,7 +109,8 @@ async def copy_both(
 ) -> None:
     ids = [7 * n + 1 for n in range(len(batch))]
     event_ids = [2**40 + n for n in range(len(batch))]
-    rows, contents = copy_rows.encode_receipt_fields(login, batch)
+    rows = copy_rows.encode_receipt_fields(login, batch)
+    contents = copy_rows.encode_contents(batch)
     # In two pieces, as the store sends a batch while planning it.
     half = len(batch) // 2
     data = b"".join(
@@ -218,17 +219,21 @@ def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
     """The C8 bisection treats these as data errors: the same exception types as the driver."""
     base = PLAIN
     with pytest.raises(UnicodeEncodeError):
-        copy_rows.encode_receipt_fields("acme", [base._replace(err="\ud800")])
+        copy_rows.encode_receipt_fields("acme", [base._replace(peer="\ud800")])
     with pytest.raises(OverflowError):
         copy_rows.encode_receipt_fields("acme", [base._replace(level=2**63)])
-    rows, contents = copy_rows.encode_receipt_fields("acme", [base])
+    with pytest.raises(UnicodeEncodeError):
+        copy_rows.encode_contents([base._replace(err="\ud800")])
+    rows = copy_rows.encode_receipt_fields("acme", [base])
+    contents = copy_rows.encode_contents([base])
     with pytest.raises(ValueError, match="zip"):
         copy_rows.complete(rows, contents, [1, 2], [Outcome.APPLIED], [1])
 
 
 async def test_a_row_that_defers_to_its_event_holds_no_content(db: asyncpg.Connection) -> None:
     """AS_EVENT (migration 0016): the seven content columns NULL, every other field its own."""
-    rows, contents = copy_rows.encode_receipt_fields("acme", [PLAIN, PLAIN])
+    rows = copy_rows.encode_receipt_fields("acme", [PLAIN, PLAIN])
+    contents = copy_rows.encode_contents([PLAIN, PLAIN])
     data = b"".join(
         (
             copy_rows.SIGNATURE,

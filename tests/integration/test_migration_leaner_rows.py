@@ -160,13 +160,14 @@ async def answers(dsn: str) -> dict[str, Any]:
     """What `dlrfeed show` (every message of the corpus), `stats` and `exceptions` say."""
     conn = await asyncpg.connect(dsn)
     try:
-        return _timeless(
+        found: dict[str, Any] = _timeless(
             {
                 "show": {m: await message_reports(conn, m, None) for m in MESSAGE_IDS},
                 "stats": [await statistics(conn, login) for login in (None, LOGIN, HEX_LOGIN)],
                 "exceptions": await list_exceptions(conn, include_resolved=True, limit=1000),
             }
         )
+        return found
     finally:
         await conn.close()
 
@@ -200,12 +201,13 @@ async def recomputed(dsn: str) -> dict[str, Any]:
             "SELECT login, message_id, old_status, new_status, new_is_final, new_reason,"
             " new_supporting_event_id, why FROM dlr.status_recomputations ORDER BY id"
         )
-        return _timeless(
+        done: dict[str, Any] = _timeless(
             {
                 "statuses": [dict(r) for r in statuses],
                 "audit": [dict(r) for r in audit],
             }
         )
+        return done
     finally:
         await conn.close()
 

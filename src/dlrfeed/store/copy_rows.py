@@ -3,10 +3,10 @@
 Everything of a reception but its id, outcome and event id depends on the receipt alone, so
 those fields are encoded while the server runs the batch's events insert (the client would
 otherwise wait); the three late fields are appended as the plan decides them. The receipt's
-parsed content (stat, err, done date, fingerprint, flags, parser version) is encoded apart,
-because whether the row holds it is known only once the batch's events are: a reception whose
-content is its event's leaves it to the event (`AS_EVENT`, migration 0016). asyncpg's
-`copy_records_to_table` would encode every field after the plan, on the critical path. The
+parsed content (stat, err, done date, fingerprint, flags, parser version) is encoded apart, and
+only for the rows that hold it: whether a row does is known once the batch's events are, and a
+reception whose content is its event's leaves it to the event (`AS_EVENT`, migration 0016).
+asyncpg's `copy_records_to_table` would encode every field after the plan, on the critical path. The
 store sends the rows in pieces as its plan completes them, so the server inserts one piece
 while the client plans the next (docs/rules.md, "Throughput").
 
@@ -101,19 +101,15 @@ AS_EVENT = _NULL * len(CONTENT_COLUMNS)
 _CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_args(Channel)}
 
 
-def encode_receipt_fields(
-    login: str, events: Iterable[LogicalEvent]
-) -> tuple[list[bytes], list[bytes]]:
+def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[bytes]:
     """Each reception's own fields (P6): the field count and every field of `OWN_COLUMNS`, in
-    that order; and apart, its parsed content, the fields of `CONTENT_COLUMNS`."""
+    that order."""
     head = _FIELD_COUNT + _text(login)
-    parser_version = _text(PARSER_VERSION)
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
     # ... and their reported dates. Keyed with `fold` too: two times of one zone that differ
     # only in it compare equal in Python, yet are an hour apart at a DST change.
     dates: dict[tuple[datetime | None, int], bytes] = {}
     rows = []
-    contents = []
     for e in events:
         received_at = received.get(e.received_at)
         if received_at is None:
@@ -124,10 +120,6 @@ def encode_receipt_fields(
         submit_at = dates.get(submit_key)
         if submit_at is None:
             submit_at = dates[submit_key] = _timestamptz(e.submit_at)
-        done_key = (e.done_at, 0 if e.done_at is None else e.done_at.fold)
-        done_at = dates.get(done_key)
-        if done_at is None:
-            done_at = dates[done_key] = _timestamptz(e.done_at)
         rows.append(
             b"".join(
                 (
@@ -145,6 +137,20 @@ def encode_receipt_fields(
                 )
             )
         )
+    return rows
+
+
+def encode_contents(events: Iterable[LogicalEvent]) -> list[bytes]:
+    """The parsed content of each reception that holds its own: the fields of
+    `CONTENT_COLUMNS`, in that order (the others get `AS_EVENT`)."""
+    parser_version = _text(PARSER_VERSION)
+    dates: dict[tuple[datetime | None, int], bytes] = {}  # keyed with `fold`, as above
+    contents = []
+    for e in events:
+        done_key = (e.done_at, 0 if e.done_at is None else e.done_at.fold)
+        done_at = dates.get(done_key)
+        if done_at is None:
+            done_at = dates[done_key] = _timestamptz(e.done_at)
         contents.append(
             b"".join(
                 (
@@ -158,7 +164,7 @@ def encode_receipt_fields(
                 )
             )
         )
-    return rows, contents
+    return contents
 
 
 def complete(

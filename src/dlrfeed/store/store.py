@@ -50,16 +50,14 @@ from dlrfeed.store.correlation import correlate
 from dlrfeed.store.migrate import current_version, ensure_current
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
 from dlrfeed.store.rows import (
-    Content,
     column_arrays,
-    content_of,
+    event_contents,
     first_events,
     planned_exceptions,
     printable,
     reception_ids_in_blocks,
     state_from_row,
     status_json,
-    stored_content,
 )
 from dlrfeed.store.server import (
     WRITABLE,
@@ -461,7 +459,7 @@ class Store:
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
         # the held statuses and the batch's reception id blocks, in one statement, while the
         # client encodes the receptions.
-        returned, (receipt_fields, receipt_contents) = await _overlapped(
+        returned, receipt_fields = await _overlapped(
             queries.INSERT_EVENTS_READ_STATUSES.fetch(
                 conn,
                 login=login,
@@ -486,24 +484,18 @@ class Store:
                 held[row["message_id"]] = state_from_row(row)
         stored: dict[tuple[str, int], int] = {}
         keys: dict[tuple[str, int], KeyContents] = {}
-        # Each event's first content as it stands on the event row (migration 0016): the
-        # events inserted now hold their first delivery's in this batch.
-        event_content: dict[int, Content | None] = {
-            inserted[(e.message_id, e.level)]: content_of(e)
-            for e in firsts
-            if (e.message_id, e.level) in inserted
-        }
+        existing_rows: list[asyncpg.Record] = []
         if len(inserted) < len(firsts):
             existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
-            for r in await queries.LOCK_EXISTING_EVENTS.fetch(
+            existing_rows = await queries.LOCK_EXISTING_EVENTS.fetch(
                 conn,
                 login=login,
                 message_ids=[e.message_id for e in existing],
                 levels=[e.level for e in existing],
-            ):
+            )
+            for r in existing_rows:
                 stored[(r[1], r[2])] = r[0]
                 keys[(r[1], r[2])] = KeyContents(Status(r[4]), (r[3], *r[5]))
-                event_content[r[0]] = stored_content(r)
 
         # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
         # insert path: far less work and WAL than INSERT ... SELECT per row). The planner
@@ -517,11 +509,18 @@ class Store:
         ]
         # A delivery whose parsed content is its event's leaves it to the event: the row says
         # only what is its own (migration 0016). Anything else keeps its content whole.
-        if not self.full_rows:
-            receipt_contents = [
-                copy_rows.AS_EVENT if content_of(e) == event_content[event_id] else content
-                for e, event_id, content in zip(events, event_ids, receipt_contents, strict=True)
+        if self.full_rows:
+            receipt_contents = copy_rows.encode_contents(events)
+        else:
+            contents = event_contents(firsts, inserted, existing_rows)
+            own = [
+                (e.fingerprint, e.flags) != contents[event_id]
+                for e, event_id in zip(events, event_ids, strict=True)
             ]
+            encoded = iter(
+                copy_rows.encode_contents(e for e, o in zip(events, own, strict=True) if o)
+            )
+            receipt_contents = [next(encoded) if o else copy_rows.AS_EVENT for o in own]
 
         async def planned_receptions() -> AsyncIterator[bytes]:
             yield copy_rows.SIGNATURE

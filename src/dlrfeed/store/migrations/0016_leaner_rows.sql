@@ -19,11 +19,20 @@
 --    reader takes coalesce(correlation_id, message_id). The partial correlation index
 --    (0005: WHERE correlation_id <> message_id) holds exactly the same events as before.
 --
+-- 3. A day's index repeated the login. Each day partition of dlr.receptions is keyed
+--    (login, event_id, id) since 0013; an event id belongs to one login, and a reception id is
+--    unique on its own, so the login made each entry a quarter bigger and told nothing. Days
+--    created from now on, and the empty days already created ahead, are keyed (event_id, id);
+--    a day that holds rows keeps its key (rebuilding it would hold the ingest back), and every
+--    reader names the login, the message id and the event id, so each day is probed through
+--    whichever key it has.
+--
 -- Online on an installed store: nothing is rewritten or scanned. Dropping NOT NULL and adding
 -- a CHECK ... NOT VALID change the catalog only (rows already stored keep their full form,
 -- which the new readers read as they are, and leave with their day by retention), and the view
 -- is replaced in place. Each statement takes an ACCESS EXCLUSIVE lock (on dlr.receptions and
--- every partition, on dlr.events, on the view), held to the end of this transaction:
+-- every partition, on dlr.events, on the view; and on each empty day it rekeys), held to the
+-- end of this transaction:
 -- milliseconds once granted, measured on a store of a million receptions in
 -- docs/postgresql.md ("Migration 0016"). To be granted, it waits for the ingest transactions in
 -- flight and queues the next ones behind it; lock_timeout bounds that wait, so a migration
@@ -82,3 +91,48 @@ COMMENT ON VIEW dlr.receptions_readable IS
     'dlr.receptions with every delivery''s parsed fields filled in (from its event where the'
     ' row defers to it) and payload_json: the receipt in payload, as JSON (dlr.receipt_json'
     ' for the feed, dlr.callback_json for a callback)';
+
+CREATE OR REPLACE FUNCTION dlr.create_reception_partitions(through timestamptz)
+RETURNS SETOF text
+LANGUAGE plpgsql SET timezone = 'UTC' AS $fn$
+DECLARE
+    day timestamptz;
+    name text;
+BEGIN
+    SELECT coalesce(max(p.upper_bound), date_trunc('day', now())) INTO day
+    FROM dlr.day_partitions AS p WHERE p.parent_table = 'receptions';
+    WHILE day < through LOOP
+        name := 'receptions_' || to_char(day, 'YYYYMMDD');
+        EXECUTE format('CREATE TABLE dlr_partitions.%I PARTITION OF dlr.receptions'
+                       ' FOR VALUES FROM (%L) TO (%L)', name, day, day + interval '1 day');
+        EXECUTE format('ALTER TABLE dlr_partitions.%I ADD CONSTRAINT %I'
+                       ' PRIMARY KEY (event_id, id)', name, name || '_pkey');
+        RETURN NEXT name;
+        day := day + interval '1 day';
+    END LOOP;
+END;
+$fn$;
+
+-- The empty days (ahead, and an empty default partition) take the new key now: nothing to
+-- rebuild. The ALTER TABLE above holds every partition, so none fills meanwhile.
+DO $rekey$
+DECLARE
+    part record;
+    holds_rows boolean;
+BEGIN
+    FOR part IN
+        SELECT c.relname AS partition_name, k.conname AS key_name
+        FROM pg_inherits AS i
+        JOIN pg_class AS c ON c.oid = i.inhrelid
+        JOIN pg_constraint AS k ON k.conrelid = c.oid AND k.contype = 'p'
+        WHERE i.inhparent = 'dlr.receptions'::regclass
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM dlr_partitions.%I)', part.partition_name)
+            INTO holds_rows;
+        CONTINUE WHEN holds_rows;
+        EXECUTE format('ALTER TABLE dlr_partitions.%I DROP CONSTRAINT %I,'
+                       ' ADD CONSTRAINT %I PRIMARY KEY (event_id, id)',
+                       part.partition_name, part.key_name, part.key_name);
+    END LOOP;
+END
+$rekey$;
