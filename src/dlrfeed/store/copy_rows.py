@@ -20,7 +20,7 @@ store's C8 bisection treats them alike.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import get_args
 
@@ -165,6 +165,24 @@ def encode_contents(events: Iterable[LogicalEvent]) -> list[bytes]:
             )
         )
     return contents
+
+
+def contents(
+    events: Sequence[LogicalEvent],
+    event_ids: Sequence[int],
+    event_contents: Mapping[int, tuple[str, tuple[str, ...]] | None] | None,
+) -> list[bytes]:
+    """The content fields of each reception: `AS_EVENT` where its fingerprint and flags are
+    its event's first content (`event_contents`, by event id: rows.event_contents), its own
+    encoding elsewhere, and everywhere when `event_contents` is None (a schema before 0016)."""
+    if event_contents is None:
+        return encode_contents(events)
+    own = [
+        (e.fingerprint, e.flags) != event_contents[event_id]
+        for e, event_id in zip(events, event_ids, strict=True)
+    ]
+    encoded = iter(encode_contents(e for e, o in zip(events, own, strict=True) if o))
+    return [next(encoded) if o else AS_EVENT for o in own]
 
 
 def complete(

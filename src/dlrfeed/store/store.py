@@ -107,8 +107,7 @@ _SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedFunctionError,
 )
 _DEADLOCK_RETRIES = 8
-# The schema from which a reception leaves content equal to its event's to the event, and an
-# event's correlation id equal to its own id is NULL (migration 0016_leaner_rows).
+# From this schema on a reception leaves its event's content to it (0016_leaner_rows).
 _LEAN_ROWS_VERSION = 16
 # Receptions per COPY piece: the server inserts a piece while the client plans the next one.
 _COPY_PIECE = 100
@@ -209,9 +208,8 @@ class Store:
         self.server = server
         """What `open` found of the server (its synchronous commit settings)."""
         self.full_rows = full_rows
-        """Whether every reception and event is written out whole, as before migration 0016:
-        a schema older than it (only ever met by tests that migrate an old store: the
-        services refuse a schema behind the code) has no room for the leaner rows."""
+        """Rows written whole, as before migration 0016, on an older schema (met only by tests
+        that migrate an old store: the services refuse a schema behind the code)."""
 
     @classmethod
     async def open(
@@ -509,18 +507,11 @@ class Store:
         ]
         # A delivery whose parsed content is its event's leaves it to the event: the row says
         # only what is its own (migration 0016). Anything else keeps its content whole.
-        if self.full_rows:
-            receipt_contents = copy_rows.encode_contents(events)
-        else:
-            contents = event_contents(firsts, inserted, existing_rows)
-            own = [
-                (e.fingerprint, e.flags) != contents[event_id]
-                for e, event_id in zip(events, event_ids, strict=True)
-            ]
-            encoded = iter(
-                copy_rows.encode_contents(e for e, o in zip(events, own, strict=True) if o)
-            )
-            receipt_contents = [next(encoded) if o else copy_rows.AS_EVENT for o in own]
+        receipt_contents = copy_rows.contents(
+            events,
+            event_ids,
+            None if self.full_rows else event_contents(firsts, inserted, existing_rows),
+        )
 
         async def planned_receptions() -> AsyncIterator[bytes]:
             yield copy_rows.SIGNATURE

@@ -34,7 +34,7 @@
 -- every partition, on dlr.events, on the view; and on each empty day it rekeys), held to the
 -- end of this transaction:
 -- milliseconds once granted, measured on a store of a million receptions in
--- docs/postgresql.md ("Migration 0016"). To be granted, it waits for the ingest transactions in
+-- docs/retention.md ("Migration 0016"). To be granted, it waits for the ingest transactions in
 -- flight and queues the next ones behind it; lock_timeout bounds that wait, so a migration
 -- stuck behind a long transaction gives up (run it again) rather than stall the ingest.
 -- Every dlrfeed before this version reads these columns without the event: restart every
