@@ -160,7 +160,7 @@ async def store_rows(database_url: str, login: str) -> dict[str, list[asyncpg.Re
                 ),
                 "events": await conn.fetch(
                     "SELECT id, message_id, coalesce(correlation_id, message_id) AS correlation_id,"
-                    " level, fingerprint, updates,"
+                    " level, fingerprint, coalesce(updates, '{}') AS updates,"
                     " times_received, conflicting_receptions"
                     " FROM dlr.events WHERE login = $1",
                     login,

@@ -266,7 +266,7 @@ async def test_a_level_1_receipt_resent_with_new_done_dates_is_a_progress_update
     )
     assert await exceptions(db, "m") == []
     assert await db.fetchval(
-        "SELECT (times_received, conflicting_receptions, cardinality(updates)) "
+        "SELECT (times_received, conflicting_receptions, coalesce(cardinality(updates), 0)) "
         "FROM dlr.events WHERE message_id = 'm'"
     ) == (3, 0, 2)
 

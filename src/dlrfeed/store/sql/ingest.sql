@@ -86,7 +86,10 @@ WITH new AS (
     SELECT :login, u.r->>0,
            CASE WHEN :full_rows::boolean THEN coalesce(u.r->>1, u.r->>0) ELSE u.r->>1 END,
            (u.r->>2)::bigint, u.r->>3, u.r->>4,
-           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '),
+           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
+           -- No flags: NULL, not an empty array (migration 0016), unless :full_rows.
+           CASE WHEN :full_rows::boolean THEN string_to_array(u.r->>9, ' ')
+                ELSE nullif(string_to_array(u.r->>9, ' '), '{}') END,
            :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
            to_timestamp((u.r->>10)::float8 / 1000000)
     FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
@@ -123,7 +126,8 @@ LEFT JOIN LATERAL (
 -- since migration 0016, written out before it), by the partial correlation index the others,
 -- each a plain equality probe (as waiting_receptions reads them).
 LEFT JOIN LATERAL (
-    SELECT coalesce(sum(x.times_received - 1 - cardinality(x.updates)), 0)::int AS repeats,
+    SELECT coalesce(sum(x.times_received - 1 - coalesce(cardinality(x.updates), 0)), 0)::int
+               AS repeats,
            coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
     FROM (
         SELECT x.times_received, x.updates, x.conflicting_receptions
@@ -149,8 +153,9 @@ FROM generate_series(1, :id_blocks::int)
 -- and status, the further accepted fingerprints), rows locked in key order (their counters are
 -- updated at the end of the transaction); and the first content's parsed fields, which a
 -- reception of the same content leaves to its event (migration 0016).
-SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, e.updates, e.stat, e.err,
-       e.done_date_raw, e.done_at, e.flags, e.parser_version
+SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
+       e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
+       e.parser_version
 FROM dlr.events AS e
 JOIN unnest(:message_ids::text[], :levels::bigint[]) AS k(message_id, level)
   ON e.message_id = k.message_id AND e.level = k.level
@@ -183,7 +188,9 @@ ev AS (
         times_received = e.times_received + c.accepted,
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
         last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at)),
-        updates = e.updates || string_to_array(c.updates, ' ')
+        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
+        updates = CASE WHEN c.updates = '' THEN e.updates
+                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
                 :event_received_at::float8[], :event_updates::text[])
          AS c(id, accepted, conflicts, received_at, updates)

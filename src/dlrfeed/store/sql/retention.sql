@@ -64,7 +64,7 @@ SELECT r.id, r.login, r.message_id, r.level,
        CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
        CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
        r.delivery_count, r.received_at, r.stored_at, r.payload,
-       CASE WHEN r.stat IS NULL THEN e.flags ELSE r.flags END AS flags,
+       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags,
        r.outcome, r.event_id,
        CASE WHEN r.stat IS NULL THEN e.parser_version ELSE r.parser_version END
            AS parser_version,

@@ -84,7 +84,7 @@ SELECT r.id, r.event_id, r.message_id, e.correlation_id, r.level,
        CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
        r.received_at,
        CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
-       CASE WHEN r.stat IS NULL THEN e.flags ELSE r.flags END AS flags
+       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags
 FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
 CROSS JOIN LATERAL (
     SELECT e.id, e.message_id, k.correlation_id, e.stat, e.err, e.done_date_raw, e.done_at,
