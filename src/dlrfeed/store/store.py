@@ -505,13 +505,9 @@ class Store:
         event_ids = [
             inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
         ]
-        # A delivery whose parsed content is its event's leaves it to the event: the row says
-        # only what is its own (migration 0016). Anything else keeps its content whole.
-        receipt_contents = copy_rows.contents(
-            events,
-            event_ids,
-            None if self.full_rows else event_contents(firsts, inserted, existing_rows),
-        )
+        # A delivery whose parsed content is its event's leaves it to the event (0016).
+        firsts_held = None if self.full_rows else event_contents(firsts, inserted, existing_rows)
+        receipt_contents = copy_rows.contents(events, event_ids, firsts_held)
 
         async def planned_receptions() -> AsyncIterator[bytes]:
             yield copy_rows.SIGNATURE

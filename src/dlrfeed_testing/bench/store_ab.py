@@ -31,7 +31,9 @@ _FIGURES = ("receipts_per_s", "client_cpu_us", "server_cpu_us", "wal_bytes", "di
 
 
 def cluster_cpu_seconds(datadir: Path) -> float:
-    """CPU (user + system) of a cluster's processes so far (as growth_profile reads it)."""
+    """CPU (user + system) of a cluster's processes so far. growth_profile.server_cpu_seconds
+    reads the same, but the child may run against a tree without it: this file stays
+    standard library only at its top."""
     ticks = os.sysconf("SC_CLK_TCK")
     postmaster = int((datadir / "postmaster.pid").read_text().split()[0])
     total = 0
