@@ -29,16 +29,16 @@
 --    reader names the login, the message id and the event id, so each day is probed through
 --    whichever key it has.
 --
--- Online on an installed store: nothing is rewritten or scanned. Dropping NOT NULL and adding
--- a CHECK ... NOT VALID change the catalog only (rows already stored keep their full form,
--- which the new readers read as they are, and leave with their day by retention), and the view
--- is replaced in place. Each statement takes an ACCESS EXCLUSIVE lock (on dlr.receptions and
--- every partition, on dlr.events, on the view; and on each empty day it rekeys), held to the
--- end of this transaction:
--- milliseconds once granted, measured on a store of a million receptions in
--- docs/retention.md ("Migration 0016"). To be granted, it waits for the ingest transactions in
--- flight and queues the next ones behind it; lock_timeout bounds that wait, so a migration
--- stuck behind a long transaction gives up (run it again) rather than stall the ingest.
+-- Online on an installed store: no row is rewritten and no table scanned. Dropping NOT NULL
+-- and adding a CHECK ... NOT VALID change the catalog only (rows already stored keep their
+-- full form, which the new readers read as they are, and leave with their day by retention),
+-- the view is replaced in place, and only empty days are rekeyed. Each statement takes an
+-- ACCESS EXCLUSIVE lock (on dlr.receptions and every partition, on dlr.events, on the view,
+-- on the key of each empty day), held to the end of this transaction: tens of milliseconds
+-- once granted on a store of a million receptions (docs/retention.md, "Migration 0016"). To
+-- be granted, it waits for the ingest transactions in flight and queues the next ones behind
+-- it; lock_timeout bounds that wait, so a migration stuck behind a long transaction gives up
+-- (run it again) rather than stall the ingest.
 -- Every dlrfeed before this version reads these columns without the event: restart every
 -- dlrfeed process on the new version once the migration is done (an old process refuses to
 -- start on this schema; one already running keeps working as long as no new one writes).
