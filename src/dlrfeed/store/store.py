@@ -47,7 +47,7 @@ from dlrfeed.errors import (
 )
 from dlrfeed.store import copy_rows, queries, recompute, recording
 from dlrfeed.store.correlation import correlate
-from dlrfeed.store.migrate import current_version, ensure_current
+from dlrfeed.store.migrate import ensure_current, readable_version
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
 from dlrfeed.store.rows import (
     column_arrays,
@@ -247,10 +247,8 @@ class Store:
                 facts = await check_server(
                     conn, require_synchronous_commit=require_synchronous_commit
                 )
-                full_rows = (
-                    await current_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
-                    < _LEAN_ROWS_VERSION
-                )
+                version = await readable_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
+                full_rows = version is not None and version < _LEAN_ROWS_VERSION
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, _CONNECTION_ERRORS):
