@@ -155,11 +155,12 @@ async def store_rows(database_url: str, login: str) -> dict[str, list[asyncpg.Re
                 "receptions": await conn.fetch(
                     "SELECT id, event_id, delivery_count, outcome, payload, done_at,"
                     " received_at, channel::text AS channel"
-                    " FROM dlr.receptions WHERE login = $1 ORDER BY id",
+                    " FROM dlr.receptions_readable WHERE login = $1 ORDER BY id",
                     login,
                 ),
                 "events": await conn.fetch(
-                    "SELECT id, message_id, correlation_id, level, fingerprint, updates,"
+                    "SELECT id, message_id, coalesce(correlation_id, message_id) AS correlation_id,"
+                    " level, fingerprint, coalesce(updates, '{}') AS updates,"
                     " times_received, conflicting_receptions"
                     " FROM dlr.events WHERE login = $1",
                     login,

@@ -110,13 +110,18 @@ async def copy_both(
     ids = [7 * n + 1 for n in range(len(batch))]
     event_ids = [2**40 + n for n in range(len(batch))]
     rows = copy_rows.encode_receipt_fields(login, batch)
+    contents = copy_rows.encode_contents(batch)
     # In two pieces, as the store sends a batch while planning it.
     half = len(batch) // 2
     data = b"".join(
         (
             copy_rows.SIGNATURE,
-            copy_rows.complete(rows[:half], ids[:half], outcomes[:half], event_ids[:half]),
-            copy_rows.complete(rows[half:], ids[half:], outcomes[half:], event_ids[half:]),
+            copy_rows.complete(
+                rows[:half], contents[:half], ids[:half], outcomes[:half], event_ids[:half]
+            ),
+            copy_rows.complete(
+                rows[half:], contents[half:], ids[half:], outcomes[half:], event_ids[half:]
+            ),
             copy_rows.TRAILER,
         )
     )
@@ -214,9 +219,46 @@ def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
     """The C8 bisection treats these as data errors: the same exception types as the driver."""
     base = PLAIN
     with pytest.raises(UnicodeEncodeError):
-        copy_rows.encode_receipt_fields("acme", [base._replace(err="\ud800")])
+        copy_rows.encode_receipt_fields("acme", [base._replace(peer="\ud800")])
     with pytest.raises(OverflowError):
         copy_rows.encode_receipt_fields("acme", [base._replace(level=2**63)])
+    with pytest.raises(UnicodeEncodeError):
+        copy_rows.encode_contents([base._replace(err="\ud800")])
     rows = copy_rows.encode_receipt_fields("acme", [base])
+    contents = copy_rows.encode_contents([base])
     with pytest.raises(ValueError, match="zip"):
-        copy_rows.complete(rows, [1, 2], [Outcome.APPLIED], [1])
+        copy_rows.complete(rows, contents, [1, 2], [Outcome.APPLIED], [1])
+
+
+async def test_a_row_that_defers_to_its_event_holds_no_content(db: asyncpg.Connection) -> None:
+    """AS_EVENT (migration 0016): the seven content columns NULL, every other field its own."""
+    rows = copy_rows.encode_receipt_fields("acme", [PLAIN, PLAIN])
+    contents = copy_rows.encode_contents([PLAIN, PLAIN])
+    data = b"".join(
+        (
+            copy_rows.SIGNATURE,
+            copy_rows.complete(
+                rows, [contents[0], copy_rows.AS_EVENT], [1, 2], [Outcome.APPLIED] * 2, [9, 9]
+            ),
+            copy_rows.TRAILER,
+        )
+    )
+    await db.execute(
+        "ALTER TABLE by_store ALTER COLUMN stat DROP NOT NULL,"
+        " ALTER COLUMN flags DROP NOT NULL, ALTER COLUMN parser_version DROP NOT NULL"
+    )
+    await db.copy_to_table(
+        "by_store", columns=copy_rows.COLUMNS, source=_chunks(data), format="binary"
+    )
+    own, deferring = await table_rows(db, "by_store")
+    assert [own[c] for c in copy_rows.CONTENT_COLUMNS] == [
+        "DELIVRD",
+        "000",
+        None,
+        None,
+        [],
+        PARSER_VERSION,
+        "",
+    ]
+    assert [deferring[c] for c in copy_rows.CONTENT_COLUMNS] == [None] * 7
+    assert [deferring[c] for c in copy_rows.OWN_COLUMNS] == [own[c] for c in copy_rows.OWN_COLUMNS]

@@ -274,7 +274,8 @@ async def test_forgetting_while_the_daemon_ingests_leaves_no_message_half_forgot
     assert not await db.fetchval(
         "SELECT count(*) FROM dlr.events AS e"
         " WHERE NOT EXISTS (SELECT 1 FROM dlr.messages AS m"
-        "                   WHERE m.login = e.login AND m.message_id = e.correlation_id)"
+        "                   WHERE m.login = e.login"
+        "                     AND m.message_id = coalesce(e.correlation_id, e.message_id))"
         "   AND NOT EXISTS (SELECT 1 FROM dlr.exceptions AS x WHERE x.event_id = e.id"
         "                   AND x.kind = 'uncorrelated' AND x.resolved_at IS NULL)"
     )

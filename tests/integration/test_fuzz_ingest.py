@@ -91,7 +91,9 @@ async def _check_batch(
     result = await store.ingest(login, receipts)
     assert len(result.outcomes) == len(payloads)
 
-    receptions = await db.fetch("SELECT payload, flags FROM dlr.receptions WHERE login = $1", login)
+    receptions = await db.fetch(
+        "SELECT payload, flags FROM dlr.receptions_readable WHERE login = $1", login
+    )
     evidence = await db.fetch(
         "SELECT evidence FROM dlr.exceptions WHERE login = $1 AND kind = 'unstorable'", login
     )

@@ -54,7 +54,8 @@ async def test_c8_a_five_megabyte_receipt_is_received_stored_whole_and_flagged(
     conn = await asyncpg.connect(database_url)
     try:
         row = await conn.fetchrow(
-            "SELECT length(payload) AS bytes, flags FROM dlr.receptions WHERE message_id = 'big'"
+            "SELECT length(payload) AS bytes, flags FROM dlr.receptions_readable"
+            " WHERE message_id = 'big'"
         )
         total = await conn.fetchval("SELECT count(*) FROM dlr.receptions")
     finally:

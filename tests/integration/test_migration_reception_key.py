@@ -32,7 +32,7 @@ LATER_COLUMNS_ADDED = (
 )
 LATER_COLUMNS_DROPPED = "ALTER TABLE dlr.receptions DROP COLUMN channel, DROP COLUMN peer"
 OLD_KEY = ["login", "message_id", "id"]
-NEW_KEY = ["login", "event_id", "id"]
+NEW_KEY = ["event_id", "id"]  # 0013's (login, event_id, id); the login left it in 0016
 PARTITION_KEYS = """
 SELECT c.relname, array_agg(a.attname::text ORDER BY k.ordinality) AS columns
 FROM pg_inherits AS i

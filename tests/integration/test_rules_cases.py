@@ -30,7 +30,8 @@ async def status(db: asyncpg.Connection, message_id: str) -> asyncpg.Record | No
     return await db.fetchrow(
         "SELECT s.*, r.stat AS basis_reception_stat, r.done_date_raw AS basis_reception_done "
         "FROM dlr.message_status AS s "
-        "LEFT JOIN dlr.receptions AS r ON r.login = s.login AND r.id = s.supporting_reception_id "
+        "LEFT JOIN dlr.receptions_readable AS r"
+        " ON r.login = s.login AND r.id = s.supporting_reception_id "
         "WHERE s.login = $1 AND s.message_id = $2",
         LOGIN,
         message_id,
@@ -237,7 +238,7 @@ async def test_an_implausible_reported_time_is_flagged_and_left_out_of_latency(
     assert row["status"] == "DELIVERED"
     assert row["basis_done_at"] is None
     assert "done_date_implausible" in row["flags"]
-    assert await db.fetchval("SELECT done_date_raw FROM dlr.receptions") == done_date
+    assert await db.fetchval("SELECT done_date_raw FROM dlr.receptions_readable") == done_date
     conn = await connect(database_url)
     try:
         report = await statistics(conn, None)
@@ -265,7 +266,7 @@ async def test_a_level_1_receipt_resent_with_new_done_dates_is_a_progress_update
     )
     assert await exceptions(db, "m") == []
     assert await db.fetchval(
-        "SELECT (times_received, conflicting_receptions, cardinality(updates)) "
+        "SELECT (times_received, conflicting_receptions, coalesce(cardinality(updates), 0)) "
         "FROM dlr.events WHERE message_id = 'm'"
     ) == (3, 0, 2)
 

@@ -132,7 +132,7 @@ async def record(store: Store, login: str, message_id: str, submitted: bool) -> 
 async def stored_arrivals(db: asyncpg.Connection, login: str, message_id: str) -> list[Sent]:
     """The deliveries in the arrival order the store recorded (reception ids)."""
     rows = await db.fetch(
-        "SELECT level, stat, err, done_date_raw, received_at FROM dlr.receptions "
+        "SELECT level, stat, err, done_date_raw, received_at FROM dlr.receptions_readable "
         "WHERE login = $1 AND message_id = $2 ORDER BY id",
         login,
         message_id,

@@ -339,7 +339,7 @@ async def test_each_peers_fixtures_through_the_receiver(
             if callback_format is CallbackFormat.JASMIN:
                 assert answer.text == "ACK/Jasmin"
             stored = await db.fetchrow(
-                "SELECT message_id, level, stat, payload FROM dlr.receptions"
+                "SELECT message_id, level, stat, payload FROM dlr.receptions_readable"
                 " ORDER BY id DESC LIMIT 1"
             )
             assert stored is not None

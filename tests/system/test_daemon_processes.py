@@ -264,7 +264,7 @@ async def _system_run(gateway: FakeGateway, database_url: str, tmp_path: Path, t
     try:
         stored = await conn.fetch(
             "SELECT message_id, level, stat, err, done_date_raw, done_at, received_at"
-            " FROM dlr.receptions ORDER BY id"
+            " FROM dlr.receptions_readable ORDER BY id"
         )
         statuses = await conn.fetch("SELECT message_id, status, is_final FROM dlr.message_status")
         uncorrelated = await conn.fetchval(

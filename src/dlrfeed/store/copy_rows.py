@@ -2,8 +2,11 @@
 
 Everything of a reception but its id, outcome and event id depends on the receipt alone, so
 those fields are encoded while the server runs the batch's events insert (the client would
-otherwise wait); the three late fields are appended as the plan decides them. asyncpg's
-`copy_records_to_table` would encode every field after the plan, on the critical path. The
+otherwise wait); the three late fields are appended as the plan decides them. The receipt's
+parsed content (stat, err, done date, fingerprint, flags, parser version) is encoded apart, and
+only for the rows that hold it: whether a row does is known once the batch's events are, and a
+reception whose content is its event's leaves it to the event (`AS_EVENT`, migration 0016).
+asyncpg's `copy_records_to_table` would encode every field after the plan, on the critical path. The
 store sends the rows in pieces as its plan completes them, so the server inserts one piece
 while the client plans the next (docs/rules.md, "Throughput").
 
@@ -17,7 +20,7 @@ store's C8 bisection treats them alike.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import get_args
 
@@ -25,29 +28,30 @@ from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
 from dlrfeed.domain.receipt import Channel
 from dlrfeed.domain.status import Outcome
 
-# The COPY column order: the receipt's own fields, then the late ones (see `complete`).
-COLUMNS = (
+# The COPY column order: the receipt's own fields, its parsed content, then the late ones
+# (see `complete`).
+OWN_COLUMNS = (
     "login",
     "message_id",
     "level",
-    "stat",
-    "err",
     "submit_date_raw",
     "submit_at",
-    "done_date_raw",
-    "done_at",
     "delivery_count",
     "received_at",
     "payload",
+    "channel",
+    "peer",
+)
+CONTENT_COLUMNS = (
+    "stat",
+    "err",
+    "done_date_raw",
+    "done_at",
     "flags",
     "parser_version",
     "fingerprint",
-    "channel",
-    "peer",
-    "id",
-    "outcome",
-    "event_id",
 )
+COLUMNS = (*OWN_COLUMNS, *CONTENT_COLUMNS, "id", "outcome", "event_id")
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)  # no flags, no extension
 TRAILER = struct.pack(">h", -1)
@@ -91,15 +95,16 @@ def _text_array(values: Sequence[str]) -> bytes:
 
 
 _OUTCOME_FIELDS = {outcome: _text(outcome.value) for outcome in Outcome}
+AS_EVENT = _NULL * len(CONTENT_COLUMNS)
+"""The content fields of a reception whose content is its event's: all NULL (migration 0016)."""
 # An enum's binary form is its label: the two channels, encoded once.
 _CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_args(Channel)}
 
 
 def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[bytes]:
-    """Each reception's row up to its late fields (P6): the field count and every field of
-    `COLUMNS` before `id`, in that order."""
+    """Each reception's own fields (P6): the field count and every field of `OWN_COLUMNS`, in
+    that order."""
     head = _FIELD_COUNT + _text(login)
-    tail_constant = _text(PARSER_VERSION)
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
     # ... and their reported dates. Keyed with `fold` too: two times of one zone that differ
     # only in it compare equal in Python, yet are an hour apart at a DST change.
@@ -115,29 +120,18 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
         submit_at = dates.get(submit_key)
         if submit_at is None:
             submit_at = dates[submit_key] = _timestamptz(e.submit_at)
-        done_key = (e.done_at, 0 if e.done_at is None else e.done_at.fold)
-        done_at = dates.get(done_key)
-        if done_at is None:
-            done_at = dates[done_key] = _timestamptz(e.done_at)
         rows.append(
             b"".join(
                 (
                     head,
                     _text(e.message_id),
                     _int8(e.level),
-                    _text(e.stat),
-                    _text(e.err),
                     _text(e.submit_date_raw),
                     submit_at,
-                    _text(e.done_date_raw),
-                    done_at,
                     _int8(e.delivery_count),
                     received_at,
                     _length(len(e.raw)),
                     e.raw,
-                    _text_array(e.flags),
-                    tail_constant,
-                    _text(e.fingerprint),
                     _CHANNEL_FIELDS[e.channel],
                     _text(e.peer),
                 )
@@ -146,19 +140,68 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
     return rows
 
 
+def encode_contents(events: Iterable[LogicalEvent]) -> list[bytes]:
+    """The parsed content of each reception that holds its own: the fields of
+    `CONTENT_COLUMNS`, in that order (the others get `AS_EVENT`)."""
+    parser_version = _text(PARSER_VERSION)
+    dates: dict[tuple[datetime | None, int], bytes] = {}  # keyed with `fold`, as above
+    contents = []
+    for e in events:
+        done_key = (e.done_at, 0 if e.done_at is None else e.done_at.fold)
+        done_at = dates.get(done_key)
+        if done_at is None:
+            done_at = dates[done_key] = _timestamptz(e.done_at)
+        contents.append(
+            b"".join(
+                (
+                    _text(e.stat),
+                    _text(e.err),
+                    _text(e.done_date_raw),
+                    done_at,
+                    _text_array(e.flags),
+                    parser_version,
+                    _text(e.fingerprint),
+                )
+            )
+        )
+    return contents
+
+
+def contents(
+    events: Sequence[LogicalEvent],
+    event_ids: Sequence[int],
+    event_contents: Mapping[int, tuple[str, tuple[str, ...]] | None] | None,
+) -> list[bytes]:
+    """The content fields of each reception: `AS_EVENT` where its fingerprint and flags are
+    its event's first content (`event_contents`, by event id: rows.event_contents), its own
+    encoding elsewhere, and everywhere when `event_contents` is None (a schema before 0016)."""
+    if event_contents is None:
+        return encode_contents(events)
+    own = [
+        (e.fingerprint, e.flags) != event_contents[event_id]
+        for e, event_id in zip(events, event_ids, strict=True)
+    ]
+    encoded = iter(encode_contents(e for e, o in zip(events, own, strict=True) if o))
+    return [next(encoded) if o else AS_EVENT for o in own]
+
+
 def complete(
     rows: Sequence[bytes],
+    contents: Sequence[bytes],
     ids: Iterable[int],
     outcomes: Sequence[Outcome],
     event_ids: Sequence[int],
 ) -> bytes:
-    """COPY data rows: each row of `encode_receipt_fields` with its id, outcome and event id
-    appended. The whole COPY data is `SIGNATURE`, then the rows, in one or more pieces, then
-    `TRAILER`."""
+    """COPY data rows: each row of `encode_receipt_fields` with its content (its own, or
+    `AS_EVENT`), id, outcome and event id appended. The whole COPY data is `SIGNATURE`, then
+    the rows, in one or more pieces, then `TRAILER`."""
     parts: list[bytes] = []
-    for row, reception_id, outcome, event_id in zip(rows, ids, outcomes, event_ids, strict=True):
+    for row, content, reception_id, outcome, event_id in zip(
+        rows, contents, ids, outcomes, event_ids, strict=True
+    ):
         parts += (
             row,
+            content,
             _int8_field(8, reception_id),
             _OUTCOME_FIELDS[outcome],
             _int8_field(8, event_id),

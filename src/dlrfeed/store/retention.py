@@ -84,6 +84,8 @@ class DayPartitioned:
     table: str
     create_partitions: Query
     manifest_bound: str
+    archived_rows: Query | None = None
+    """The rows of a partition as its archive holds them ({partition}); None: as stored."""
 
     @property
     def default_partition(self) -> str:
@@ -91,7 +93,12 @@ class DayPartitioned:
         return f"{self.table}_default"
 
 
-RECEPTIONS = DayPartitioned("receptions", query("create_reception_partitions"), "received")
+RECEPTIONS = DayPartitioned(
+    "receptions",
+    query("create_reception_partitions"),
+    "received",
+    query("archived_receptions"),
+)
 STATUS_CHANGES = DayPartitioned(
     "status_changes", query("create_status_change_partitions"), "changed"
 )
@@ -397,9 +404,16 @@ async def archive_partition(
                 async def write(chunk: bytes) -> None:
                     packed.write(chunk)
 
-                await conn.copy_from_table(
-                    partition, schema_name=PARTITION_SCHEMA, output=write, format="binary"
-                )
+                if parent.archived_rows is None:
+                    await conn.copy_from_table(
+                        partition, schema_name=PARTITION_SCHEMA, output=write, format="binary"
+                    )
+                else:
+                    await conn.copy_from_query(
+                        parent.archived_rows.naming(partition=partition).text,
+                        output=write,
+                        format="binary",
+                    )
             raw.flush()
             os.fsync(raw.fileno())
     manifest = {

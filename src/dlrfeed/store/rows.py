@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
-from dlrfeed.domain.parse import LogicalEvent, fingerprint
+from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent, fingerprint
 from dlrfeed.domain.rules import (
     Basis,
     Delivery,
@@ -166,6 +166,47 @@ def first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
             ]
         )
     return firsts, dumps(rows)
+
+
+Content: TypeAlias = tuple[str, tuple[str, ...]]
+"""What tells whether a delivery's parsed content is its event's: its fingerprint and flags.
+Within one process (one parser, one set of options) equal fingerprints mean equal raw stat, err
+and done date, hence equal stored stat, err, done_date_raw and done_at; the flags also say
+what the rest of the receipt needed (a cut, an escape, an odd submit date)."""
+
+
+def event_contents(
+    firsts: Iterable[LogicalEvent],
+    inserted: Mapping[tuple[str, int], int],
+    stored: Iterable[asyncpg.Record],
+) -> dict[int, Content | None]:
+    """Each event's first content, by event id, as the batch's deliveries are compared with it
+    (migration 0016): the events inserted now were written from their first delivery here;
+    an event stored before counts only if its row holds exactly what this process writes for
+    the batch's first delivery of it (another parser version or other options may have
+    written it otherwise: None, and its deliveries keep their own content)."""
+    contents: dict[int, Content | None] = {}
+    first_of: dict[tuple[str, int], LogicalEvent] = {}
+    for e in firsts:
+        event_id = inserted.get((e.message_id, e.level))
+        if event_id is None:
+            first_of[(e.message_id, e.level)] = e
+        else:
+            contents[event_id] = (e.fingerprint, e.flags)
+    for r in stored:
+        e = first_of[(r["message_id"], r["level"])]
+        same = r["parser_version"] == PARSER_VERSION and (
+            r["stat"],
+            r["err"],
+            r["done_date_raw"],
+            r["done_at"],
+            r["fingerprint"],
+            tuple(r["flags"]),
+        ) == (e.stat, e.err, e.done_date_raw, e.done_at, e.fingerprint, e.flags)
+        # An aware datetime equals another of any zone at the same instant (a DST-ambiguous
+        # one compares unequal across zones: the row then keeps its own, never wrongly none).
+        contents[r["id"]] = (r["fingerprint"], tuple(r["flags"])) if same else None
+    return contents
 
 
 def replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:

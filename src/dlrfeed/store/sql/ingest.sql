@@ -64,6 +64,8 @@ FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 --   the driver's per-element array encoding costs more than the server's JSON parse
 --   (bench_store). Cheap to encode: correlation_id is null when it is the message id (nearly
 --   always), received_at integer microseconds (a float costs the JSON encoder a Python call).
+--   That null is stored as it is (migration 0016: NULL is the event's own id) unless
+--   :full_rows (a store at a schema before 0016, which wants the id written out).
 --   Returns (id, message_id, level) per new event.
 -- - The planner's held state of each correlated message in :correlated, from its status row
 --   alone (the basis is kept on the row, migration 0008), and - for messages with no status
@@ -81,8 +83,13 @@ WITH new AS (
         login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
         fingerprint, flags, parser_version, rules_version, first_received_at,
         last_received_at)
-    SELECT :login, u.r->>0, coalesce(u.r->>1, u.r->>0), (u.r->>2)::bigint, u.r->>3, u.r->>4,
-           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8, string_to_array(u.r->>9, ' '),
+    SELECT :login, u.r->>0,
+           CASE WHEN :full_rows::boolean THEN coalesce(u.r->>1, u.r->>0) ELSE u.r->>1 END,
+           (u.r->>2)::bigint, u.r->>3, u.r->>4,
+           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
+           -- No flags: NULL, not an empty array (migration 0016), unless :full_rows.
+           CASE WHEN :full_rows::boolean THEN string_to_array(u.r->>9, ' ')
+                ELSE nullif(string_to_array(u.r->>9, ' '), '{}') END,
            :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
            to_timestamp((u.r->>10)::float8 / 1000000)
     FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
@@ -115,12 +122,24 @@ LEFT JOIN LATERAL (
     WHERE s.login = :login AND s.message_id = k.message_id
     OFFSET 0
 ) AS s ON true
+-- The events of the id: by the unique key those whose correlation id is their own id (NULL
+-- since migration 0016, written out before it), by the partial correlation index the others,
+-- each a plain equality probe (as waiting_receptions reads them).
 LEFT JOIN LATERAL (
-    SELECT coalesce(sum(x.times_received - 1 - cardinality(x.updates)), 0)::int AS repeats,
+    SELECT coalesce(sum(x.times_received - 1 - coalesce(cardinality(x.updates), 0)), 0)::int
+               AS repeats,
            coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
-    FROM dlr.events AS x
-    WHERE s.status IS NULL AND x.login = :login AND x.correlation_id = k.message_id
-      AND (x.message_id = k.message_id OR x.correlation_id <> x.message_id)
+    FROM (
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.events AS x
+        WHERE s.status IS NULL AND x.login = :login AND x.message_id = k.message_id
+          AND coalesce(x.correlation_id, x.message_id) = k.message_id
+        UNION ALL
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.events AS x
+        WHERE s.status IS NULL AND x.login = :login AND x.correlation_id = k.message_id
+          AND x.correlation_id <> x.message_id
+    ) AS x
 ) AS o ON true
 UNION ALL
 -- The batch's reception id blocks (queries.RECEPTION_ID_BLOCK ids each), :id_blocks of them:
@@ -132,8 +151,11 @@ FROM generate_series(1, :id_blocks::int)
 -- name: lock_existing_events
 -- Keys that were already stored: the contents they hold (P14: the first content's fingerprint
 -- and status, the further accepted fingerprints), rows locked in key order (their counters are
--- updated at the end of the transaction).
-SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, e.updates
+-- updated at the end of the transaction); and the first content's parsed fields, which a
+-- reception of the same content leaves to its event (migration 0016).
+SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
+       e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
+       e.parser_version
 FROM dlr.events AS e
 JOIN unnest(:message_ids::text[], :levels::bigint[]) AS k(message_id, level)
   ON e.message_id = k.message_id AND e.level = k.level
@@ -166,7 +188,9 @@ ev AS (
         times_received = e.times_received + c.accepted,
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
         last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at)),
-        updates = e.updates || string_to_array(c.updates, ' ')
+        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
+        updates = CASE WHEN c.updates = '' THEN e.updates
+                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
                 :event_received_at::float8[], :event_updates::text[])
          AS c(id, accepted, conflicts, received_at, updates)

@@ -49,7 +49,8 @@ WHERE s.login = :login AND s.message_id = :message_id
 -- Events correlate by correlation_id (the id used to find the message, P10); a receipt that
 -- never correlated is found by its own id. Written so that both event indexes serve it: the
 -- correlation index holds only ids that differ (migration 0005).
-SELECT id, login, level, stat, status, err, done_date_raw, done_at, fingerprint, flags,
+SELECT id, login, level, stat, status, err, done_date_raw, done_at, fingerprint,
+       coalesce(flags, '{}') AS flags,
        times_received, conflicting_receptions, parser_version, rules_version,
        first_received_at, last_received_at, message_id AS receipt_id
 FROM dlr.events

@@ -52,6 +52,27 @@ LIMIT 1
 -- A day of evidence or of changes goes as one DROP, never row by row (P13).
 DROP TABLE dlr_partitions.{partition}
 
+-- name: archived_receptions
+-- A day of dlr.receptions as its archive holds it: the table's columns in their order, each
+-- row with its parsed fields filled in from its event where the row defers to it (migration
+-- 0016), so that an archive loaded back reads as the rows did before the day was dropped,
+-- without the events it came with.
+SELECT r.id, r.login, r.message_id, r.level,
+       coalesce(r.stat, e.stat) AS stat,
+       CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
+       r.submit_date_raw, r.submit_at,
+       CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
+       CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
+       r.delivery_count, r.received_at, r.stored_at, r.payload,
+       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags,
+       r.outcome, r.event_id,
+       CASE WHEN r.stat IS NULL THEN e.parser_version ELSE r.parser_version END
+           AS parser_version,
+       CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
+       r.channel, r.peer
+FROM dlr_partitions.{partition} AS r
+LEFT JOIN dlr.events AS e ON r.stat IS NULL AND e.id = r.event_id
+
 -- name: count_partition
 -- The rows of a partition about to be archived.
 SELECT count(*) FROM dlr_partitions.{partition}
@@ -112,7 +133,7 @@ CROSS JOIN LATERAL (
     FROM (
         SELECT e.id, e.last_received_at FROM dlr.events AS e
         WHERE e.login = m.login AND e.message_id = m.message_id
-          AND e.correlation_id = m.message_id
+          AND coalesce(e.correlation_id, e.message_id) = m.message_id  -- NULL: its own (0016)
         UNION ALL
         SELECT e.id, e.last_received_at FROM dlr.events AS e
         WHERE e.login = m.login AND e.correlation_id = m.message_id

@@ -73,17 +73,28 @@ CROSS JOIN LATERAL (
 -- choice: a generic plan made while dlr.events was young (statements prepared on an empty
 -- database) chose a scan of the table per id, and kept it while a first drain grew the table
 -- faster than autovacuum analyzed it (minutes for 5,000 ids at 400 k events). An equality
--- probe stays the cheapest plan at any table size and any statistics.
-SELECT r.id, r.event_id, r.message_id, e.correlation_id, r.level, r.stat, r.err,
-       r.done_date_raw, r.done_at, r.received_at, r.fingerprint, r.flags
+-- probe stays the cheapest plan at any table size and any statistics. An event's correlation
+-- id is NULL where it is its own id (migration 0016; written out on events stored before it).
+-- A reception with a NULL stat holds none of its parsed fields: they are its event's
+-- (migration 0016), read from the event row already at hand.
+SELECT r.id, r.event_id, r.message_id, e.correlation_id, r.level,
+       coalesce(r.stat, e.stat) AS stat,
+       CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
+       CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
+       CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
+       r.received_at,
+       CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
+       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags
 FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
 CROSS JOIN LATERAL (
-    SELECT e.id, e.message_id, e.correlation_id
+    SELECT e.id, e.message_id, k.correlation_id, e.stat, e.err, e.done_date_raw, e.done_at,
+           e.fingerprint, e.flags
     FROM dlr.events AS e
     WHERE e.login = :login AND e.message_id = k.correlation_id
-      AND e.correlation_id = k.correlation_id
+      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
     UNION ALL
-    SELECT e.id, e.message_id, e.correlation_id
+    SELECT e.id, e.message_id, k.correlation_id, e.stat, e.err, e.done_date_raw, e.done_at,
+           e.fingerprint, e.flags
     FROM dlr.events AS e
     WHERE e.login = :login AND e.correlation_id = k.correlation_id
       AND e.correlation_id <> e.message_id

@@ -1,0 +1,94 @@
+"""One migration applied as `dlrfeed migrate` applies it, with what it cost an installed store:
+the locks its transaction held (read from a second connection just before its commit), how
+long it held them, the WAL it wrote, and whether it rewrote a table (a new relfilenode).
+
+The test of a migration's online claim and the measurement on a large store
+(`scripts/bench_migration.py`) both use it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import asyncpg
+
+from dlrfeed.store.migrate import available_migrations
+from dlrfeed.store.sql import query
+
+_LOCK = query("lock_migrations")
+_RECORD = query("record_migration")
+_MIGRATION_LOCK_KEY = 0x646C7266  # dlrfeed.store.migrate's: a probe and a real migrate serialise
+# Every relation of schemas dlr and dlr_partitions, with the file that holds it.
+_FILES = """
+SELECT c.oid::regclass::text AS relation, c.relfilenode
+FROM pg_class AS c
+WHERE c.relnamespace IN ('dlr'::regnamespace, 'dlr_partitions'::regnamespace)
+  AND c.relkind IN ('r', 'i', 'm', 't')
+"""
+_HELD = """
+SELECT l.relation::regclass::text AS relation, l.mode
+FROM pg_locks AS l
+WHERE l.pid = $1 AND l.locktype = 'relation' AND l.granted
+  AND l.relation IN (SELECT c.oid FROM pg_class AS c
+                     WHERE c.relnamespace IN ('dlr'::regnamespace, 'dlr_partitions'::regnamespace))
+ORDER BY 1, 2
+"""
+
+
+@dataclass(frozen=True)
+class MigrationCost:
+    """What applying one migration cost."""
+
+    locks: dict[str, set[str]]
+    """Relation -> lock modes its transaction held at the end (schemas dlr, dlr_partitions)."""
+    statements_ms: float
+    """The migration's statements, from the first lock to the last statement's end."""
+    commit_ms: float
+    wal_bytes: int
+    """WAL from the transaction's start to its commit (with anything else the server wrote)."""
+    rewritten: list[str]
+    """Relations that got a new file: rewritten or rebuilt (nothing, for an online one)."""
+
+
+async def apply_measured(dsn: str, version: int) -> MigrationCost:
+    """Apply migration `version` (the database must be at the one before it), measured."""
+    (migration,) = [m for m in available_migrations() if m.version == version]
+    conn = await asyncpg.connect(dsn, statement_cache_size=0)
+    watcher = await asyncpg.connect(dsn)
+    try:
+        files_before = {r[0]: r[1] for r in await watcher.fetch(_FILES)}
+        pid = conn.get_server_pid()
+        wal_before = await watcher.fetchval("SELECT pg_current_wal_insert_lsn()")
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            started = time.perf_counter()
+            await _LOCK.execute(conn, migration_lock_key=_MIGRATION_LOCK_KEY)
+            await conn.execute(migration.sql)
+            await _RECORD.execute(
+                conn, migration_version=migration.version, migration_name=migration.name
+            )
+            statements_ms = 1000 * (time.perf_counter() - started)
+            held: dict[str, set[str]] = {}
+            for r in await watcher.fetch(_HELD, pid):
+                held.setdefault(r["relation"], set()).add(r["mode"])
+        except BaseException:
+            await transaction.rollback()
+            raise
+        started = time.perf_counter()
+        await transaction.commit()
+        commit_ms = 1000 * (time.perf_counter() - started)
+        wal_bytes = int(
+            await watcher.fetchval(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)", wal_before
+            )
+        )
+        files_after = {r[0]: r[1] for r in await watcher.fetch(_FILES)}
+    finally:
+        await watcher.close()
+        await conn.close()
+    rewritten = sorted(
+        name for name, node in files_after.items() if files_before.get(name, node) != node
+    )
+    return MigrationCost(held, statements_ms, commit_ms, wal_bytes, rewritten)
