@@ -64,25 +64,20 @@ class Supervisor:
         self._argv = list(argv)
         self._notifier = notifier or SystemdNotifier()
         self._stop = asyncio.Event()
-        self._children: dict[int, asyncio.subprocess.Process] = {}
         self.restarts = 0
 
     def stop(self) -> None:
-        """Forward a clean stop to every worker (idempotent)."""
-        if self._stop.is_set():
-            return
+        """Stop every worker cleanly (idempotent): each worker's watcher forwards SIGTERM, to a
+        worker whose start raced with the stop as well."""
         self._stop.set()
-        for child in self._children.values():
-            if child.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGTERM)
+
+    def command(self, index: int) -> list[str]:
+        """The command line of worker `index`."""
+        return worker_argv(self._argv, self._settings, index)
 
     async def _spawn(self, index: int) -> asyncio.subprocess.Process:
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-        child = await asyncio.create_subprocess_exec(
-            *worker_argv(self._argv, self._settings, index), env=env
-        )
-        self._children[index] = child
+        child = await asyncio.create_subprocess_exec(*self.command(index), env=env)
         log.info("worker_started", worker=index, pid=child.pid)
         return child
 
@@ -122,6 +117,11 @@ class Supervisor:
             child = await self._spawn(index)
             code = await self._wait(child)
             if self._stop.is_set():
+                if code == -signal.SIGTERM:
+                    # Our SIGTERM reached a worker still starting, before it set its handler
+                    # (the first thing it does, before it reads a receipt): it held nothing,
+                    # so it stopped cleanly.
+                    code = 0
                 log.info("worker_stopped", worker=index, exit_code=code)
                 return code
             if code in FATAL_EXIT_CODES:
@@ -145,6 +145,8 @@ class Supervisor:
         await asyncio.wait([wait, stop], return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         if not wait.done():
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
             try:
                 async with asyncio.timeout(self._settings.shutdown_timeout + 5):
                     await asyncio.shield(wait)
