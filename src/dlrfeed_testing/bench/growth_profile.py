@@ -4,34 +4,18 @@ column by column, from a sample of each table (the row profile)."""
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import asyncpg
 
+from dlrfeed_testing.bench.store_ab import cluster_cpu_seconds
 from dlrfeed_testing.pgcluster import PgCluster
 
 
 def server_cpu_seconds(cluster: PgCluster) -> float:
     """CPU (user + system) of the cluster's processes so far: the postmaster, the exited
     children it reaped, and the live ones (backends, checkpointer, WAL writer, autovacuum)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        pid, ppid = int(entry), int(fields[1])
-        if pid == postmaster:
-            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-        elif ppid == postmaster:
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
+    return cluster_cpu_seconds(cluster.datadir)
 
 
 async def wal_lsn(conn: asyncpg.Connection) -> int:

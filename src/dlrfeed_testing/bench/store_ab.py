@@ -31,9 +31,9 @@ _FIGURES = ("receipts_per_s", "client_cpu_us", "server_cpu_us", "wal_bytes", "di
 
 
 def cluster_cpu_seconds(datadir: Path) -> float:
-    """CPU (user + system) of a cluster's processes so far. growth_profile.server_cpu_seconds
-    reads the same, but the child may run against a tree without it: this file stays
-    standard library only at its top."""
+    """CPU (user + system) of a cluster's processes so far: the postmaster, the exited children
+    it reaped, and the live ones. Here, not in growth_profile, because the child may run
+    against a tree without it: this file stays standard library only at its top."""
     ticks = os.sysconf("SC_CLK_TCK")
     postmaster = int((datadir / "postmaster.pid").read_text().split()[0])
     total = 0
@@ -43,10 +43,10 @@ def cluster_cpu_seconds(datadir: Path) -> float:
         try:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
-            continue
+            continue  # exited meanwhile
         pid, ppid = int(entry), int(fields[1])
         if pid == postmaster:
-            total += sum(int(v) for v in fields[11:15])
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
         elif ppid == postmaster:
             total += int(fields[11]) + int(fields[12])
     return total / ticks
