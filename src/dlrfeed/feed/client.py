@@ -79,11 +79,8 @@ def translate_stream_error(exc: BaseException) -> DlrfeedError:
             f"TLS handshake with the gateway failed on Subscribe: {exc} — check --tls, "
             "--ca-file and --client-cert/--client-key"
         )
-    if isinstance(exc, (OSError, EOFError, grpclib.exceptions.StreamTerminatedError)):
-        # Refused, reset, or lost: the network or a restarting gateway.
-        return FeedUnavailableError(f"Subscribe failed: {type(exc).__name__}: {exc}")
-    if isinstance(exc, DlrfeedError):
-        return exc
+    # Refused, reset, lost (OSError, StreamTerminatedError) or an HTTP/2 protocol error: the
+    # network or a restarting gateway, so a reconnect, never a stop.
     return FeedUnavailableError(f"Subscribe failed: {type(exc).__name__}: {str(exc)[:300]}")
 
 
