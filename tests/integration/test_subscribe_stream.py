@@ -1,10 +1,9 @@
-"""`SubscribeStream` over real loopback gRPC against fakegw: the thread that takes the stream's
-messages, the groups it hands to the loop, and how a stream ends (F7, F11)."""
+"""`SubscribeStream` over real loopback gRPC against fakegw: the groups of messages the reader
+takes at once, and how a stream ends (F7, F11)."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -40,16 +39,12 @@ async def _read(stream: SubscribeStream, count: int) -> list[list[Receipt]]:
     return groups
 
 
-def _stream_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("subscribe-")]
-
-
 async def test_receipts_that_arrived_while_the_loop_was_busy_come_in_one_read() -> None:
     async with _feed() as (gw, client):
         await gw.inject(LOGIN, [receipt_body(n) for n in range(50)])
         stream = client.subscribe(window=100)
         await wait_until(lambda: gw.stats(LOGIN)["in_flight"] == 50)
-        await asyncio.sleep(0.2)  # the loop stays away: the stream's thread queues them all
+        await asyncio.sleep(0.2)  # the loop reads nothing meanwhile: the connection queues them
         groups = await _read(stream, 50)
         stream.cancel()
     assert [r.message_id for group in groups for r in group] == [f"m{n}" for n in range(50)]
@@ -58,7 +53,7 @@ async def test_receipts_that_arrived_while_the_loop_was_busy_come_in_one_read() 
 
 
 async def test_the_stream_holds_its_window_and_resumes_after_an_ack() -> None:
-    """F11: what the thread queues is bounded by the window, not by the backlog."""
+    """F11: what the connection queues is bounded by the window, not by the backlog."""
     async with _feed() as (gw, client):
         await gw.inject(LOGIN, [receipt_body(n) for n in range(30)])
         stream = client.subscribe(window=10)
@@ -71,8 +66,8 @@ async def test_the_stream_holds_its_window_and_resumes_after_an_ack() -> None:
     assert [r.message_id for r in first + second] == [f"m{n}" for n in range(20)]
 
 
-async def test_cancel_ends_the_read_releases_the_receipts_and_the_thread() -> None:
-    """F7: our cancel() ends the call, the gateway releases what it held at once."""
+async def test_cancel_ends_the_read_and_the_call_and_releases_the_receipts() -> None:
+    """F7: our cancel() resets the call, and the gateway releases what it held at once."""
     async with _feed() as (gw, client):
         await gw.inject(LOGIN, [receipt_body(n) for n in range(5)])
         stream = client.subscribe(window=100)
@@ -84,7 +79,7 @@ async def test_cancel_ends_the_read_releases_the_receipts_and_the_thread() -> No
             await waiting
         assert stream.cancelled_by_us
         await wait_until(lambda: gw.stats(LOGIN)["queued"] == 5)
-        await wait_until(lambda: not _stream_threads())
+        await wait_until(lambda: gw.stats(LOGIN)["streams"] == 0)
 
 
 async def test_a_cut_stream_gives_its_receipts_then_a_feed_error() -> None:
@@ -95,8 +90,8 @@ async def test_a_cut_stream_gives_its_receipts_then_a_feed_error() -> None:
         received = [r for group in await _read(stream, 20) for r in group]
         with pytest.raises(FeedUnavailableError):
             await stream.read()
+        await wait_until(lambda: gw.stats(LOGIN)["streams"] == 0)
     assert [r.message_id for r in received] == [f"m{n}" for n in range(20)]
-    await wait_until(lambda: not _stream_threads())
 
 
 async def test_a_refused_login_is_an_authentication_error() -> None:

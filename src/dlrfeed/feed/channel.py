@@ -1,7 +1,7 @@
 """The gRPC channels to the gateway: TLS or plaintext, message-size limits, keepalive.
 
-One `grpc.aio` channel per process carries every Pull and the Acker's calls, one grpclib
-connection every reader's Subscribe stream (HTTP/2 multiplexes each over one connection).
+One `grpc.aio` channel per process carries every Pull and the Acker's calls, and one HTTP/2
+connection of dlrfeed.feed.http2 every reader's Subscribe stream.
 Certificates are read here, at start-up, so that a missing or unreadable file is a
 configuration error with one clear line, not a failed handshake later.
 """
@@ -12,16 +12,13 @@ import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import grpc
 import grpc.aio
-import grpclib.client
-import grpclib.config
-import grpclib.encoding.base
 
 from dlrfeed.config import host_port
 from dlrfeed.errors import ConfigError
+from dlrfeed.feed.http2 import StreamChannel
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """A Pull of 1000 receipts, some carrying megabyte fields (C8), must still fit in one message."""
@@ -89,31 +86,28 @@ def open_channel(
     return grpc.aio.secure_channel(target, channel_credentials(tls), options=options)
 
 
-def open_stream_channel(target: str, tls: TlsSettings | None) -> grpclib.client.Channel:
-    """The HTTP/2 connection that carries every reader's Subscribe stream (grpclib, on the
-    event loop), with the same TLS and keepalive as `open_channel`; opened at the first call.
+def open_stream_channel(target: str, tls: TlsSettings | None) -> StreamChannel:
+    """The HTTP/2 connection that carries every reader's Subscribe stream (read on the event
+    loop by dlrfeed.feed.http2), with the same TLS and keepalive as `open_channel`; opened at
+    the first call.
 
     Why not grpcio here: grpcio pays a receive operation, a completion and a thread wake-up per
     stream message, in the daemon and — through its small, probe-grown flow-control window —
-    in the gateway too, where a Pull pays once per response. grpclib parses the frames that
-    have arrived in one pass on the loop and grants a 4 MiB window, so the gateway writes many
-    receipts per frame (docs/benchmarks.md, "Measured by hand").
+    in the gateway too, where a Pull pays once per response (docs/benchmarks.md, "Measured by
+    hand").
     """
     host, port = host_port(target)
     # hpack logs every header it encodes at DEBUG, the Authorization header (the login's
     # password) among them: never let a debug set-up of the standard logging print it.
     logging.getLogger("hpack").setLevel(logging.INFO)
-    context: ssl.SSLContext | None = None
-    name_override: str | None = None
-    if tls is not None:
-        context = ssl_context(tls)
-        name_override = tls.server_name
-    config = grpclib.config.Configuration(
-        _keepalive_time=KEEPALIVE_SECONDS,
-        _keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
-        ssl_target_name_override=name_override,
+    return StreamChannel(
+        host,
+        port,
+        ssl_context=ssl_context(tls) if tls is not None else None,
+        server_name=tls.server_name if tls is not None else None,
+        keepalive_seconds=KEEPALIVE_SECONDS,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
     )
-    return grpclib.client.Channel(host, port, codec=RawBytesCodec(), ssl=context, config=config)
 
 
 def ssl_context(tls: TlsSettings) -> ssl.SSLContext:
@@ -132,16 +126,3 @@ def ssl_context(tls: TlsSettings) -> ssl.SSLContext:
         ) from exc
     context.set_alpn_protocols(["h2"])
     return context
-
-
-class RawBytesCodec(grpclib.encoding.base.CodecBase):
-    """Messages as the bytes on the wire: `Receipt.raw` must be exactly what was received
-    (P6), and each receipt is decoded on its own (dlrfeed.feed.wire, C8)."""
-
-    __content_subtype__ = "proto"
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        return cast(bytes, message)
-
-    def decode(self, data: bytes, message_type: Any) -> bytes:
-        return data

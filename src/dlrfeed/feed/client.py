@@ -2,7 +2,7 @@
 
 `FeedClient` is the only place that touches the generated stubs. It turns each proto `Receipt`
 into a `dlrfeed.domain.receipt.Receipt` (keeping the serialized bytes whole as `raw`, P6/P9) and
-every failed call (`grpc.aio.AioRpcError`, or grpclib's errors on a Subscribe stream) into one
+every failed call (`grpc.aio.AioRpcError`, or a Subscribe stream's ending) into one
 of the project's exception types, so that retry policies elsewhere match only those (STYLE:
 translate errors at the boundary).
 """
@@ -13,15 +13,11 @@ import asyncio
 import base64
 import ssl
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
 import grpc.aio
-import grpclib.client
-import grpclib.const
-import grpclib.exceptions
 
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import (
@@ -31,6 +27,7 @@ from dlrfeed.errors import (
     FatalError,
     FeedUnavailableError,
 )
+from dlrfeed.feed.http2 import GrpcStatus, StreamCall, StreamChannel
 from dlrfeed.feed.wire import pull_receipts, receipt_from_wire
 from dlrfeed.feed.wire import receipt_from_proto as receipt_from_proto  # moved; name kept
 from gateway.receipts.v1 import feed_pb2
@@ -53,6 +50,7 @@ _TRANSIENT_CODES = frozenset(
         grpc.StatusCode.CANCELLED,
     }
 )
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 # Words in a failed connection's details that mean the TLS handshake, not the network, failed.
 _TLS_FAILURE_MARKERS = ("ssl", "tls", "certificate", "handshake")
 
@@ -71,15 +69,17 @@ def translate_rpc_error(exc: grpc.Call | grpc.aio.AioRpcError, rpc: str) -> Dlrf
 
 
 def translate_stream_error(exc: BaseException) -> DlrfeedError:
-    """The project's error for a Subscribe stream that failed in grpclib (status or transport)."""
-    if isinstance(exc, grpclib.exceptions.GRPCError):
-        return translate_status(grpc.StatusCode[exc.status.name], exc.message or "", "Subscribe")
+    """The project's error for a failed Subscribe stream (dlrfeed.feed.http2): a status, TLS,
+    or the connection."""
+    if isinstance(exc, GrpcStatus):
+        code = _STATUS_BY_NUMBER.get(exc.code, grpc.StatusCode.UNKNOWN)
+        return translate_status(code, exc.message, "Subscribe")
     if isinstance(exc, ssl.SSLError):
         return FeedTlsError(
             f"TLS handshake with the gateway failed on Subscribe: {exc} — check --tls, "
             "--ca-file and --client-cert/--client-key"
         )
-    # Refused, reset, lost (OSError, StreamTerminatedError) or an HTTP/2 protocol error: the
+    # Refused, reset, lost (OSError, ConnectionFailed) or an HTTP/2 protocol error: the
     # network or a restarting gateway, so a reconnect, never a stop.
     return FeedUnavailableError(f"Subscribe failed: {type(exc).__name__}: {str(exc)[:300]}")
 
@@ -118,22 +118,16 @@ class SubscribeStream:
     """One open Subscribe call: `read()` the receipts that have arrived, `cancel()` to end it
     (F7 releases).
 
-    A task of the stream's own takes the messages off the call and queues their bytes: grpclib
-    parses every frame that has arrived in one pass, so the task takes a whole group without
-    yielding, and wakes the reader once per group. The reader decodes the group at once and
-    hands it on in one piece, like a Pull's response. The queue holds at most `window`
-    receipts: the gateway sends no more until some are acked (F11).
+    The connection (dlrfeed.feed.http2) queues each message's bytes as its frame is parsed and
+    wakes the reader once per group that arrived together; the reader decodes the group at once
+    and hands it on in one piece, like a Pull's response. The server sends no more than the
+    window (F11) before some are acked, and no more bytes than the stream's flow-control
+    window before the reader takes what it has.
     """
 
-    def __init__(
-        self, channel: grpclib.client.Channel, request: bytes, metadata: _Metadata, name: str
-    ) -> None:
-        self._arrived: deque[bytes] = deque()
-        self._wakeup = asyncio.Event()
-        self._ended = False
-        self._error: BaseException | None = None  # how the call ended, when not cleanly
+    def __init__(self, call: StreamCall) -> None:
+        self._call = call
         self._cancelled_by_us = False
-        self._task = asyncio.create_task(self._take_messages(channel, request, metadata), name=name)
 
     async def read(self) -> list[Receipt] | None:
         """Every receipt that has arrived since the last read, oldest first (at least one; waits
@@ -144,22 +138,21 @@ class SubscribeStream:
         (as grpc.aio does); `cancelled_by_us` tells it apart from a cancellation of the awaiting
         task.
         """
-        while not self._arrived:
+        call = self._call
+        while not call.arrived:
             if self._cancelled_by_us:
                 raise asyncio.CancelledError
-            if self._ended:
-                if self._error is None:
+            if call.ended:
+                if call.error is None:
                     return None
-                raise translate_stream_error(self._error)
-            self._wakeup.clear()
-            await self._wakeup.wait()
+                raise translate_stream_error(call.error)
+            call.wakeup.clear()
+            await call.wakeup.wait()
         if self._cancelled_by_us:
             raise asyncio.CancelledError
         received_at = time.time()
-        arrived = self._arrived
-        self._arrived = deque()
         # C8: bytes the strict decoder refuses still become a receipt (dlrfeed.feed.wire).
-        return [receipt_from_wire(raw, received_at) for raw in arrived]
+        return [receipt_from_wire(raw, received_at) for raw in call.take()]
 
     @property
     def cancelled_by_us(self) -> bool:
@@ -169,35 +162,7 @@ class SubscribeStream:
         """End the stream: the call is reset (RST_STREAM), and the gateway releases its unacked
         receipts at once (F7)."""
         self._cancelled_by_us = True
-        self._task.cancel()
-        self._wakeup.set()
-
-    async def _take_messages(
-        self, channel: grpclib.client.Channel, request: bytes, metadata: _Metadata
-    ) -> None:
-        """The stream's task: queue each message's bytes, wake the reader, and record how the
-        call ended."""
-        wakeup = self._wakeup
-        try:
-            async with channel.request(
-                _SERVICE + "Subscribe",
-                grpclib.const.Cardinality.UNARY_STREAM,
-                bytes,
-                bytes,
-                metadata=metadata,
-            ) as call:
-                await call.send_message(request, end=True)
-                while (raw := await call.recv_message()) is not None:
-                    self._arrived.append(raw)
-                    wakeup.set()
-        except asyncio.CancelledError:
-            if not self._cancelled_by_us:
-                raise
-        except Exception as exc:  # noqa: BLE001 - handed to the reader, raised by read()
-            self._error = exc
-        finally:
-            self._ended = True
-            wakeup.set()
+        self._call.cancel()
 
 
 class FeedClient:
@@ -209,7 +174,7 @@ class FeedClient:
         login: str,
         password: str,
         *,
-        stream_channel: grpclib.client.Channel | None = None,
+        stream_channel: StreamChannel | None = None,
         ack_timeout: float = 10.0,
     ) -> None:
         credential = base64.b64encode(f"{login}:{password}".encode()).decode("ascii")
@@ -218,7 +183,6 @@ class FeedClient:
         self._ack_timeout = ack_timeout
         # Without a stream channel (`open_stream_channel`) the client can Pull and Ack only.
         self._stream_channel = stream_channel
-        self._streams = 0
         self._pull = channel.unary_unary(
             _SERVICE + "Pull",
             request_serializer=feed_pb2.PullRequest.SerializeToString,
@@ -241,9 +205,8 @@ class FeedClient:
         if self._stream_channel is None:
             raise TypeError("this FeedClient has no stream_channel: it cannot Subscribe")
         request = feed_pb2.SubscribeRequest(window=window).SerializeToString()
-        self._streams += 1
         return SubscribeStream(
-            self._stream_channel, request, self.__metadata, f"subscribe-{self._streams}"
+            self._stream_channel.open(_SERVICE + "Subscribe", request, self.__metadata)
         )
 
     def pull(self, max_receipts: int, wait_seconds: int) -> PullCall:

@@ -6,10 +6,10 @@ from collections import Counter
 from typing import Any
 
 _CATEGORIES = (
-    # Subscribe streams are read by grpclib over h2; Pull and Ack by grpcio.
+    # Subscribe streams are read by dlrfeed.feed.http2 (hpack for headers); Pull and Ack by grpcio.
     (
-        "gRPC (grpcio's aio and cygrpc; grpclib and h2 for streams)",
-        ("grpc/", "cygrpc", "grpc_", "grpclib/", "h2/", "hyperframe/", "hpack/"),
+        "gRPC (grpcio's aio and cygrpc; dlrfeed's HTTP/2 reader for streams)",
+        ("grpc/", "cygrpc", "grpc_", "dlrfeed/feed/http2", "hpack/"),
     ),
     ("protobuf", ("google/protobuf", "_pb2")),
     ("asyncpg", ("asyncpg/",)),

@@ -340,7 +340,7 @@ def _subscribe_walls(results: dict[str, Any]) -> list[str]:
             f"{cpu_total(pulls) * mine['cores_busy'] / (cpu_total(mine) * pulls['cores_busy']):.2f}"
             " of Pull's rate. The difference is the work per stream message (an HTTP/2 DATA "
             "frame each), paid by the gateway and the daemon alike, which Pull pays once per "
-            "response: in the subscribe profile gRPC (grpclib and h2 on the streams) takes "
+            "response: in the subscribe profile gRPC (the HTTP/2 reader on the streams) takes "
             f"{_share(results, 'subscribe', 'gRPC'):.0f} % of the daemon's samples and the event "
             f"loop {_share(results, 'subscribe', 'event loop'):.0f} %. The candidates tried "
             f"against it are in *{HAND_WRITTEN_HEADING[3:]}*."
