@@ -213,6 +213,10 @@ class StreamChannel:
         self._connecting = asyncio.Lock()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def open(self, path: str, request: bytes, metadata: Sequence[tuple[str, str]]) -> StreamCall:
         """Start a server-streaming call of `path` with one request message."""
         return StreamCall(self, path, request, metadata)
@@ -253,6 +257,9 @@ class StreamChannel:
                     server_hostname=(self._server_name or self._host) if self._ssl else None,
                 )
                 connection.check_alpn()
+                if self.closed:  # closed while this connection was being opened
+                    connection.close()
+                    raise ConnectionFailed("the channel is closed")
                 self._connection = connection
             return self._connection
 
