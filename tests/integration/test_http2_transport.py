@@ -23,29 +23,25 @@ from dlrfeed.errors import FatalError, FeedUnavailableError
 from dlrfeed.feed.client import FeedClient, FeedUnimplementedError
 from dlrfeed.feed.http2 import STREAM_WINDOW, StreamChannel
 from dlrfeed_testing.fakegw_support import receipt_body
+from dlrfeed_testing.http2_frames import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    PADDED,
+    PING,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+    message,
+)
 from gateway.receipts.v1 import feed_pb2
 
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
-    0,
-    1,
-    3,
-    4,
-    6,
-    7,
-    8,
-    9,
-)
-END_STREAM, ACK, END_HEADERS, PADDED = 0x1, 0x1, 0x4, 0x8
 RESPONSE_HEADERS = [(":status", "200"), ("content-type", "application/grpc")]
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    length = len(payload)
-    return struct.pack(">BHBBL", length >> 16, length & 0xFFFF, kind, flags, stream_id) + payload
-
-
-def message(body: bytes, compressed: int = 0) -> bytes:
-    return struct.pack(">BL", compressed, len(body)) + body
 
 
 def receipt(n: int) -> bytes:

@@ -74,23 +74,17 @@ class StreamCall:
     """One server-streaming call: `arrived` holds the messages not taken yet, `wakeup` is set
     when some arrive or the call ends; `ended` and `error` say how it ended."""
 
-    def __init__(
-        self,
-        channel: StreamChannel,
-        path: str,
-        request: bytes,
-        metadata: Sequence[tuple[str, str]],
-    ) -> None:
+    def __init__(self) -> None:
         self.arrived: deque[bytes] = deque()
         self.wakeup = asyncio.Event()
         self.ended = False
         self.error: BaseException | None = None
-        self._connection: _Connection | None = None
+        self._connection: Connection | None = None
         self._stream_id = 0
         self._partial = bytearray()  # the start of a message whose end has not arrived
         self._got_headers = False
         self._uncredited = 0  # bytes received, not yet returned to the server's window
-        self._start = asyncio.create_task(channel._start(self, path, request, metadata))
+        self._starting: asyncio.Task[None] | None = None  # connecting, then sending the request
 
     def take(self) -> deque[bytes]:
         """Every message that has arrived, oldest first; their room goes back to the server."""
@@ -104,13 +98,14 @@ class StreamCall:
 
     def cancel(self) -> None:
         """End the call: RST_STREAM(CANCEL) when it is open; what arrives after is dropped."""
-        self._start.cancel()
+        if self._starting is not None:
+            self._starting.cancel()
         if not self.ended and self._connection is not None:
             self._connection.reset(self._stream_id)
         self._end(None)
 
     # -- called by the connection ---------------------------------------------------------
-    def _opened(self, connection: _Connection, stream_id: int) -> None:
+    def _opened(self, connection: Connection, stream_id: int) -> None:
         self._connection = connection
         self._stream_id = stream_id
 
@@ -208,8 +203,8 @@ class StreamChannel:
         self._ssl = ssl_context
         self._server_name = server_name
         self._keepalive = (keepalive_seconds, keepalive_timeout)
-        self._connection: _Connection | None = None  # the one new calls go to
-        self._draining: list[_Connection] = []  # older ones, open while their calls last
+        self._connection: Connection | None = None  # the one new calls go to
+        self._draining: list[Connection] = []  # older ones, open while their calls last
         self._connecting = asyncio.Lock()
         self._closed = False
 
@@ -219,7 +214,9 @@ class StreamChannel:
 
     def open(self, path: str, request: bytes, metadata: Sequence[tuple[str, str]]) -> StreamCall:
         """Start a server-streaming call of `path` with one request message."""
-        return StreamCall(self, path, request, metadata)
+        call = StreamCall()
+        call._starting = asyncio.create_task(self._start(call, path, request, metadata))
+        return call
 
     def close(self) -> None:
         """Close the connection; open calls end as lost connections."""
@@ -237,7 +234,7 @@ class StreamChannel:
         except Exception as exc:  # noqa: BLE001 - refused, TLS, closed: the call's outcome
             call._end(exc)
 
-    async def _usable_connection(self) -> _Connection:
+    async def _usable_connection(self) -> Connection:
         async with self._connecting:
             if self._closed:
                 raise ConnectionFailed("the channel is closed")
@@ -250,7 +247,7 @@ class StreamChannel:
                 scheme = "https" if self._ssl is not None else "http"
                 authority = f"{self._host}:{self._port}"
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(scheme, authority, keepalive, timeout),
+                    lambda: Connection(scheme, authority, keepalive, timeout),
                     self._host,
                     self._port,
                     ssl=self._ssl,
@@ -264,7 +261,7 @@ class StreamChannel:
             return self._connection
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One HTTP/2 client connection: frames in, calls' messages and endings out."""
 
     def __init__(
