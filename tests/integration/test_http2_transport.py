@@ -71,10 +71,10 @@ class Peer:
                 return flags, stream_id, payload
             assert got in skip, f"expected frame type {kind}, got {got}"
 
-    async def accept_call(self) -> tuple[int, dict[str, str], bytes]:
-        """Read the preface, settle SETTINGS, and take one call: its stream, headers and body."""
+    async def accept_call(self, settings: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+        """Read the preface, send SETTINGS, and take one call: its stream, headers and body."""
         assert await self.reader.readexactly(24) == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-        self.send(frame(SETTINGS, 0, 0, b""))
+        self.send(frame(SETTINGS, 0, 0, settings))
         headers: dict[str, str] = {}
         body = b""
         while True:
@@ -325,3 +325,27 @@ async def test_a_connection_that_stops_answering_pings_fails_its_calls() -> None
         with pytest.raises(FeedUnavailableError, match="keepalive"):
             await asyncio.wait_for(stream.read(), 10)
         silent.close()
+
+
+async def test_calls_beyond_the_servers_stream_limit_go_on_another_connection() -> None:
+    """A gateway allowing one stream per connection still gets both of a process's streams:
+    the second opens a connection of its own instead of being refused again and again."""
+
+    async def script(peer: Peer) -> None:
+        stream_id, _, _ = await peer.accept_call(settings=struct.pack(">HL", 3, 1))
+        peer.send(
+            peer.headers(stream_id, RESPONSE_HEADERS, 0),
+            frame(DATA, 0, stream_id, message(receipt(len(peers)))),
+        )
+
+    async with scripted_server(script) as (channel, peers):
+        first = client(channel).subscribe(window=10)
+        first_receipts = await asyncio.wait_for(first.read(), 10)
+        second = client(channel).subscribe(window=10)
+        second_receipts = await asyncio.wait_for(second.read(), 10)
+        assert len(peers) == 2
+        first.cancel()
+        second.cancel()
+    assert first_receipts is not None
+    assert second_receipts is not None
+    assert [r.message_id for r in first_receipts + second_receipts] == ["m1", "m2"]

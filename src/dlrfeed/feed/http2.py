@@ -9,7 +9,8 @@ and it leaves header compression to `hpack`.
 
 What it does, per RFC 9113 and the gRPC HTTP/2 protocol:
 - one connection shared by every call (odd stream ids), opened at the first call and again
-  after it is lost or the server sent GOAWAY;
+  after it is lost, after the server sent GOAWAY, or when it carries as many calls as the
+  server's SETTINGS_MAX_CONCURRENT_STREAMS allows (an older one closes after its last call);
 - flow control: a 4 MiB window per stream, credited as the reader takes messages, so a reader
   that stops reading stops the server, and no more than that is ever buffered per stream;
 - SETTINGS acknowledged, PING answered, a keepalive PING while calls are open (a silent dead
@@ -38,7 +39,8 @@ _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PUSH_PROMISE = 0x0, 0x1, 0x3, 0x4, 0x5
 _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0x6, 0x7, 0x8, 0x9
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-_SETTINGS_HEADER_TABLE_SIZE, _SETTINGS_ENABLE_PUSH, _SETTINGS_INITIAL_WINDOW_SIZE = 0x1, 0x2, 0x4
+_SETTINGS_HEADER_TABLE_SIZE, _SETTINGS_ENABLE_PUSH, _SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+_SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 _NO_ERROR, _PROTOCOL_ERROR, _FRAME_SIZE_ERROR, _CANCEL, _COMPRESSION_ERROR = 0, 1, 6, 8, 9
 
 _FRAME_HEADER = struct.Struct(">BHBBL")  # 24-bit length as 8 + 16 bits, type, flags, stream id
@@ -240,6 +242,7 @@ class StreamChannel:
                 raise ConnectionFailed("the channel is closed")
             if self._connection is None or not self._connection.accepts_calls:
                 if self._connection is not None:
+                    self._connection.retire()
                     self._draining.append(self._connection)
                 self._draining = [c for c in self._draining if c.is_open]
                 loop = asyncio.get_running_loop()
@@ -277,6 +280,8 @@ class Connection(asyncio.Protocol):
         self._decoder = hpack.Decoder()
         self._header_block: tuple[int, int, bytearray] | None = None  # stream, flags, fragments
         self._going_away = False
+        self._retired = False  # the channel opened a newer one: close once the last call ends
+        self._max_calls = _MAX_STREAM_ID  # the server's SETTINGS_MAX_CONCURRENT_STREAMS
         self._lost = False
         self._uncredited = 0
         self._keepalive = (keepalive, keepalive_timeout)
@@ -289,7 +294,18 @@ class Connection(asyncio.Protocol):
 
     @property
     def accepts_calls(self) -> bool:
-        return not (self._lost or self._going_away or self._next_stream_id > _MAX_STREAM_ID)
+        return not (
+            self._lost
+            or self._going_away
+            or self._next_stream_id > _MAX_STREAM_ID
+            or len(self._calls) >= self._max_calls  # a server's limit: more go on another
+        )
+
+    def retire(self) -> None:
+        """New calls go elsewhere now; close once the calls in progress have ended."""
+        self._retired = True
+        if not self._calls:
+            self.close()
 
     def check_alpn(self) -> None:
         assert self._transport is not None
@@ -436,6 +452,8 @@ class Connection(asyncio.Protocol):
         for identifier, value in struct.iter_unpack(">HL", payload):
             if identifier == _SETTINGS_HEADER_TABLE_SIZE:
                 self._encoder.header_table_size = value
+            elif identifier == _SETTINGS_MAX_CONCURRENT_STREAMS:
+                self._max_calls = value
         self._write(_frame(_SETTINGS, _ACK, 0, b""))
 
     # -- frames out -----------------------------------------------------------------------
@@ -474,7 +492,7 @@ class Connection(asyncio.Protocol):
 
     def forget(self, stream_id: int) -> None:
         self._calls.pop(stream_id, None)
-        if self._going_away and not self._calls:
+        if (self._going_away or self._retired) and not self._calls:
             self.close()  # its last call ended: nothing more will come on it
 
     def close(self) -> None:
