@@ -10,6 +10,7 @@ project's error for the ending.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -349,3 +350,26 @@ async def test_calls_beyond_the_servers_stream_limit_go_on_another_connection() 
     assert first_receipts is not None
     assert second_receipts is not None
     assert [r.message_id for r in first_receipts + second_receipts] == ["m1", "m2"]
+
+
+async def test_a_gateway_that_never_answers_the_handshake_fails_the_call_in_time() -> None:
+    """Connecting (TCP and TLS) has the keepalive timeout too: a black-holed or wedged gateway
+    is a transient error the reader retries, not a stream that waits for minutes."""
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channel = StreamChannel(
+        "127.0.0.1", port, ssl_context=ssl.create_default_context(), server_name=None,
+        keepalive_seconds=300.0, keepalive_timeout=0.3,
+    )  # fmt: skip
+    try:
+        stream = client(channel).subscribe(window=10)
+        with pytest.raises(FeedUnavailableError, match=r"no connection to 127\.0\.0\.1"):
+            await asyncio.wait_for(stream.read(), 10)
+    finally:
+        channel.close()
+        server.close()

@@ -249,13 +249,23 @@ class StreamChannel:
                 keepalive, timeout = self._keepalive
                 scheme = "https" if self._ssl is not None else "http"
                 authority = f"{self._host}:{self._port}"
-                _, connection = await loop.create_connection(
-                    lambda: Connection(scheme, authority, keepalive, timeout),
-                    self._host,
-                    self._port,
-                    ssl=self._ssl,
-                    server_hostname=(self._server_name or self._host) if self._ssl else None,
-                )
+                # A gateway address that drops packets fails in `timeout` seconds, as a silent
+                # connection does, not after the system's minutes of SYN retries.
+                try:
+                    async with asyncio.timeout(timeout):
+                        _, connection = await loop.create_connection(
+                            lambda: Connection(scheme, authority, keepalive, timeout),
+                            self._host,
+                            self._port,
+                            ssl=self._ssl,
+                            server_hostname=(self._server_name or self._host)
+                            if self._ssl
+                            else None,
+                        )
+                except TimeoutError:
+                    raise ConnectionFailed(
+                        f"no connection to {authority} within {timeout:g} s"
+                    ) from None
                 connection.check_alpn()
                 if self.closed:  # closed while this connection was being opened
                     connection.close()
