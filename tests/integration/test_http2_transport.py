@@ -191,6 +191,8 @@ async def test_split_padded_and_continued_frames_give_the_same_receipts() -> Non
         ("status 9", FatalError, "FAILED_PRECONDITION: queue paused"),
         ("trailers only 12", FeedUnimplementedError, "does not implement Subscribe"),
         ("http 503", FeedUnavailableError, "HTTP status 503"),
+        ("proxy tls 14", FeedUnavailableError, "TLS error"),  # a proxy's hop, not ours
+        ("short reset", FeedUnavailableError, "malformed RST_STREAM"),
         ("reset", FeedUnavailableError, "reset the call"),
         ("goaway", FeedUnavailableError, "going away"),
         ("compressed", FeedUnavailableError, "compressed message"),
@@ -216,6 +218,11 @@ async def test_each_way_a_call_can_end_is_the_projects_error(
                 peer.send(peer.headers(stream_id, [*RESPONSE_HEADERS, ("grpc-status", "12")], 1))
             case "http 503":
                 peer.send(peer.headers(stream_id, [(":status", "503")], END_STREAM))
+            case "proxy tls 14":
+                text = "upstream connect error: TLS error: CERTIFICATE_VERIFY_FAILED"
+                peer.send(start(), peer.trailers(stream_id, 14, text.replace(" ", "%20")))
+            case "short reset":
+                peer.send(start(), frame(RST_STREAM, 0, stream_id, b"\x00\x00"))
             case "reset":
                 peer.send(start(), one, frame(RST_STREAM, 0, stream_id, struct.pack(">L", 2)))
             case "goaway":

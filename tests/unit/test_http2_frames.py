@@ -13,7 +13,7 @@ import hpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlrfeed.feed.http2 import Connection, StreamCall
+from dlrfeed.feed.http2 import STREAM_WINDOW, Connection, StreamCall
 from dlrfeed_testing.http2_frames import (
     ACK,
     CONTINUATION,
@@ -24,6 +24,7 @@ from dlrfeed_testing.http2_frames import (
     PADDED,
     PING,
     SETTINGS,
+    WINDOW_UPDATE,
     frame,
     frames_in,
     message,
@@ -82,14 +83,24 @@ def server_bytes(bodies: list[bytes], frame_sizes: list[int], padding: int) -> b
     return b"".join(frames)
 
 
-async def receive(data: bytes, cuts: list[int]) -> tuple[StreamCall, bytes]:
-    """Feed `data` to a connection with one open call, cut at `cuts`; the call and what the
-    connection wrote."""
+def connected() -> tuple[Connection, RecordingTransport]:
     connection = Connection("http", "gateway:443", 300.0, 20.0)
     transport = RecordingTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
+    return connection, transport
+
+
+def open_call(connection: Connection) -> StreamCall:
     call = StreamCall()
     connection.start(call, "/svc/Subscribe", b"\x08\x01", [("authorization", "Basic eDp5")])
+    return call
+
+
+async def receive(data: bytes, cuts: list[int]) -> tuple[StreamCall, bytes]:
+    """Feed `data` to a connection with one open call, cut at `cuts`; the call and what the
+    connection wrote."""
+    connection, transport = connected()
+    call = open_call(connection)
     start = 0
     for cut in [*sorted(set(cuts)), len(data)]:
         if start < cut <= len(data):
@@ -118,3 +129,37 @@ def test_any_segmentation_gives_the_same_messages_and_answers(
     assert (PING, ACK, 0, b"pingpong") in sent
     request = [f for f in sent if f[0] == DATA and f[2] == STREAM]
     assert request == [(DATA, END_STREAM, STREAM, message(b"\x08\x01"))]
+
+
+async def test_a_smaller_header_table_announced_twice_still_reaches_the_next_request() -> None:
+    """RFC 7541 §4.2: after the server shrinks the table, our next header block must start
+    with the size update, however many times the SETTINGS said it."""
+    connection, transport = connected()
+    shrink = frame(SETTINGS, 0, 0, struct.pack(">HL", 1, 0))
+    connection.data_received(shrink + shrink)
+    transport.written.clear()
+    open_call(connection)
+    headers = [f for f in frames_in(bytes(transport.written)) if f[0] == HEADERS]
+    assert headers[0][3][0] == 0x20  # "dynamic table size update" to 0
+
+
+async def test_a_large_message_is_credited_only_while_no_whole_one_waits() -> None:
+    """A message larger than the window gets its room back as it arrives, or it could never
+    finish; but not while whole messages wait for the reader, or a stalled reader's queue
+    would grow without bound."""
+    connection, transport = connected()
+    call = open_call(connection)
+    response = hpack.Encoder().encode([(":status", "200")])
+    connection.data_received(frame(HEADERS, END_HEADERS, STREAM, response))
+    big = message(bytes(STREAM_WINDOW // 2))
+    waiting = message(b"first")
+    transport.written.clear()
+    for start in range(0, len(waiting) + STREAM_WINDOW // 4 + 10, 16_000):
+        chunk = (waiting + big)[start : start + 16_000]
+        connection.data_received(frame(DATA, 0, STREAM, chunk))
+    credits = [f for f in frames_in(bytes(transport.written)) if f[0] == WINDOW_UPDATE]
+    assert not [f for f in credits if f[2] == STREAM]
+    assert list(call.take()) == [b"first"]  # the reader takes it: the room goes back
+    credits = [f for f in frames_in(bytes(transport.written)) if f[0] == WINDOW_UPDATE]
+    assert [f[2] for f in credits] == [STREAM]
+    connection.connection_lost(None)

@@ -73,6 +73,10 @@ def translate_stream_error(exc: BaseException) -> DlrfeedError:
     or the connection."""
     if isinstance(exc, GrpcStatus):
         code = _STATUS_BY_NUMBER.get(exc.code, grpc.StatusCode.UNKNOWN)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            # Sent by the server (or a proxy before it): whatever TLS words it carries, they
+            # are about its own hops, not our handshake (that fails as ssl.SSLError, below).
+            return FeedUnavailableError(f"Subscribe failed: UNAVAILABLE: {exc.message[:300]}")
         return translate_status(code, exc.message, "Subscribe")
     if isinstance(exc, ssl.SSLError):
         return FeedTlsError(

@@ -142,7 +142,14 @@ class StreamCall:
     def _credit_large(self, partial: bytearray) -> None:
         """A message this large can only be read whole: its room goes back as it arrives, or
         one larger than the window would never finish arriving."""
-        if len(partial) >= STREAM_WINDOW // 4 and self._connection is not None:
+        # Only while no whole message waits: those are the reader's to take (and credit), and
+        # crediting past them would let a stalled reader's queue grow without bound.
+        if (
+            len(partial) >= STREAM_WINDOW // 4
+            and not self.arrived
+            and self._uncredited
+            and self._connection is not None
+        ):
             self._connection.credit(self._stream_id, self._uncredited)
             self._uncredited = 0
 
@@ -152,7 +159,7 @@ class StreamCall:
             status = headers.get(":status", "")
             if status != "200":
                 code = _HTTP_STATUS_CODES.get(status, _UNKNOWN)
-                self._fail(GrpcStatus(code, f"HTTP status {status or 'missing'}"))
+                self._finish(GrpcStatus(code, f"HTTP status {status or 'missing'}"), end_stream)
                 return
             if not end_stream:
                 return
@@ -160,17 +167,25 @@ class StreamCall:
             self._fail(ConnectionFailed("headers after the response headers did not end the call"))
             return
         # Trailers, or a trailers-only response: the call's status.
+        # The server's END_STREAM closed the stream: the call ends, nothing is reset.
         try:
             code = int(headers.get("grpc-status", ""))
         except ValueError:
-            self._fail(GrpcStatus(_UNKNOWN, "the call ended without a grpc-status"))
+            self._end(GrpcStatus(_UNKNOWN, "the call ended without a grpc-status"))
             return
         if self._partial:
-            self._fail(GrpcStatus(_INTERNAL, "the call ended inside a message"))
+            self._end(GrpcStatus(_INTERNAL, "the call ended inside a message"))
         elif code:
-            self._fail(GrpcStatus(code, unquote(headers.get("grpc-message", ""))))
+            self._end(GrpcStatus(code, unquote(headers.get("grpc-message", ""))))
         else:
             self._end(None)
+
+    def _finish(self, error: BaseException, end_stream: bool) -> None:
+        """End with `error`: a stream the server has not closed is reset first."""
+        if end_stream:
+            self._end(error)
+        else:
+            self._fail(error)
 
     def _fail(self, error: BaseException) -> None:
         if self._connection is not None and not self.ended:
@@ -248,7 +263,8 @@ class StreamChannel:
                 loop = asyncio.get_running_loop()
                 keepalive, timeout = self._keepalive
                 scheme = "https" if self._ssl is not None else "http"
-                authority = f"{self._host}:{self._port}"
+                host = f"[{self._host}]" if ":" in self._host else self._host  # IPv6
+                authority = f"{host}:{self._port}"
                 # A gateway address that drops packets fails in `timeout` seconds, as a silent
                 # connection does, not after the system's minutes of SYN retries.
                 try:
@@ -308,6 +324,7 @@ class Connection(asyncio.Protocol):
             self._lost
             or self._going_away
             or self._next_stream_id > _MAX_STREAM_ID
+            or self._retired
             or len(self._calls) >= self._max_calls  # a server's limit: more go on another
         )
 
@@ -397,7 +414,7 @@ class Connection(asyncio.Protocol):
             return  # a call we reset or that ended: its data counted for the connection only
         call._data(data, start, end, flow_controlled)
         if flags & _END_STREAM and not call.ended:
-            call._fail(GrpcStatus(_INTERNAL, "the call ended without trailers"))
+            call._end(GrpcStatus(_INTERNAL, "the call ended without trailers"))
 
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if kind == _HEADERS:
@@ -418,9 +435,11 @@ class Connection(asyncio.Protocol):
             if flags & _END_HEADERS:
                 self._on_header_block()
         elif kind == _RST_STREAM:
+            if len(payload) != 4 or stream_id == 0:
+                raise _ProtocolError(_PROTOCOL_ERROR, "a malformed RST_STREAM")
             call = self._calls.get(stream_id)
             if call is not None:
-                (code,) = struct.unpack(">L", payload[:4])
+                (code,) = struct.unpack(">L", payload)
                 call._end(ConnectionFailed(f"the gateway reset the call (HTTP/2 error {code})"))
         elif kind == _SETTINGS:
             self._on_settings(flags, payload)
@@ -430,6 +449,8 @@ class Connection(asyncio.Protocol):
             else:
                 self._pong.set()
         elif kind == _GOAWAY:
+            if len(payload) < 8:
+                raise _ProtocolError(_FRAME_SIZE_ERROR, "a GOAWAY of fewer than 8 bytes")
             last_stream_id, code = struct.unpack(">LL", payload[:8])
             self._going_away = True
             for other_id, call in list(self._calls.items()):
@@ -461,7 +482,9 @@ class Connection(asyncio.Protocol):
             raise _ProtocolError(_FRAME_SIZE_ERROR, "a SETTINGS frame of odd size")
         for identifier, value in struct.iter_unpack(">HL", payload):
             if identifier == _SETTINGS_HEADER_TABLE_SIZE:
-                self._encoder.header_table_size = value
+                # hpack forgets a pending size update when set again to the same value.
+                if value != self._encoder.header_table_size:
+                    self._encoder.header_table_size = value
             elif identifier == _SETTINGS_MAX_CONCURRENT_STREAMS:
                 self._max_calls = value
         self._write(_frame(_SETTINGS, _ACK, 0, b""))
