@@ -12,7 +12,8 @@ What it does, per RFC 9113 and the gRPC HTTP/2 protocol:
   after it is lost, after the server sent GOAWAY, or when it carries as many calls as the
   server's SETTINGS_MAX_CONCURRENT_STREAMS allows (an older one closes after its last call);
 - flow control: a 4 MiB window per stream, credited as the reader takes messages, so a reader
-  that stops reading stops the server, and no more than that is ever buffered per stream;
+  that stops reading stops the server and holds no more than that per stream (a single message
+  larger than the window is credited as it arrives: it can only be read whole);
 - SETTINGS acknowledged, PING answered, a keepalive PING while calls are open (a silent dead
   connection fails its calls instead of hanging them);
 - a call ends by its trailers (`grpc-status`), by RST_STREAM, by GOAWAY, or by the connection's
@@ -55,7 +56,7 @@ _MAX_STREAM_ID = 2**31 - 1
 
 # The gRPC status of an HTTP response that is not gRPC (the gRPC HTTP/2 spec's mapping).
 _HTTP_STATUS_CODES = {"400": 13, "401": 16, "403": 7, "404": 12, "429": 14, "502": 14, "503": 14}
-_UNKNOWN, _INTERNAL, _UNAVAILABLE = 2, 13, 14
+_UNKNOWN, _INTERNAL = 2, 13
 
 
 class GrpcStatus(Exception):  # noqa: N818 - a call's outcome as the server stated it
