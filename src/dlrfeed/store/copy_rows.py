@@ -85,6 +85,19 @@ def _timestamptz(value: datetime | None) -> bytes:
     return _int8_field(8, (value - _POSTGRES_EPOCH) // _MICROSECOND)
 
 
+def _timestamptz_once(
+    encoded: dict[tuple[datetime | None, int], bytes], value: datetime | None
+) -> bytes:
+    """`_timestamptz(value)`, encoded once per batch: a batch repeats few distinct dates.
+    Keyed with `fold` too: two times of one zone that differ only in it compare equal in
+    Python, yet are an hour apart at a DST change."""
+    key = (value, 0 if value is None else value.fold)
+    field = encoded.get(key)
+    if field is None:
+        field = encoded[key] = _timestamptz(value)
+    return field
+
+
 def _text_array(values: Sequence[str]) -> bytes:
     if not values:
         return _EMPTY_TEXT_ARRAY
@@ -106,9 +119,7 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
     that order."""
     head = _FIELD_COUNT + _text(login)
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
-    # ... and their reported dates. Keyed with `fold` too: two times of one zone that differ
-    # only in it compare equal in Python, yet are an hour apart at a DST change.
-    dates: dict[tuple[datetime | None, int], bytes] = {}
+    dates: dict[tuple[datetime | None, int], bytes] = {}  # ... and their reported dates
     rows = []
     for e in events:
         received_at = received.get(e.received_at)
@@ -116,10 +127,7 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
             received_at = received[e.received_at] = _timestamptz(
                 datetime.fromtimestamp(e.received_at, UTC)
             )
-        submit_key = (e.submit_at, 0 if e.submit_at is None else e.submit_at.fold)
-        submit_at = dates.get(submit_key)
-        if submit_at is None:
-            submit_at = dates[submit_key] = _timestamptz(e.submit_at)
+        submit_at = _timestamptz_once(dates, e.submit_at)
         rows.append(
             b"".join(
                 (
@@ -144,13 +152,10 @@ def encode_contents(events: Iterable[LogicalEvent]) -> list[bytes]:
     """The parsed content of each reception that holds its own: the fields of
     `CONTENT_COLUMNS`, in that order (the others get `AS_EVENT`)."""
     parser_version = _text(PARSER_VERSION)
-    dates: dict[tuple[datetime | None, int], bytes] = {}  # keyed with `fold`, as above
+    dates: dict[tuple[datetime | None, int], bytes] = {}
     contents = []
     for e in events:
-        done_key = (e.done_at, 0 if e.done_at is None else e.done_at.fold)
-        done_at = dates.get(done_key)
-        if done_at is None:
-            done_at = dates[done_key] = _timestamptz(e.done_at)
+        done_at = _timestamptz_once(dates, e.done_at)
         contents.append(
             b"".join(
                 (
