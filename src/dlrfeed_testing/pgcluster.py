@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -376,12 +377,12 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_on_a_free_port(root: Path, *, attempts: int = 5) -> PgCluster:
+def start_on_a_free_port(root: Path, *, fsync: bool = False, attempts: int = 5) -> PgCluster:
     """init and start a cluster in `root` on a free loopback port. `free_port` can only say
     what is free now: when another process binds the port before the server does, the start
     is tried again on another port (up to `attempts` times) instead of failing."""
     for _ in range(attempts):
-        cluster = PgCluster(root, free_port())
+        cluster = PgCluster(root, free_port(), fsync=fsync)
         cluster.init()
         logged = cluster.logfile.stat().st_size if cluster.logfile.exists() else 0
         try:
@@ -394,6 +395,18 @@ def start_on_a_free_port(root: Path, *, attempts: int = 5) -> PgCluster:
         else:
             return cluster
     raise RuntimeError(f"PostgreSQL found no free port in {attempts} tries")
+
+
+@contextlib.contextmanager
+def throwaway_cluster(prefix: str, *, fsync: bool = True) -> Iterator[PgCluster]:
+    """A started cluster in a temporary directory named after `prefix`, destroyed on exit:
+    what a benchmark measures on (fsync on by default, as production runs)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as root:
+        cluster = start_on_a_free_port(Path(root), fsync=fsync)
+        try:
+            yield cluster
+        finally:
+            cluster.destroy()
 
 
 def _port_file(root: Path) -> Path:

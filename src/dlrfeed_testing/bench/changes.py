@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
 from dlrfeed_testing.bench.store import make_receipts
 from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.pgcluster import PgCluster, free_port
+from dlrfeed_testing.pgcluster import PgCluster, throwaway_cluster
 
 VARIANTS = ("off", "log", "log+notify")
 _TRIGGER_MS = """
@@ -126,52 +125,44 @@ async def _ingest(
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     message_ids, receipts = make_receipts(args.receipts)
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-changes-") as root:
-        cluster = PgCluster(Path(root), free_port(), fsync=True)
-        cluster.init()
-        cluster.start()
-        try:
-            postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
-            for repetition in range(args.repeat):
-                order = VARIANTS[repetition % 3 :] + VARIANTS[: repetition % 3]
-                run: dict[str, Any] = {"order": list(order)}
-                for variant in order:
-                    name = f"bench_{repetition}_{variant.replace('+', '_')}"
-                    dsn = await _prepare(cluster, name, variant, message_ids)
-                    wall, client, server = await _ingest(
-                        dsn, receipts, args.writers, args.batch_size, postmaster
-                    )
-                    await asyncio.sleep(0.5)  # exited backends flush their function statistics
-                    conn = await asyncpg.connect(dsn)
-                    changes = int(await conn.fetchval("SELECT count(*) FROM dlr.status_changes"))
-                    trigger_ms = float(await conn.fetchval(_TRIGGER_MS) or 0.0)
-                    await conn.close()
-                    run[variant] = {
-                        "receipts_per_s": round(len(receipts) / wall),
-                        "client_cpu_us_per_receipt": round(1e6 * client / len(receipts), 1),
-                        "server_cpu_us_per_receipt": round(1e6 * server / len(receipts), 1),
-                        "cpu_us_per_receipt": round(1e6 * (client + server) / len(receipts), 1),
-                        "changes": changes,
-                        # Share of the writers' ingest time spent in the trigger function.
-                        "trigger_share_of_ingest": round(
-                            trigger_ms / 1000 / (wall * args.writers), 4
-                        ),
-                    }
-                    await cluster.drop_database(name)
-                for variant in VARIANTS[1:]:
-                    run[f"{variant}_vs_off"] = {
-                        "cpu_per_receipt": round(
-                            run[variant]["cpu_us_per_receipt"] / run["off"]["cpu_us_per_receipt"],
-                            3,
-                        ),
-                        "throughput": round(
-                            run[variant]["receipts_per_s"] / run["off"]["receipts_per_s"], 3
-                        ),
-                    }
-                run["load_average_1m"] = round(os.getloadavg()[0], 2)
-                runs.append(run)
-        finally:
-            cluster.destroy()
+    with throwaway_cluster("bench-changes-") as cluster:
+        postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        for repetition in range(args.repeat):
+            order = VARIANTS[repetition % 3 :] + VARIANTS[: repetition % 3]
+            run: dict[str, Any] = {"order": list(order)}
+            for variant in order:
+                name = f"bench_{repetition}_{variant.replace('+', '_')}"
+                dsn = await _prepare(cluster, name, variant, message_ids)
+                wall, client, server = await _ingest(
+                    dsn, receipts, args.writers, args.batch_size, postmaster
+                )
+                await asyncio.sleep(0.5)  # exited backends flush their function statistics
+                conn = await asyncpg.connect(dsn)
+                changes = int(await conn.fetchval("SELECT count(*) FROM dlr.status_changes"))
+                trigger_ms = float(await conn.fetchval(_TRIGGER_MS) or 0.0)
+                await conn.close()
+                run[variant] = {
+                    "receipts_per_s": round(len(receipts) / wall),
+                    "client_cpu_us_per_receipt": round(1e6 * client / len(receipts), 1),
+                    "server_cpu_us_per_receipt": round(1e6 * server / len(receipts), 1),
+                    "cpu_us_per_receipt": round(1e6 * (client + server) / len(receipts), 1),
+                    "changes": changes,
+                    # Share of the writers' ingest time spent in the trigger function.
+                    "trigger_share_of_ingest": round(trigger_ms / 1000 / (wall * args.writers), 4),
+                }
+                await cluster.drop_database(name)
+            for variant in VARIANTS[1:]:
+                run[f"{variant}_vs_off"] = {
+                    "cpu_per_receipt": round(
+                        run[variant]["cpu_us_per_receipt"] / run["off"]["cpu_us_per_receipt"],
+                        3,
+                    ),
+                    "throughput": round(
+                        run[variant]["receipts_per_s"] / run["off"]["receipts_per_s"], 3
+                    ),
+                }
+            run["load_average_1m"] = round(os.getloadavg()[0], 2)
+            runs.append(run)
 
     def median(variant: str, key: str) -> float:
         return round(float(statistics.median(r[variant][key] for r in runs)), 3)

@@ -22,9 +22,7 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -33,7 +31,7 @@ from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
 from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.pgcluster import PgCluster, free_port
+from dlrfeed_testing.pgcluster import throwaway_cluster
 from gateway.receipts.v1 import feed_pb2
 
 NAIVE_TABLE = """
@@ -165,25 +163,19 @@ async def measure_store(
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-store-") as root:
-        cluster = PgCluster(Path(root), free_port(), fsync=True)
-        cluster.init()
-        cluster.start()
+    with throwaway_cluster("bench-store-") as cluster:
         runs: list[dict[str, Any]] = []
-        try:
-            for repetition in range(args.repeat):
-                database = f"bench_{repetition}"
-                await migrate(await cluster.create_database(database))
-                run = await measure_store(
-                    cluster.dsn_for(database),
-                    receipts=args.receipts,
-                    batch_size=args.batch_size,
-                    naive_receipts=args.naive,
-                )
-                run["load_average_1m"] = round(os.getloadavg()[0], 2)
-                runs.append(run)
-        finally:
-            cluster.destroy()
+        for repetition in range(args.repeat):
+            database = f"bench_{repetition}"
+            await migrate(await cluster.create_database(database))
+            run = await measure_store(
+                cluster.dsn_for(database),
+                receipts=args.receipts,
+                batch_size=args.batch_size,
+                naive_receipts=args.naive,
+            )
+            run["load_average_1m"] = round(os.getloadavg()[0], 2)
+            runs.append(run)
     return {
         "store_receipts_per_s": round(statistics.median(r["store_receipts_per_s"] for r in runs)),
         "naive_receipts_per_s": round(statistics.median(r["naive_receipts_per_s"] for r in runs)),

@@ -22,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -108,29 +107,21 @@ def _run_tree(src: Path, dsn: str, datadir: Path, receipts: int, batch_size: int
 
 
 async def _parent(args: argparse.Namespace) -> dict[str, Any]:
-    from dlrfeed_testing.pgcluster import PgCluster, free_port
+    from dlrfeed_testing.pgcluster import throwaway_cluster
 
     trees = {"a": Path(args.a), "b": Path(args.b)}
     runs: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
-    with tempfile.TemporaryDirectory(prefix="bench-store-ab-") as root:
-        cluster = PgCluster(Path(root), free_port(), fsync=True)
-        cluster.init()
-        cluster.start()
-        try:
-            for repetition in range(args.repeat):
-                order = ("a", "b") if repetition % 2 == 0 else ("b", "a")
-                for tree in order:
-                    database = f"ab_{tree}_{repetition}"
-                    dsn = await cluster.create_database(database)
-                    run = _run_tree(
-                        trees[tree], dsn, cluster.datadir, args.receipts, args.batch_size
-                    )
-                    run["load_average_1m"] = round(os.getloadavg()[0], 2)
-                    runs[tree].append(run)
-                    print(tree, json.dumps(run), file=sys.stderr)
-                    await cluster.drop_database(database)
-        finally:
-            cluster.destroy()
+    with throwaway_cluster("bench-store-ab-") as cluster:
+        for repetition in range(args.repeat):
+            order = ("a", "b") if repetition % 2 == 0 else ("b", "a")
+            for tree in order:
+                database = f"ab_{tree}_{repetition}"
+                dsn = await cluster.create_database(database)
+                run = _run_tree(trees[tree], dsn, cluster.datadir, args.receipts, args.batch_size)
+                run["load_average_1m"] = round(os.getloadavg()[0], 2)
+                runs[tree].append(run)
+                print(tree, json.dumps(run), file=sys.stderr)
+                await cluster.drop_database(database)
     medians = {
         tree: {k: round(statistics.median(r[k] for r in rs), 1) for k in _FIGURES}
         for tree, rs in runs.items()

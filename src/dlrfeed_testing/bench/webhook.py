@@ -25,7 +25,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -38,7 +37,7 @@ from dlrfeed.store.migrate import migrate
 from dlrfeed_testing.local_login import LOGIN
 from dlrfeed_testing.metrics import nearest_rank
 from dlrfeed_testing.paths import REPO
-from dlrfeed_testing.pgcluster import PgCluster, free_port
+from dlrfeed_testing.pgcluster import free_port, throwaway_cluster
 
 CONFIGURATIONS = {
     "group commit": (),
@@ -148,31 +147,25 @@ async def measure(
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     ids, bodies = callback_bodies(args.callbacks)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGURATIONS}
-    with tempfile.TemporaryDirectory(prefix="bench-webhook-") as root:
-        cluster = PgCluster(Path(root), free_port(), fsync=True)
-        cluster.init()
-        cluster.start()
-        try:
-            for repetition in range(args.repeat):
-                # Interleaved, so the machine's drift falls on both configurations alike.
-                for number, (name, flags) in enumerate(CONFIGURATIONS.items()):
-                    database = f"bench_{repetition}_{number}"
-                    dsn = await cluster.create_database(database)
-                    await migrate(dsn)
-                    store = await Store.open(dsn, pool_size=1)
-                    try:
-                        for start in range(0, len(ids), 5_000):
-                            chunk = ids[start : start + 5_000]
-                            await store.record_submissions(
-                                [Submission(LOGIN, m, "+34600123456") for m in chunk]
-                            )
-                    finally:
-                        await store.close()
-                    run = await measure(dsn, bodies, args.senders, flags)
-                    run["load_average_1m"] = round(os.getloadavg()[0], 2)
-                    runs[name].append(run)
-        finally:
-            cluster.destroy()
+    with throwaway_cluster("bench-webhook-") as cluster:
+        for repetition in range(args.repeat):
+            # Interleaved, so the machine's drift falls on both configurations alike.
+            for number, (name, flags) in enumerate(CONFIGURATIONS.items()):
+                database = f"bench_{repetition}_{number}"
+                dsn = await cluster.create_database(database)
+                await migrate(dsn)
+                store = await Store.open(dsn, pool_size=1)
+                try:
+                    for start in range(0, len(ids), 5_000):
+                        chunk = ids[start : start + 5_000]
+                        await store.record_submissions(
+                            [Submission(LOGIN, m, "+34600123456") for m in chunk]
+                        )
+                finally:
+                    await store.close()
+                run = await measure(dsn, bodies, args.senders, flags)
+                run["load_average_1m"] = round(os.getloadavg()[0], 2)
+                runs[name].append(run)
     group, single = runs["group commit"], runs["one commit per callback"]
     ratios = [
         g["callbacks_per_s"] / s["callbacks_per_s"] for g, s in zip(group, single, strict=True)
