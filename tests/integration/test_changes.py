@@ -530,3 +530,27 @@ async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages
     held = await _held_statuses(db)
     assert last == {m: held.get(m) for m in last}
     assert set(held) <= set(last)
+
+
+async def test_a_first_status_after_a_withdrawal_follows_it_even_from_an_older_transaction(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """A message withdrawn (its status row deleted) and given a status again by a transaction
+    whose id is older than the withdrawal's: the new first change still comes after the
+    withdrawal (migration 0017 takes the withdrawal's epoch from the log's withdrawals)."""
+    await db.execute(_STATUS_ROW, LOGIN, "w1", "ENROUTE")
+    old = await asyncpg.connect(database_url)
+    try:
+        old_xid = await _begin_with_xid(old)  # older than the withdrawal's
+        await db.execute("DELETE FROM dlr.message_status WHERE message_id = 'w1'")
+        await old.execute(_STATUS_ROW, LOGIN, "w1", "DELIVERED")
+        await old.execute("COMMIT")
+    finally:
+        await old.close()
+    w1 = [c for c in await _all_changes(db) if c.message_id == "w1"]
+    assert [(c.status, c.previous_status) for c in w1] == [
+        ("ENROUTE", None),
+        (None, "ENROUTE"),
+        ("DELIVERED", None),
+    ]
+    assert w1[-1].position // 10**19 > old_xid  # raised to the withdrawal's epoch

@@ -138,4 +138,5 @@ async def test_it_gives_up_behind_a_long_transaction_instead_of_queueing_the_ing
         assert await current_version(holder) == LEANER_ROWS - 1
     finally:
         await holder.close()
-    assert await migrate(installed_store) == ["0016_leaner_rows.sql"]
+    applied = await migrate(installed_store)
+    assert applied == [m.name for m in available_migrations() if m.version >= LEANER_ROWS]
