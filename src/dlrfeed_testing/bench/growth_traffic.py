@@ -9,7 +9,7 @@ import time
 import uuid
 
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
-from dlrfeed.store import Submission
+from dlrfeed.store import Store, Submission
 from dlrfeed_testing.local_login import LOGIN
 from gateway.receipts.v1 import feed_pb2
 
@@ -92,3 +92,16 @@ class Traffic:
             raw=wire.SerializeToString(),
             received_at=now,
         )
+
+
+async def ingest_rounds(store: Store, traffic: Traffic, receptions: int) -> int:
+    """Feed `store` whole rounds of `traffic` (the round's messages recorded, then its batches
+    ingested) until at least `receptions` are stored; returns how many were."""
+    stored = 0
+    while stored < receptions:
+        await store.record_submissions(traffic.submissions())
+        for index in range(BATCHES_PER_ROUND):
+            batch = traffic.batch(index)
+            await store.ingest(LOGIN, batch)
+            stored += len(batch)
+    return stored

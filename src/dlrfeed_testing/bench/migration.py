@@ -27,21 +27,10 @@ import asyncpg
 
 from dlrfeed.store import Store
 from dlrfeed_testing.bench.growth_configs import config_cluster
-from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
+from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic, ingest_rounds
 from dlrfeed_testing.local_login import LOGIN
 from dlrfeed_testing.migration_probe import apply_measured
 from dlrfeed_testing.retention_support import install_schema_before
-
-
-async def _grow(store: Store, traffic: Traffic, receptions: int) -> int:
-    stored = 0
-    while stored < receptions:
-        await store.record_submissions(traffic.submissions())
-        for index in range(BATCHES_PER_ROUND):
-            batch = traffic.batch(index)
-            await store.ingest(LOGIN, batch)
-            stored += len(batch)
-    return stored
 
 
 async def _ingest_beside(
@@ -79,7 +68,7 @@ async def measure(receptions: int, version: int, root: Path) -> dict[str, Any]:
         store = await Store.open(dsn, pool_size=2)
         try:
             grown_at = time.monotonic()
-            stored = await _grow(store, traffic, receptions)
+            stored = await ingest_rounds(store, traffic, receptions)
             grow_s = time.monotonic() - grown_at
         finally:
             await store.close()
