@@ -6,15 +6,14 @@
 -- bytes per change, and, its keys being random, most of its leaves came back into the WAL as
 -- full-page images after every checkpoint, the largest share of a grown store's WAL under
 -- PostgreSQL's default checkpoints. Now:
--- - dlr.message_status.change_epoch holds the epoch of the row's latest change. A BEFORE row
+-- - dlr.message_status.change_epoch holds the epoch of the row's latest write. A BEFORE row
 --   trigger sets it on every write, whoever writes: the greater of the writing transaction's id
---   and the row's previous value, so a change's epoch is the new row's change_epoch. The
---   writers of one message hold its row lock one after the other (P16), so the values grow in
---   the order of its changes, exactly as the lookup's did.
--- - A first status (an INSERT) may follow a withdrawal (0012: the row deleted, its change kept
---   in the log): the trigger takes the withdrawal's epoch from the log, through a partial index
---   of withdrawals only (status NULL, rare: a recompute's), within the last hour as 0011's
---   lookup did. A DELETE takes the deleted row's change_epoch.
+--   and the row's previous value. The writers of one message hold its row lock one after the
+--   other (P16), so the values grow in the order of its changes, exactly as the lookup's did.
+-- - A row deleted by a recompute (a withdrawal, 0012) takes its value with it, and the message
+--   may get a status again: so a change's epoch is also at least that of the message's latest
+--   withdrawal of the last hour (the bound 0011's lookup had), read from the log through a
+--   partial index of withdrawals only (status NULL: a recompute's, rare), once per statement.
 -- - Rows that exist now get, as their change_epoch, the next transaction id not yet assigned
 --   once the two tables are locked: above the epoch of every change already written.
 -- Locks: ACCESS EXCLUSIVE on dlr.message_status and dlr.status_changes with its days, held to the
@@ -83,61 +82,66 @@ BEGIN
 END
 $index$;
 
--- BEFORE INSERT OR UPDATE, per row: the row's change_epoch (above). An INSERT's row has no
--- previous value but may follow a withdrawal of the message in the last hour: the latest one,
--- read backwards from the withdrawals' index (a probe of a few pages).
+-- BEFORE INSERT OR UPDATE, per row: the row's change_epoch (above). No table read, no
+-- privilege needed: it runs as the writer, cheaply, once per status written.
 CREATE FUNCTION dlr.keep_change_epoch() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    own_epoch numeric := pg_current_xact_id()::text::numeric;
-    withdrawn numeric;
+LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'UPDATE' THEN
-        NEW.change_epoch := greatest(own_epoch, OLD.change_epoch);
+        NEW.change_epoch := greatest(pg_current_xact_id()::text::numeric, OLD.change_epoch);
     ELSE
-        SELECT trunc(max(c.position) / 1e19) INTO withdrawn
-        FROM dlr.status_changes AS c
-        WHERE c.login = NEW.login AND c.message_id = NEW.message_id AND c.status IS NULL
-              AND c.changed_at >= now() - interval '1 hour'
-              AND c.changed_at < clock_timestamp() + interval '1 hour';
-        NEW.change_epoch := greatest(own_epoch, withdrawn);
+        NEW.change_epoch := pg_current_xact_id()::text::numeric;
     END IF;
     RETURN NEW;
 END;
 $$;
-REVOKE ALL ON FUNCTION dlr.keep_change_epoch() FROM PUBLIC;
 
 CREATE TRIGGER message_status_change_epoch
     BEFORE INSERT OR UPDATE ON dlr.message_status
     FOR EACH ROW EXECUTE FUNCTION dlr.keep_change_epoch();
 
--- Restated from 0012, each change's epoch now read from its row instead of looked up.
+-- Restated from 0012: each change's epoch is now its row's change_epoch, raised to the
+-- message's latest withdrawal of the last hour when that is larger.
 CREATE OR REPLACE FUNCTION dlr.record_status_changes() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     own_epoch numeric := pg_current_xact_id()::text::numeric;
     written_at timestamptz := clock_timestamp();
+    recent timestamptz := now() - interval '1 hour';
+    horizon timestamptz := written_at + interval '1 hour';
     written bigint;
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO dlr.status_changes (
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version)
-        SELECT n.change_epoch * 1e19 + nextval('dlr.status_changes_tick'),
+        SELECT greatest(n.change_epoch, trunc(w.position / 1e19)) * 1e19
+                   + nextval('dlr.status_changes_tick'),
                written_at, n.login, n.message_id, n.status, n.is_final, n.reason,
                n.supporting_event_id, n.rules_version
-        FROM new_rows AS n;
+        FROM new_rows AS n
+        LEFT JOIN LATERAL (
+            SELECT max(c.position) AS position FROM dlr.status_changes AS c
+            WHERE c.login = n.login AND c.message_id = n.message_id AND c.status IS NULL
+                  AND c.changed_at >= recent AND c.changed_at < horizon
+        ) AS w ON true;
     ELSIF TG_OP = 'UPDATE' THEN
         -- Only real changes: a rewrite that keeps status, finality and reason writes nothing.
         INSERT INTO dlr.status_changes (
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version, previous_status, previous_is_final,
             previous_reason)
-        SELECT n.change_epoch * 1e19 + nextval('dlr.status_changes_tick'),
+        SELECT greatest(n.change_epoch, trunc(w.position / 1e19)) * 1e19
+                   + nextval('dlr.status_changes_tick'),
                written_at, n.login, n.message_id, n.status, n.is_final, n.reason,
                n.supporting_event_id, n.rules_version, o.status, o.is_final, o.reason
         FROM new_rows AS n
         JOIN old_rows AS o USING (login, message_id)
+        LEFT JOIN LATERAL (
+            SELECT max(c.position) AS position FROM dlr.status_changes AS c
+            WHERE c.login = n.login AND c.message_id = n.message_id AND c.status IS NULL
+                  AND c.changed_at >= recent AND c.changed_at < horizon
+        ) AS w ON true
         WHERE (n.status, n.is_final, n.reason) IS DISTINCT FROM (o.status, o.is_final, o.reason);
     ELSE
         -- DELETE: the status withdrawn (0012). The recompute's audit row of this transaction
@@ -146,12 +150,18 @@ BEGIN
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version, previous_status, previous_is_final,
             previous_reason)
-        SELECT greatest(own_epoch, o.change_epoch) * 1e19 + nextval('dlr.status_changes_tick'),
+        SELECT greatest(own_epoch, o.change_epoch, trunc(w.position / 1e19)) * 1e19
+                   + nextval('dlr.status_changes_tick'),
                written_at, o.login, o.message_id, NULL, false,
                coalesce(a.why, 'withdrawn: no computed status any more'),
                o.supporting_event_id, coalesce(a.new_rules_version, o.rules_version),
                o.status, o.is_final, o.reason
         FROM old_rows AS o
+        LEFT JOIN LATERAL (
+            SELECT max(c.position) AS position FROM dlr.status_changes AS c
+            WHERE c.login = o.login AND c.message_id = o.message_id AND c.status IS NULL
+                  AND c.changed_at >= recent AND c.changed_at < horizon
+        ) AS w ON true
         LEFT JOIN LATERAL (
             SELECT r.why, r.new_rules_version FROM dlr.status_recomputations AS r
             WHERE r.login = o.login AND r.message_id = o.message_id AND r.new_status IS NULL
