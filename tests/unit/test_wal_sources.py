@@ -26,8 +26,8 @@ def test_a_record_goes_to_its_first_block_and_an_image_to_the_relation_it_images
         _row(
             8300,
             8192,
-            "blkref #0: rel 1663/5/16400 fork main blk 9, "
-            "blkref #1: rel 1663/5/16500 fork main blk 3 FPW",
+            "blkref #0: rel 1663/5/16400 fork main blk 9 "
+            "blkref #1: rel 1663/5/16500 fork main blk 3 (FPW); hole: offset: 412, length: 4676",
         ),
     )
     shares.add(NAMES, _row(34, 0, None, manager="Transaction"))
@@ -46,7 +46,8 @@ def test_images_of_one_record_share_its_image_bytes_and_unknown_files_keep_their
         _row(
             9000,
             8000,
-            "blkref #0: rel 1663/5/16400 blk 1 FPW, blkref #1: rel 1663/5/99999 blk 2 FPW",
+            "blkref #0: rel 1663/5/16400 fork main blk 1 (FPW); hole: offset: 40, length: 8 "
+            "blkref #1: rel 1663/5/99999 fork main blk 2 (FPW)",
         ),
     )
     assert shares.images == {"dlr.events": 4000, "99999": 4000}

@@ -35,7 +35,9 @@ from dlrfeed_testing.pgcluster import PgCluster, free_port
 # Keeps the window's WAL on disk until it is read back; decides nothing else (checkpoints still
 # come at max_wal_size and checkpoint_timeout).
 KEEP_WAL = "wal_keep_size=64GB"
-_BLOCK = re.compile(r"rel \d+/\d+/(\d+)(?: fork \w+)? blk \d+( FPW)?")
+# One block reference of pg_get_wal_records_info's block_ref, as PostgreSQL 15 prints it:
+# "blkref #0: rel 1663/16384/16391 fork main blk 4 (FPW); hole: offset: 412, length: 4676".
+_BLOCK = re.compile(r"rel \d+/\d+/(\d+)(?: fork \w+)? blk \d+( \(FPW\))?")
 _DAY = re.compile(r"_\d{8}")
 _RECORDS = """
 SELECT record_length, fpi_length, block_ref, resource_manager
