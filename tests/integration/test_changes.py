@@ -554,3 +554,28 @@ async def test_a_first_status_after_a_withdrawal_follows_it_even_from_an_older_t
         ("DELIVERED", None),
     ]
     assert w1[-1].position // 10**19 > old_xid  # raised to the withdrawal's epoch
+
+
+async def test_a_writers_search_path_cannot_bend_a_changes_position(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """A writer session that shadows `text` with a temporary type (searched before pg_catalog)
+    still writes each change at or above its own transaction id (migration 0017's row trigger
+    names every type by its schema)."""
+    await db.execute(_STATUS_ROW, LOGIN, "t1", "ENROUTE")
+    writer = await asyncpg.connect(database_url)
+    try:
+        xid = await _begin_with_xid(writer)  # before the type that would bend this too
+        await writer.execute("CREATE DOMAIN pg_temp.text AS varchar(1)")
+        await writer.execute(_STATUS_ROW, LOGIN, "t1", "DELIVERED")
+        await writer.execute(_STATUS_ROW, LOGIN, "t2", "ENROUTE")
+        await writer.execute("COMMIT")
+    finally:
+        await writer.close()
+    changes = await _all_changes(db)
+    written = [
+        c for c in changes if (c.message_id, c.status) in {("t1", "DELIVERED"), ("t2", "ENROUTE")}
+    ]
+    assert len(written) == 2
+    assert all(c.position // 10**19 >= xid for c in written)
+    assert [c.status for c in changes if c.message_id == "t1"] == ["ENROUTE", "DELIVERED"]

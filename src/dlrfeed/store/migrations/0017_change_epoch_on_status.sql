@@ -14,8 +14,9 @@
 --   may get a status again: so a change's epoch is also at least that of the message's latest
 --   withdrawal of the last hour (the bound 0011's lookup had), read from the log through a
 --   partial index of withdrawals only (status NULL: a recompute's, rare), once per statement.
--- - Rows that exist now get, as their change_epoch, the next transaction id not yet assigned
---   once the two tables are locked: above the epoch of every change already written.
+-- - Rows that exist now get, as their change_epoch, a constant above the epoch of every change
+--   already written: this transaction's own id, taken once the two tables are locked (so after
+--   every writer that wrote a change before it), or the snapshot's horizon if that is larger.
 -- Locks: ACCESS EXCLUSIVE on dlr.message_status and dlr.status_changes with its days, held to the
 -- commit: adding the column rewrites nothing (its value for the stored rows is a constant), the
 -- B-tree's drop reads nothing, and the partial index is built on the days the trigger can
@@ -29,7 +30,9 @@ LOCK TABLE dlr.message_status, dlr.status_changes IN ACCESS EXCLUSIVE MODE;
 DO $column$
 BEGIN
     EXECUTE format('ALTER TABLE dlr.message_status ADD COLUMN change_epoch numeric NOT NULL'
-                   ' DEFAULT %s', pg_snapshot_xmax(pg_current_snapshot())::text);
+                   ' DEFAULT %s',
+                   greatest(pg_current_xact_id()::text::numeric,
+                            pg_snapshot_xmax(pg_current_snapshot())::text::numeric));
     -- The trigger below sets every new value; the constant stays only with the stored rows.
     ALTER TABLE dlr.message_status ALTER COLUMN change_epoch DROP DEFAULT;
 END
@@ -82,15 +85,21 @@ BEGIN
 END
 $index$;
 
--- BEFORE INSERT OR UPDATE, per row: the row's change_epoch (above). No table read, no
--- privilege needed: it runs as the writer, cheaply, once per status written.
+-- BEFORE INSERT OR UPDATE, per row: the row's change_epoch (above), whatever the writer put
+-- there. No table read, no privilege needed: it runs as the writer, cheaply, once per status
+-- written, without the per-call cost of SECURITY DEFINER and SET search_path. So every name in
+-- it is qualified: a writer's search_path (its pg_temp schema first) must not be able to
+-- bend the value, say with a temporary type named text.
 CREATE FUNCTION dlr.keep_change_epoch() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    own_epoch pg_catalog.numeric :=
+        pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.numeric;
 BEGIN
     IF TG_OP = 'UPDATE' THEN
-        NEW.change_epoch := greatest(pg_current_xact_id()::text::numeric, OLD.change_epoch);
+        NEW.change_epoch := greatest(own_epoch, OLD.change_epoch);
     ELSE
-        NEW.change_epoch := pg_current_xact_id()::text::numeric;
+        NEW.change_epoch := own_epoch;
     END IF;
     RETURN NEW;
 END;
@@ -101,7 +110,8 @@ CREATE TRIGGER message_status_change_epoch
     FOR EACH ROW EXECUTE FUNCTION dlr.keep_change_epoch();
 
 -- Restated from 0012: each change's epoch is now its row's change_epoch, raised to the
--- message's latest withdrawal of the last hour when that is larger.
+-- message's latest withdrawal of the last hour when that is larger (and, should anything have
+-- bent the row's value, never below the writing transaction's id).
 CREATE OR REPLACE FUNCTION dlr.record_status_changes() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -115,7 +125,7 @@ BEGIN
         INSERT INTO dlr.status_changes (
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version)
-        SELECT greatest(n.change_epoch, trunc(w.position / 1e19)) * 1e19
+        SELECT greatest(own_epoch, n.change_epoch, trunc(w.position / 1e19)) * 1e19
                    + nextval('dlr.status_changes_tick'),
                written_at, n.login, n.message_id, n.status, n.is_final, n.reason,
                n.supporting_event_id, n.rules_version
@@ -131,7 +141,7 @@ BEGIN
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version, previous_status, previous_is_final,
             previous_reason)
-        SELECT greatest(n.change_epoch, trunc(w.position / 1e19)) * 1e19
+        SELECT greatest(own_epoch, n.change_epoch, trunc(w.position / 1e19)) * 1e19
                    + nextval('dlr.status_changes_tick'),
                written_at, n.login, n.message_id, n.status, n.is_final, n.reason,
                n.supporting_event_id, n.rules_version, o.status, o.is_final, o.reason
