@@ -13,8 +13,12 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations
 from dlrfeed.store.sql import query
+from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
+from dlrfeed_testing.local_login import LOGIN
+from dlrfeed_testing.retention_support import install_schema_before
 
 _LOCK = query("lock_migrations")
 _RECORD = query("record_migration")
@@ -92,3 +96,22 @@ async def apply_measured(dsn: str, version: int) -> MigrationCost:
         name for name, node in files_after.items() if files_before.get(name, node) != node
     )
     return MigrationCost(held, statements_ms, commit_ms, wal_bytes, rewritten)
+
+
+async def install_with_traffic(dsn: str, version: int) -> None:
+    """An empty database made a store as released before migration `version`, holding a few
+    thousand receptions of the growth benchmark's traffic (half a round: progress, results,
+    repeats, with their statuses and changes): the installed store a migration meets."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await install_schema_before(conn, version)
+    finally:
+        await conn.close()
+    traffic = Traffic(seed=7)
+    store = await Store.open(dsn, pool_size=1)
+    try:
+        await store.record_submissions(traffic.submissions())
+        for index in range(BATCHES_PER_ROUND // 2):
+            await store.ingest(LOGIN, traffic.batch(index))
+    finally:
+        await store.close()

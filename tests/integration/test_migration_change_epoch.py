@@ -21,13 +21,10 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from dlrfeed.store import Store
 from dlrfeed.store.migrate import current_version
-from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
 from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import apply_measured
+from dlrfeed_testing.migration_probe import apply_measured, install_with_traffic
 from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import install_schema_before
 
 CHANGE_EPOCH = 17
 
@@ -56,19 +53,7 @@ async def installed_store(pg_cluster: PgCluster) -> AsyncIterator[str]:
     statuses and changes."""
     name = f"change_epoch_{os.getpid()}"
     dsn = await pg_cluster.create_database(name)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_schema_before(conn, CHANGE_EPOCH)
-    finally:
-        await conn.close()
-    traffic = Traffic(seed=7)
-    store = await Store.open(dsn, pool_size=1)
-    try:
-        await store.record_submissions(traffic.submissions())
-        for index in range(BATCHES_PER_ROUND // 2):
-            await store.ingest(LOGIN, traffic.batch(index))
-    finally:
-        await store.close()
+    await install_with_traffic(dsn, CHANGE_EPOCH)
     yield dsn
     await pg_cluster.drop_database(name)
 

@@ -24,11 +24,10 @@ import pytest
 
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
-from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
+from dlrfeed_testing.bench.growth_traffic import Traffic
 from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import apply_measured
+from dlrfeed_testing.migration_probe import apply_measured, install_with_traffic
 from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import install_schema_before
 
 LEANER_ROWS = 16
 
@@ -38,19 +37,7 @@ async def installed_store(pg_cluster: PgCluster) -> AsyncIterator[str]:
     """A store at the schema before 0016 holding ~5,000 receptions of gateway-shaped traffic."""
     name = f"online_{os.getpid()}"
     dsn = await pg_cluster.create_database(name)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_schema_before(conn, LEANER_ROWS)
-    finally:
-        await conn.close()
-    traffic = Traffic(seed=7)
-    store = await Store.open(dsn, pool_size=1)
-    try:
-        await store.record_submissions(traffic.submissions())
-        for index in range(BATCHES_PER_ROUND // 2):
-            await store.ingest(LOGIN, traffic.batch(index))
-    finally:
-        await store.close()
+    await install_with_traffic(dsn, LEANER_ROWS)
     yield dsn
     await pg_cluster.drop_database(name)
 

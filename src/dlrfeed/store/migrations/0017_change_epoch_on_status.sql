@@ -109,6 +109,20 @@ CREATE TRIGGER message_status_change_epoch
     BEFORE INSERT OR UPDATE ON dlr.message_status
     FOR EACH ROW EXECUTE FUNCTION dlr.keep_change_epoch();
 
+-- The epoch of a message's latest withdrawal written in [since, before), if any: a probe of the
+-- withdrawals' index. LANGUAGE sql, STABLE, no SET: inlined into the statement that calls it,
+-- so each change statement plans it once with the day partitions pruned.
+CREATE FUNCTION dlr.latest_withdrawal(
+    login text, message_id text, since timestamptz, before timestamptz)
+RETURNS TABLE (epoch numeric)
+LANGUAGE sql STABLE AS $$
+    SELECT trunc(max(c.position) / 1e19)
+    FROM dlr.status_changes AS c
+    WHERE c.login = $1 AND c.message_id = $2 AND c.status IS NULL
+          AND c.changed_at >= $3 AND c.changed_at < $4
+$$;
+REVOKE ALL ON FUNCTION dlr.latest_withdrawal(text, text, timestamptz, timestamptz) FROM PUBLIC;
+
 -- Restated from 0012: each change's epoch is now its row's change_epoch, raised to the
 -- message's latest withdrawal of the last hour when that is larger (and, should anything have
 -- bent the row's value, never below the writing transaction's id).
@@ -125,33 +139,27 @@ BEGIN
         INSERT INTO dlr.status_changes (
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version)
-        SELECT greatest(own_epoch, n.change_epoch, trunc(w.position / 1e19)) * 1e19
+        SELECT greatest(own_epoch, n.change_epoch, w.epoch) * 1e19
                    + nextval('dlr.status_changes_tick'),
                written_at, n.login, n.message_id, n.status, n.is_final, n.reason,
                n.supporting_event_id, n.rules_version
         FROM new_rows AS n
-        LEFT JOIN LATERAL (
-            SELECT max(c.position) AS position FROM dlr.status_changes AS c
-            WHERE c.login = n.login AND c.message_id = n.message_id AND c.status IS NULL
-                  AND c.changed_at >= recent AND c.changed_at < horizon
-        ) AS w ON true;
+        LEFT JOIN LATERAL dlr.latest_withdrawal(n.login, n.message_id, recent, horizon) AS w
+            ON true;
     ELSIF TG_OP = 'UPDATE' THEN
         -- Only real changes: a rewrite that keeps status, finality and reason writes nothing.
         INSERT INTO dlr.status_changes (
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version, previous_status, previous_is_final,
             previous_reason)
-        SELECT greatest(own_epoch, n.change_epoch, trunc(w.position / 1e19)) * 1e19
+        SELECT greatest(own_epoch, n.change_epoch, w.epoch) * 1e19
                    + nextval('dlr.status_changes_tick'),
                written_at, n.login, n.message_id, n.status, n.is_final, n.reason,
                n.supporting_event_id, n.rules_version, o.status, o.is_final, o.reason
         FROM new_rows AS n
         JOIN old_rows AS o USING (login, message_id)
-        LEFT JOIN LATERAL (
-            SELECT max(c.position) AS position FROM dlr.status_changes AS c
-            WHERE c.login = n.login AND c.message_id = n.message_id AND c.status IS NULL
-                  AND c.changed_at >= recent AND c.changed_at < horizon
-        ) AS w ON true
+        LEFT JOIN LATERAL dlr.latest_withdrawal(n.login, n.message_id, recent, horizon) AS w
+            ON true
         WHERE (n.status, n.is_final, n.reason) IS DISTINCT FROM (o.status, o.is_final, o.reason);
     ELSE
         -- DELETE: the status withdrawn (0012). The recompute's audit row of this transaction
@@ -160,18 +168,15 @@ BEGIN
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version, previous_status, previous_is_final,
             previous_reason)
-        SELECT greatest(own_epoch, o.change_epoch, trunc(w.position / 1e19)) * 1e19
+        SELECT greatest(own_epoch, o.change_epoch, w.epoch) * 1e19
                    + nextval('dlr.status_changes_tick'),
                written_at, o.login, o.message_id, NULL, false,
                coalesce(a.why, 'withdrawn: no computed status any more'),
                o.supporting_event_id, coalesce(a.new_rules_version, o.rules_version),
                o.status, o.is_final, o.reason
         FROM old_rows AS o
-        LEFT JOIN LATERAL (
-            SELECT max(c.position) AS position FROM dlr.status_changes AS c
-            WHERE c.login = o.login AND c.message_id = o.message_id AND c.status IS NULL
-                  AND c.changed_at >= recent AND c.changed_at < horizon
-        ) AS w ON true
+        LEFT JOIN LATERAL dlr.latest_withdrawal(o.login, o.message_id, recent, horizon) AS w
+            ON true
         LEFT JOIN LATERAL (
             SELECT r.why, r.new_rules_version FROM dlr.status_recomputations AS r
             WHERE r.login = o.login AND r.message_id = o.message_id AND r.new_status IS NULL
