@@ -20,8 +20,8 @@
 -- Locks: ACCESS EXCLUSIVE on dlr.message_status and dlr.status_changes with its days, held to the
 -- commit: adding the column rewrites nothing (its value for the stored rows is a constant), the
 -- B-tree's drop reads nothing, and the partial index is built on the days the trigger can
--- still read (today's is read once, ~0.5 s per million changes of the day: docs/retention.md,
--- "Migration 0017"). lock_timeout bounds the wait for the locks, as in 0016.
+-- still read (today's is read once, well under a second per million changes of the day:
+-- docs/retention.md, "Migration 0017"). lock_timeout bounds the wait for the locks, as in 0016.
 
 SET LOCAL lock_timeout = '5s';
 
@@ -38,8 +38,8 @@ BEGIN
 END
 $column$;
 COMMENT ON COLUMN dlr.message_status.change_epoch IS
-    'the epoch of this message''s latest status change (its position div 10^19, migration'
-    ' 0017): set by a trigger on every write, never by the writer';
+    'at least the epoch of this message''s latest status change (its position div 10^19,'
+    ' migration 0017): raised by a trigger on every write of the row, whatever the writer sets';
 
 DROP INDEX dlr.status_changes_message_idx;
 
