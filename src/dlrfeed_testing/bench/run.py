@@ -31,7 +31,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -45,15 +44,15 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import grpc
 
 from dlrfeed_testing.bench import daemon_process, naive_consumer
 from dlrfeed_testing.bench import e2e as bench_e2e
+from dlrfeed_testing.bench.machine import machine
 from dlrfeed_testing.bench.profile import summarise_profile
 from dlrfeed_testing.bench.report import draw_chart, hand_written_section, render_report
 from dlrfeed_testing.bench.store import measure_store
 from dlrfeed_testing.local_login import LOGIN, PASSWORD
-from dlrfeed_testing.pgcluster import PgCluster, free_port, server_bindir
+from dlrfeed_testing.pgcluster import PgCluster, free_port
 from fakegw.admin_client import AdminClient, SyncAdminClient
 from fakegw.spawn import serving
 
@@ -439,38 +438,6 @@ def _stats(target: str) -> dict[str, Any]:
 def _received_by_mode(text: str) -> dict[str, float]:
     pattern = r'^dlrfeed_receipts_received_total\{mode="([^"]+)"\} (\S+)$'
     return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.MULTILINE)}
-
-
-# ---------------------------------------------------------------------------- machine
-
-
-def machine() -> dict[str, Any]:
-    """What the figures were measured on."""
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    postgres = subprocess.run(
-        [str(server_bindir() / "postgres"), "--version"], capture_output=True, text=True
-    ).stdout.strip()
-    versions = {}
-    for package in ("grpcio", "protobuf", "asyncpg", "uvloop"):
-        with contextlib.suppress(Exception):
-            from importlib.metadata import version
-
-            versions[package] = version(package)
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "postgres": postgres,
-        "grpcio": grpc.__version__,
-        "packages": versions,
-        "kernel": platform.release(),
-        "load_at_start": os.getloadavg(),
-    }
 
 
 # ---------------------------------------------------------------------------- orchestration
