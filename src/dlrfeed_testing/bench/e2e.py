@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,7 @@ from dlrfeed.feed.client import FeedClient, PullCall, SubscribeStream, is_own_ca
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
+from dlrfeed_testing.bench.placement import children, thread_affinity
 from dlrfeed_testing.local_login import LOGIN, PASSWORD
 from dlrfeed_testing.pgcluster import PgCluster, free_port
 from fakegw.admin_client import SyncAdminClient
@@ -220,14 +221,6 @@ async def store_only(
     return count / elapsed, cpu
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
 def _stat_fields(pid: int) -> list[str]:
     """The fields of /proc/PID/stat after the command name (field 3 onwards)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -253,7 +246,7 @@ def postmaster_pid(cluster: PgCluster) -> int:
 
 def child_with(pid: int, word: str) -> int:
     """The child process of `pid` whose command line contains `word`."""
-    for child in _children(pid):
+    for child in children(pid):
         if word.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
             return child
     raise LookupError(f"no child of {pid} runs {word}")
@@ -284,7 +277,7 @@ def _tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of a process, of the children it has reaped and of those still running.
     The parent is read first: a child exiting in between is missed, never counted twice."""
     parent = cpu_seconds(pid, reaped_children=True)
-    return parent + sum(cpu_seconds(child) for child in _children(pid))
+    return parent + sum(cpu_seconds(child) for child in children(pid))
 
 
 def cpu_per_receipt(
@@ -312,8 +305,10 @@ def end_to_end(
     processes: int,
     streams: int,
     meter: CpuMeter | None = None,
+    cpus: Set[int] | None = None,
 ) -> dict[str, Any]:
-    """Start `dlrfeed run`, time it until the gateway has `count` more acks, stop it."""
+    """Start `dlrfeed run` (on `cpus` when given), time it until the gateway has `count` more
+    acks, stop it."""
     base = acked(target)
     env = {**os.environ, "DLRFEED_PASSWORD": PASSWORD}
     command = [
@@ -322,7 +317,8 @@ def end_to_end(
         "--processes", str(processes), "--log-format", "json", "--log-level", "warning",
         "--summary-interval", "0",
     ]  # fmt: skip
-    process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    with thread_affinity(cpus) if cpus else contextlib.nullcontext():
+        process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     try:
         # The clock starts at the first ack: process start-up (imports, connections) is a
         # one-off cost that says nothing about throughput.
@@ -338,7 +334,7 @@ def end_to_end(
             time.sleep(0.05)
         elapsed = time.perf_counter() - started
         cpu = cpu_per_receipt(cpu_before, meter.read(process.pid), count - first) if meter else {}
-        workers = _children(process.pid) if processes > 1 else [process.pid]
+        workers = children(process.pid) if processes > 1 else [process.pid]
         rss = [round(_peak_rss_mb(pid), 1) for pid in workers]
     finally:
         process.send_signal(signal.SIGTERM)

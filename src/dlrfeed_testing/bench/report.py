@@ -11,6 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dlrfeed_testing.bench.report_figures import (
+    HAND_WRITTEN_HEADING,
+    configuration_mode,
+    cpu_total,
+    rate_text,
+    share,
+    verdict,
+)
+from dlrfeed_testing.bench.report_subscribe import (
+    gateway_apart_section,
+    subscribe_glance,
+    subscribe_section,
+    subscribe_walls,
+)
+
 # The documented targets (docs/benchmarks.md), reported beside each figure (met / not met),
 # never asserted.
 TARGET_RATIO_TO_CEILING = 0.70
@@ -18,12 +33,6 @@ TARGET_RATIO_TO_NAIVE = 20.0
 TARGET_RSS_MB = 120.0
 RSS_FLAT_FACTOR = 1.15  # "flat": the largest peak at most 15 % above the smallest
 TARGET_P99_MS = 250.0
-TARGET_SUBSCRIBE_TO_PULL = 0.85  # Subscribe, the primary path, end to end against Pull
-TARGET_SUBSCRIBE_CPU_TO_PULL = 1.3  # the daemon's CPU per receipt on Subscribe against Pull
-
-HAND_WRITTEN_HEADING = "## Measured by hand"
-"""The report's last section, written by hand (candidates measured A/B outside `make bench`):
-`make bench` keeps it as it finds it."""
 
 
 def ratios(configuration: dict[str, Any], naive_median: float) -> dict[str, float]:
@@ -84,14 +93,6 @@ def draw_chart(results: dict[str, Any], path: Path) -> bool:
     figure.savefig(path)
     plt.close(figure)
     return True
-
-
-def _rate(figure: dict[str, float]) -> str:
-    return f"{figure['median']:,.0f} ({figure['min']:,.0f}-{figure['max']:,.0f})"
-
-
-def _verdict(met: bool) -> str:
-    return "met" if met else "**not met**"
 
 
 def _ms(value: float | None) -> str:
@@ -158,12 +159,12 @@ def render_report(results: dict[str, Any], hand_written: str = "") -> str:
     for name, figures in results["configurations"].items():
         r = ratios(figures, naive["median"])
         lines.append(
-            f"| `{name}` | {_rate(figures['feed'])} | {_rate(figures['store'])} | "
-            f"{_rate(figures['e2e'])} | {r['to_ceiling']:.2f} "
-            f"{_verdict(r['to_ceiling'] >= TARGET_RATIO_TO_CEILING)} | "
-            f"{r['to_naive']:.1f} {_verdict(r['to_naive'] >= TARGET_RATIO_TO_NAIVE)} |"
+            f"| `{name}` | {rate_text(figures['feed'])} | {rate_text(figures['store'])} | "
+            f"{rate_text(figures['e2e'])} | {r['to_ceiling']:.2f} "
+            f"{verdict(r['to_ceiling'] >= TARGET_RATIO_TO_CEILING)} | "
+            f"{r['to_naive']:.1f} {verdict(r['to_naive'] >= TARGET_RATIO_TO_NAIVE)} |"
         )
-    lines.append(f"| (d) naive consumer | | | {_rate(naive)} | | 1 |")
+    lines.append(f"| (d) naive consumer | | | {rate_text(naive)} | | 1 |")
     lines += [
         "",
         "`mode PxS` = P processes x S streams each. Ratios are of the medians.",
@@ -182,22 +183,25 @@ def render_report(results: dict[str, Any], hand_written: str = "") -> str:
         lines += ["", f"![throughput per configuration]({results['chart']})"]
     lines += (
         _cpu_section(results)
-        + _subscribe_section(results)
+        + subscribe_section(results)
+        + gateway_apart_section(results)
         + _backlog_section(results)
         + _latency_section(results)
         + _profile_section(results)
     )
-    lines += ["", "## Targets at a glance", "", *_glance(results), *_walls_section(results)]
+    lines += [
+        "",
+        "## Targets at a glance",
+        "",
+        *_glance(results),
+        *subscribe_glance(results),
+        *_walls_section(results),
+    ]
     report = "\n".join(lines) + "\n"
     return f"{report}\n{hand_written.rstrip()}\n" if hand_written.strip() else report
 
 
 _CPU_PHASES = (("feed", "(a) feed"), ("store", "(b) store"), ("e2e", "(c) dlrfeed"))
-
-
-def cpu_total(figures: dict[str, float]) -> float:
-    """µs of CPU per receipt over every process of a measurement."""
-    return sum(v for k, v in figures.items() if k != "cores_busy")
 
 
 def _cpu_section(results: dict[str, Any]) -> list[str]:
@@ -230,128 +234,6 @@ def _cpu_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def daemon_cpu(results: dict[str, Any], name: str) -> float | None:
-    """µs of CPU per receipt of the `dlrfeed run` process(es) of configuration `name`."""
-    figures = results.get("cpu_us_per_receipt", {}).get(name, {}).get("e2e", {})
-    value = figures.get("daemon")
-    return None if value is None else float(value)
-
-
-def _subscribe_section(results: dict[str, Any]) -> list[str]:
-    """Subscribe (the primary path) and auto against Pull, and what a second process gives,
-    for every processes x streams measured in each mode."""
-    configurations = results["configurations"]
-    shapes = sorted(
-        {name.split(" ", 1)[1] for name in configurations if configuration_mode(name) == "pull"}
-    )
-    rows = []
-    for shape in shapes:
-        pull = configurations[f"pull {shape}"]["e2e"]["median"]
-        pull_cpu = daemon_cpu(results, f"pull {shape}")
-        for mode in ("subscribe", "auto"):
-            name = f"{mode} {shape}"
-            if name not in configurations:
-                continue
-            rate = configurations[name]["e2e"]["median"] / pull
-            cpu = daemon_cpu(results, name)
-            cpu_text = "n/a"
-            if cpu is not None and pull_cpu:
-                verdict = _verdict(cpu / pull_cpu <= TARGET_SUBSCRIBE_CPU_TO_PULL)
-                cpu_text = f"{cpu:.0f} / {pull_cpu:.0f} = {cpu / pull_cpu:.2f}"
-                cpu_text += f" {verdict}" if mode == "subscribe" else ""
-            rate_text = f"{rate:.2f}"
-            rate_text += (
-                f" {_verdict(rate >= TARGET_SUBSCRIBE_TO_PULL)}" if mode == "subscribe" else ""
-            )
-            rows.append(f"| `{name}` | {rate_text} | {cpu_text} |")
-    if not rows:
-        return []
-    lines = [
-        "",
-        "## Subscribe against Pull",
-        "",
-        "Subscribe is the primary path, Pull the fallback. End to end (c) against `pull` with "
-        "the same processes x streams, and the CPU of the `dlrfeed run` process(es) per "
-        "receipt (from the table above). Targets for Subscribe: rate ≥ "
-        f"{TARGET_SUBSCRIBE_TO_PULL:.2f} x Pull's, CPU ≤ {TARGET_SUBSCRIBE_CPU_TO_PULL:.1f} x "
-        "Pull's; `auto` is shown for reference (it drains a backlog on Pull).",
-        "",
-        f"| configuration | c / c of pull (target ≥ {TARGET_SUBSCRIBE_TO_PULL:.2f}) | "
-        f"daemon µs per receipt, this / pull (target ≤ {TARGET_SUBSCRIBE_CPU_TO_PULL:.1f}) |",
-        "| --- | --- | --- |",
-        *rows,
-    ]
-    by_mode: dict[str, list[str]] = {}
-    for name in configurations:
-        by_mode.setdefault(configuration_mode(name), []).append(name)
-    scaling = []
-    for mode, names in by_mode.items():
-        one = [n for n in names if n.split(" ", 1)[1].startswith("1x")]
-        more = [n for n in names if not n.split(" ", 1)[1].startswith("1x")]
-        for single in one:
-            for several in more:
-                a, b = (configurations[n]["e2e"]["median"] for n in (single, several))
-                cpu_a, cpu_b = daemon_cpu(results, single), daemon_cpu(results, several)
-                cpu_text = "n/a" if cpu_a is None or cpu_b is None else f"{cpu_a:.0f} → {cpu_b:.0f}"
-                scaling.append(
-                    f"| {mode} | `{single}` → `{several}` | {a:,.0f} → {b:,.0f} | "
-                    f"{b / a:.2f} | {cpu_text} |"
-                )
-    if scaling:
-        lines += [
-            "",
-            "`--processes`: what a second process gives on this 2-core machine, where fakegw and "
-            "PostgreSQL share the cores (docs/scaling.md reasons from these figures to a larger "
-            "host).",
-            "",
-            "| mode | configurations | c, receipts/s | ratio | daemon µs per receipt |",
-            "| --- | --- | --- | --- | --- |",
-            *scaling,
-        ]
-    return lines
-
-
-def _subscribe_walls(results: dict[str, Any]) -> list[str]:
-    """For a Subscribe configuration below its targets against Pull: the CPU per receipt of
-    each process on both, the best rate ratio those allow on the same cores, and the profile."""
-    configurations = results["configurations"]
-    cpu = results.get("cpu_us_per_receipt", {})
-    walls = []
-    for name in configurations:
-        shape = name.split(" ", 1)[1]
-        pull_name = f"pull {shape}"
-        if configuration_mode(name) != "subscribe" or pull_name not in configurations:
-            continue
-        rate = configurations[name]["e2e"]["median"] / configurations[pull_name]["e2e"]["median"]
-        mine, pulls = cpu.get(name, {}).get("e2e"), cpu.get(pull_name, {}).get("e2e")
-        if not mine or not pulls or not mine.get("daemon") or not pulls.get("daemon"):
-            continue
-        cpu_ratio = mine["daemon"] / pulls["daemon"]
-        if rate >= TARGET_SUBSCRIBE_TO_PULL and cpu_ratio <= TARGET_SUBSCRIBE_CPU_TO_PULL:
-            continue
-        walls.append(
-            f"- `{name}` reaches {rate:.2f} of `{pull_name}`'s rate at {cpu_ratio:.2f} x its "
-            f"daemon CPU per receipt. Per receipt, fakegw {mine.get('fakegw', 0):.0f} µs "
-            f"against {pulls.get('fakegw', 0):.0f}, the daemon {mine['daemon']:.0f} against "
-            f"{pulls['daemon']:.0f}, PostgreSQL {mine.get('postgres', 0):.0f} against "
-            f"{pulls.get('postgres', 0):.0f}: {cpu_total(mine):.0f} µs in all against "
-            f"{cpu_total(pulls):.0f}, so on the same cores (busy {mine['cores_busy']:.2f} and "
-            f"{pulls['cores_busy']:.2f}) Subscribe can reach about "
-            f"{cpu_total(pulls) * mine['cores_busy'] / (cpu_total(mine) * pulls['cores_busy']):.2f}"
-            " of Pull's rate. The difference is the work per stream message (an HTTP/2 DATA "
-            "frame each), which Pull pays once per response: of the "
-            f"{cpu_total(mine) - cpu_total(pulls):.0f} µs more per receipt, the gateway pays "
-            f"{mine.get('fakegw', 0) - pulls.get('fakegw', 0):.0f}, the daemon "
-            f"{mine['daemon'] - pulls['daemon']:.0f} and PostgreSQL "
-            f"{mine.get('postgres', 0) - pulls.get('postgres', 0):.0f}. In the subscribe profile "
-            "gRPC (the HTTP/2 reader on the streams) takes "
-            f"{_share(results, 'subscribe', 'gRPC'):.0f} % of the daemon's samples and the event "
-            f"loop {_share(results, 'subscribe', 'event loop'):.0f} %. The candidates tried "
-            f"against it are in *{HAND_WRITTEN_HEADING[3:]}*."
-        )
-    return walls
-
-
 def _backlog_section(results: dict[str, Any]) -> list[str]:
     backlogs = results.get("backlogs", [])
     if not backlogs:
@@ -377,12 +259,12 @@ def _backlog_section(results: dict[str, Any]) -> list[str]:
         note = "" if b["drained"] else " (time-bounded)"
         lines.append(
             f"| {b['backlog']:,} | {b['acked']:,}{note} | {b['seconds']} | "
-            f"{b['peak_rss_mb']} {_verdict(b['peak_rss_mb'] <= TARGET_RSS_MB)} |"
+            f"{b['peak_rss_mb']} {verdict(b['peak_rss_mb'] <= TARGET_RSS_MB)} |"
         )
     lines += [
         "",
         f"Flat across backlogs (largest ≤ {RSS_FLAT_FACTOR:.2f} x smallest: "
-        f"{min(peaks)}-{max(peaks)} MB): {_verdict(flat)}.",
+        f"{min(peaks)}-{max(peaks)} MB): {verdict(flat)}.",
     ]
     return lines
 
@@ -414,7 +296,7 @@ def _latency_section(results: dict[str, Any]) -> list[str]:
         f"| source | receipts | p50 ms | p99 ms (target ≤ {TARGET_P99_MS:.0f}) | max ms |",
         "| --- | --- | --- | --- | --- |",
         f"| fakegw ledger (enqueue → ack) | {lat['measured']:,} | {_ms(lat['ledger_p50_ms'])} | "
-        f"{_ms(p99)} {_verdict(met)} | {_ms(lat['ledger_max_ms'])} |",
+        f"{_ms(p99)} {verdict(met)} | {_ms(lat['ledger_max_ms'])} |",
         f"| daemon histogram (receive → ack) | {lat['injected']:,} | "
         f"{_ms(lat['histogram_p50_ms'])} | {_ms(lat['histogram_p99_ms'])} | |",
         "",
@@ -459,9 +341,9 @@ def _glance(results: dict[str, Any]) -> list[str]:
         r = ratios(figures, naive)
         lines.append(
             f"- `{name}`: c / min(a, b) = {r['to_ceiling']:.2f} "
-            f"({_verdict(r['to_ceiling'] >= TARGET_RATIO_TO_CEILING)}, ≥ "
+            f"({verdict(r['to_ceiling'] >= TARGET_RATIO_TO_CEILING)}, ≥ "
             f"{TARGET_RATIO_TO_CEILING:.2f}); c / d = {r['to_naive']:.1f} "
-            f"({_verdict(r['to_naive'] >= TARGET_RATIO_TO_NAIVE)}, ≥ {TARGET_RATIO_TO_NAIVE:.0f})"
+            f"({verdict(r['to_naive'] >= TARGET_RATIO_TO_NAIVE)}, ≥ {TARGET_RATIO_TO_NAIVE:.0f})"
         )
     backlogs = results.get("backlogs", [])
     if backlogs:
@@ -470,7 +352,7 @@ def _glance(results: dict[str, Any]) -> list[str]:
         sizes = ", ".join(f"{b['backlog']:,}" for b in backlogs)
         lines.append(
             f"- peak RSS {min(peaks)}-{max(peaks)} MB over backlogs "
-            f"{sizes} ({_verdict(met)}, ≤ "
+            f"{sizes} ({verdict(met)}, ≤ "
             f"{TARGET_RSS_MB:.0f} MB and flat)"
         )
     lat = results.get("latency")
@@ -478,24 +360,10 @@ def _glance(results: dict[str, Any]) -> list[str]:
         p99 = lat["ledger_p99_ms"]
         met = p99 is not None and p99 <= TARGET_P99_MS and lat["unacked"] == 0
         lines.append(
-            f"- p99 receive → ack at {lat['rate']:,}/s: {_ms(p99)} ms ({_verdict(met)}, ≤ "
+            f"- p99 receive → ack at {lat['rate']:,}/s: {_ms(p99)} ms ({verdict(met)}, ≤ "
             f"{TARGET_P99_MS:.0f} ms)"
         )
     return lines
-
-
-def configuration_mode(name: str) -> str:
-    """`subscribe` of "subscribe 1x2": the --mode of a configuration's name."""
-    return name.split(" ", 1)[0]
-
-
-def _share(results: dict[str, Any], mode: str, category_start: str) -> float:
-    """Percent of the `mode` profile's samples charged to the component named so."""
-    for profile in results.get("profiles", []):
-        if profile["mode"] == mode:
-            categories: list[tuple[str, float]] = profile.get("categories", [])
-            return sum(pct for name, pct in categories if name.startswith(category_start))
-    return 0.0
 
 
 def _machine_bound(results: dict[str, Any], name: str, feed_is_slower: bool) -> str:
@@ -534,11 +402,11 @@ def _walls_section(results: dict[str, Any]) -> list[str]:
                 f"= {serial:,.0f}/s, against {figures['e2e']['median']:,.0f}/s measured."
                 + _machine_bound(results, name, feed <= store)
                 + " In "
-                f"the {mode} profile gRPC takes {_share(results, mode, 'gRPC'):.0f} % and the "
-                f"event loop {_share(results, mode, 'event loop'):.0f} % of the samples, "
-                f"asyncpg {_share(results, mode, 'asyncpg'):.0f} % and dlrfeed.store "
-                f"{_share(results, mode, 'store'):.0f} %; dlrfeed's own daemon code "
-                f"{_share(results, mode, 'daemon'):.0f} %. On Pull the feed's share is small "
+                f"the {mode} profile gRPC takes {share(results, mode, 'gRPC'):.0f} % and the "
+                f"event loop {share(results, mode, 'event loop'):.0f} % of the samples, "
+                f"asyncpg {share(results, mode, 'asyncpg'):.0f} % and dlrfeed.store "
+                f"{share(results, mode, 'store'):.0f} %; dlrfeed's own daemon code "
+                f"{share(results, mode, 'daemon'):.0f} %. On Pull the feed's share is small "
                 "(a is several times b), hence Pull's ratio near 1."
                 + (
                     " `auto` drains a backlog on Pull after its switch, so it may beat the "
@@ -550,7 +418,7 @@ def _walls_section(results: dict[str, Any]) -> list[str]:
             )
         if r["to_naive"] < TARGET_RATIO_TO_NAIVE:
             below_naive.append(f"`{name}` {r['to_naive']:.1f}x")
-    walls += _subscribe_walls(results)
+    walls += subscribe_walls(results)
     if below_naive:
         reference = results.get("store_reference", {}).get("naive_receipts_per_s")
         writer = (

@@ -45,7 +45,7 @@ from typing import Any
 
 import asyncpg
 
-from dlrfeed_testing.bench import daemon_process, naive_consumer
+from dlrfeed_testing.bench import daemon_process, naive_consumer, placement
 from dlrfeed_testing.bench import e2e as bench_e2e
 from dlrfeed_testing.bench.machine import machine
 from dlrfeed_testing.bench.profile import summarise_profile
@@ -84,6 +84,14 @@ CONFIGURATIONS = (
     Configuration("auto", 1, 2),
     Configuration("auto", 2, 2),
 )
+
+GATEWAY_APART = (
+    Configuration("subscribe", 1, 2),
+    Configuration("pull", 1, 2),
+    Configuration("subscribe", 2, 2),
+    Configuration("pull", 2, 2),
+)
+"""(c) again with fakegw on a core of its own (`bench.placement`), for Subscribe against Pull."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,29 @@ class Bench:
         rates = {"feed": feed, "store": store, "e2e": float(e2e["per_s"])}
         cpu = {"feed": feed_cpu, "store": store_cpu, "e2e": e2e["cpu_us_per_receipt"]}
         return rates, cpu
+
+    def e2e_gateway_apart(self, configuration: Configuration) -> tuple[float, dict[str, float]]:
+        """One repetition of (c) with fakegw on the gateway's CPUs and the daemon and
+        PostgreSQL on the consumer's: the rate, and the CPU each process spent per receipt."""
+        split = placement.split_cpus()
+        if split is None:
+            raise RuntimeError("the gateway apart needs a machine with two CPUs or more")
+        count = self.sizes.e2e_receipts
+        url = self.fresh_database(self.preloaded_messages(count))
+        self.preload(count)
+        with placement.gateway_apart(split, self.meter.fakegw_pid, self.meter.postmaster_pid):
+            e2e = bench_e2e.end_to_end(
+                self.target,
+                url,
+                count,
+                configuration.mode,
+                configuration.processes,
+                configuration.streams,
+                self.meter,
+                cpus=split.consumer,
+            )
+        self.drop_database(url)
+        return float(e2e["per_s"]), e2e["cpu_us_per_receipt"]
 
     def naive(self) -> float:
         """One repetition of (d)."""
@@ -474,6 +505,9 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                 cpu_runs: dict[str, dict[str, list[dict[str, float]]]] = {
                     c.name: {"feed": [], "store": [], "e2e": []} for c in CONFIGURATIONS
                 }
+                split = placement.split_cpus()
+                apart_rates: dict[str, list[float]] = {c.name: [] for c in GATEWAY_APART}
+                apart_cpu: dict[str, list[dict[str, float]]] = {c.name: [] for c in GATEWAY_APART}
                 naive: list[float] = []
                 for repetition in range(sizes.repetitions):
                     for configuration in CONFIGURATIONS:
@@ -482,6 +516,11 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                         for key, value in figures.items():
                             per_configuration[configuration.name][key].append(value)
                             cpu_runs[configuration.name][key].append(cpu[key])
+                    for configuration in GATEWAY_APART if split is not None else ():
+                        rate, cpu_used = bench.e2e_gateway_apart(configuration)
+                        log(f"rep {repetition + 1} {configuration.name} apart: {rate:.0f}/s")
+                        apart_rates[configuration.name].append(rate)
+                        apart_cpu[configuration.name].append(cpu_used)
                     naive.append(bench.naive())
                     log(f"rep {repetition + 1} naive: {naive[-1]:.0f}/s")
                 results["configurations"] = {
@@ -493,6 +532,18 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                     for name, phases in cpu_runs.items()
                 }
                 results["naive"] = summary(naive) | {"runs": naive}
+                if split:
+                    results["gateway_apart"] = {
+                        "gateway_cpus": sorted(split.gateway),
+                        "consumer_cpus": sorted(split.consumer),
+                        "configurations": {
+                            name: {
+                                "e2e": summary(rates) | {"runs": rates},
+                                "cpu": _median_per_key(apart_cpu[name]),
+                            }
+                            for name, rates in apart_rates.items()
+                        },
+                    }
                 results["store_reference"] = bench.store_reference()
                 log(f"store reference: {results['store_reference']['store_receipts_per_s']}/s")
                 subscribe = results["configurations"][CONFIGURATIONS[0].name]["e2e"]["median"]

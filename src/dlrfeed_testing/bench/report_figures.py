@@ -1,0 +1,45 @@
+"""Small readings of `bench.run`'s results shared by the report's sections: a rate with its
+spread, a verdict, a configuration's mode, CPU per receipt, a profile's share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HAND_WRITTEN_HEADING = "## Measured by hand"
+"""The report's last section, written by hand (candidates measured A/B outside `make bench`):
+`make bench` keeps it as it finds it."""
+
+
+def rate_text(figure: dict[str, float]) -> str:
+    """A median rate with its min-max beside it."""
+    return f"{figure['median']:,.0f} ({figure['min']:,.0f}-{figure['max']:,.0f})"
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "**not met**"
+
+
+def configuration_mode(name: str) -> str:
+    """`subscribe` of "subscribe 1x2": the --mode of a configuration's name."""
+    return name.split(" ", 1)[0]
+
+
+def cpu_total(figures: dict[str, float]) -> float:
+    """µs of CPU per receipt over every process of a measurement."""
+    return sum(v for k, v in figures.items() if k != "cores_busy")
+
+
+def daemon_cpu(results: dict[str, Any], name: str) -> float | None:
+    """µs of CPU per receipt of the `dlrfeed run` process(es) of configuration `name`."""
+    figures = results.get("cpu_us_per_receipt", {}).get(name, {}).get("e2e", {})
+    value = figures.get("daemon")
+    return None if value is None else float(value)
+
+
+def share(results: dict[str, Any], mode: str, category_start: str) -> float:
+    """Percent of the `mode` profile's samples charged to the component named so."""
+    for profile in results.get("profiles", []):
+        if profile["mode"] == mode:
+            categories: list[tuple[str, float]] = profile.get("categories", [])
+            return sum(pct for name, pct in categories if name.startswith(category_start))
+    return 0.0
