@@ -12,17 +12,15 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import fingerprint
 from dlrfeed.domain.rules import (
     EMPTY_STATE,
-    TRANSITIONS,
     Delivery,
-    Kind,
     MessageState,
     Planner,
     explain,
     is_final,
-    kind_of,
-    record_differences,
 )
+from dlrfeed.domain.sent_records import record_differences
 from dlrfeed.domain.status import STAT_TO_STATUS, Outcome, Status
+from dlrfeed.domain.transitions import TRANSITIONS, Kind, kind_of
 from dlrfeed_testing.oracle import Sent, expect
 
 DEFAULT = IntegrationOptions()

@@ -15,8 +15,8 @@ from zoneinfo import ZoneInfo
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import Channel, Receipt
-from dlrfeed.domain.rules import level_stat_mismatch
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
+from dlrfeed.domain.transitions import level_stat_mismatch
 
 PARSER_VERSION = "parse-3"
 """P8: recorded on every reception and event; bump when the parse of some input changes."""

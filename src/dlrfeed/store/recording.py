@@ -14,13 +14,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.rules import (
-    EMPTY_STATE,
-    RECORD_FIELDS,
-    RULES_VERSION,
-    Planner,
-    record_differences,
-)
+from dlrfeed.domain.rules import EMPTY_STATE, RULES_VERSION, Planner
+from dlrfeed.domain.sent_records import RECORD_FIELDS, record_differences
 from dlrfeed.store import queries
 from dlrfeed.store.rows import column_arrays, planned_exceptions, replayed, status_json
 from dlrfeed.store.submission import Submission, SubmissionResult
@@ -46,7 +41,7 @@ _SUBMISSION_COLUMNS = (
 # Submissions per transaction: each holds its ids' correlation locks until it commits, and the
 # server's shared lock table is bounded (docs/postgresql.md, "Locks").
 _CHUNK = 500
-# Where each of rules.RECORD_FIELDS sits in a row of Submission.normalised.
+# Where each of sent_records.RECORD_FIELDS sits in a row of Submission.normalised.
 _RECORD_POSITIONS = (1, 3, 5, 6, 7, 8, 9)
 
 
