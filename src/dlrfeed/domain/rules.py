@@ -20,7 +20,14 @@ from typing import Any, NamedTuple, Protocol, assert_never
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import Outcome, Status
-from dlrfeed.domain.transitions import Action, Kind, kind_of, level_stat_mismatch, transition_table
+from dlrfeed.domain.transitions import (
+    KIND_OF,
+    Action,
+    Kind,
+    kind_of,
+    level_stat_mismatch,
+    transition_table,
+)
 
 RULES_VERSION = "rules-2"
 """P8: recorded on events and on the projection; bump when any rule changes (rows with another
@@ -368,9 +375,9 @@ class Planner:
     ) -> Outcome:
         """The message layer: new content `d` against the held basis (the transition table);
         the message's new state is stored in `messages`."""
-        incoming = kind_of(d.level, d.status)
+        incoming = KIND_OF.get((d.level, d.status), Kind.UNEXPECTED_LEVEL)
         basis = state.basis
-        held = Kind.NONE if basis is None else kind_of(basis.level, basis.status)
+        held = Kind.NONE if basis is None else KIND_OF[(basis.level, basis.status)]
         action = self.table[(held, incoming)]
         if action is Action.NOT_APPLIED:
             if incoming is Kind.UNEXPECTED_LEVEL:

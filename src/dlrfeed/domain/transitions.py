@@ -92,6 +92,7 @@ OPTION_TRANSITIONS: Mapping[str, Mapping[tuple[Kind, Kind], Action]] = {
 
 
 def _kind_by_rule(level: int, status: Status) -> Kind:
+    """F4/F13/P16: the rule itself, from a delivery's level *and* its normalised status."""
     if level != 1 and level != 2:
         return Kind.UNEXPECTED_LEVEL
     if status is Status.UNRECOGNIZED:
@@ -103,16 +104,16 @@ def _kind_by_rule(level: int, status: Status) -> Kind:
     return Kind.NETWORK_RESULT
 
 
-# Every kind of the levels 1 and 2, worked out once: a delivery's kind is looked up once or
-# twice per delivery on the ingest hot path.
-_KIND_OF: Mapping[tuple[int, Status], Kind] = {
+KIND_OF: Mapping[tuple[int, Status], Kind] = {
     (level, status): _kind_by_rule(level, status) for level in (1, 2) for status in Status
 }
+"""Every kind of the levels 1 and 2, worked out once by the rule: the planner looks a
+delivery's kind up here once or twice per delivery on the ingest hot path."""
 
 
 def kind_of(level: int, status: Status) -> Kind:
     """F4/F13/P16: the kind of a delivery, from its level *and* its normalised status."""
-    return _KIND_OF.get((level, status), Kind.UNEXPECTED_LEVEL)
+    return KIND_OF.get((level, status), Kind.UNEXPECTED_LEVEL)
 
 
 def level_stat_mismatch(level: int, status: Status) -> bool:

@@ -22,7 +22,8 @@ ON CONFLICT (login, message_id) DO NOTHING
 RETURNING message_id, submitted_at
 
 -- name: recorded_messages
--- P12: the recorded fields of messages, to compare a second record with (sent_records.RECORD_FIELDS).
+-- P12: the recorded fields of messages, to compare a second record with
+-- (sent_records.RECORD_FIELDS).
 SELECT message_id, internal_id, destination_raw, source, route, submitted_at, dlr_requested,
        dlr_level
 FROM dlr.messages
