@@ -257,9 +257,9 @@ def test_subscribe_against_pull_with_the_gateway_apart() -> None:
         },
     }
     report = render_report(results)
-    section = report.split("## Subscribe against Pull, the gateway on a core of its own", 1)[1]
+    section = report.split("## Subscribe against Pull, the gateway on a CPU of its own", 1)[1]
     section = section.split("\n## ", 1)[0]
-    assert "pinned to CPU 0 and PostgreSQL and the daemon to CPU 1" in section
+    assert "pinned to CPU 0 and PostgreSQL and the daemon to CPU 1 for" in section
     # 17,000 / 17,500 = 0.97; 28 / 27 = 1.04.
     assert (
         "| `subscribe 1x2` | 17,000 (16,000-17,500) | 0.97 met | 28 | 1.04 met | 19 | 26 | 1.30 |"
@@ -269,9 +269,26 @@ def test_subscribe_against_pull_with_the_gateway_apart() -> None:
     glance = report.split("## Targets at a glance", 1)[1]
     # Sharing the cores: 6,000 / 5,000 = 1.20 and 31 / 30 = 1.03.
     assert "fakegw sharing the cores: `subscribe 1x2` rate 1.20 (met, ≥ 0.85)" in glance
-    assert "a core of its own: `subscribe 1x2` rate 0.97 (met, ≥ 0.85), daemon CPU 1.04" in glance
+    assert "a CPU of its own: `subscribe 1x2` rate 0.97 (met, ≥ 0.85), daemon CPU 1.04" in glance
     results["configurations"]["subscribe 1x2"]["e2e"] = summary([3_000, 4_000, 4_500])
     walls = render_report(results).split("### What stops the targets not met", 1)[1]
     assert "`subscribe 1x2` reaches 0.80 of `pull 1x2`'s rate" in walls
-    assert "With the gateway on a core of its own" in walls
+    assert "With the gateway on a CPU of its own" in walls
     assert "it reaches 0.97 of Pull's rate at 1.04 x its daemon CPU." in walls
+
+
+def test_the_gateway_apart_names_every_consumer_cpu() -> None:
+    """On a larger machine the consumer gets every CPU but the gateway's, and the text says so."""
+    results = _results()
+    results["gateway_apart"] = {
+        "gateway_cpus": [0],
+        "consumer_cpus": [1, 2, 3],
+        "configurations": {
+            "pull 1x2": {
+                "e2e": summary([17_000, 17_500, 18_000]),
+                "cpu": {"fakegw": 8.0, "postgres": 26.0, "daemon": 27.0, "cores_busy": 1.1},
+            },
+        },
+    }
+    report = render_report(results)
+    assert "pinned to CPU 0 and PostgreSQL and the daemon to CPUs 1, 2, 3 for" in report

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import statistics
@@ -85,6 +84,7 @@ from dlrfeed_testing.bench.growth_traffic import (
     REDELIVERED_SHARE,
     Traffic,
 )
+from dlrfeed_testing.bench.placement import thread_affinity
 from dlrfeed_testing.bench.sender_time import SenderClock, SenderTime, sender_dsn
 from dlrfeed_testing.metrics import nearest_rank
 from dlrfeed_testing.pgcluster import PgCluster
@@ -229,10 +229,6 @@ async def run_config(
         cluster.destroy()
 
 
-def _pin(cpu: int) -> None:
-    os.sched_setaffinity(0, {cpu})
-
-
 def _run_pinned(
     sizes: dict[str, int],
     driver_kind: str,
@@ -267,7 +263,8 @@ def _run_pinned(
             str(out),
         ]
         log(f"config {name}: pinned to CPU {cpu}")
-        child = subprocess.Popen(command, preexec_fn=functools.partial(_pin, cpu))
+        with thread_affinity({cpu}):
+            child = subprocess.Popen(command)
         children.append((out, child))
 
     def merge() -> None:

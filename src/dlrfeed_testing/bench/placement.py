@@ -1,13 +1,13 @@
-"""The gateway on a core of its own: the production shape of an end-to-end measurement.
+"""The gateway on a CPU of its own: an end-to-end measurement with the gateway's work kept off
+the consumer's CPUs, as it is in production.
 
-In production the gateway runs on the provider's hosts; here fakegw shares this machine's cores
+In production the gateway runs on its provider's hosts; here fakegw shares this machine's CPUs
 with the daemon and PostgreSQL, so whatever fakegw spends per receipt is taken from the
 consumer. On Subscribe that is one write and one completion per stream message (~20 µs),
 against a few µs per receipt of a Pull response, which makes a co-located measurement compare
 two gateways as much as two readers. `gateway_apart` pins fakegw to the first CPU and
 PostgreSQL to the others for the length of one measurement; the daemon, started inside it with
-`thread_affinity(consumer_cpus)`, inherits the consumer's CPUs, so the figure is what the
-consumer does with its own cores.
+`thread_affinity(consumer_cpus)`, inherits the consumer's CPUs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class CpuSplit:
 
 
 def split_cpus() -> CpuSplit | None:
-    """The first CPU this process may use for the gateway, the rest for the consumer; None on
+    """The first CPU this thread may use for the gateway, the rest for the consumer; None on
     a machine with one CPU, where there is nothing to split."""
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) < 2:
@@ -37,7 +37,8 @@ def split_cpus() -> CpuSplit | None:
 
 
 def children(pid: int) -> list[int]:
-    """The pids of the processes `pid` has started and not yet reaped."""
+    """The pids of the processes that `pid`'s main thread has started and not yet reaped (all
+    of them for the processes measured here, which fork from their main thread)."""
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     except OSError:
@@ -51,13 +52,17 @@ def process_tree(pid: int) -> list[int]:
 
 
 def pin(pids: list[int], cpus: Set[int]) -> None:
-    """Every thread of these processes onto `cpus`. A thread or process that ends meanwhile is
-    skipped; the ones created later inherit the mask of the thread that creates them."""
+    """Every thread of these processes onto `cpus`, checked by reading each mask back. A
+    thread or process that ends meanwhile is skipped; the ones created later inherit the mask
+    of the thread that creates them. Anything else (no permission, a CPU outside the cgroup's
+    set) raises: a measurement must not be reported as placed when it was not."""
     for pid in pids:
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(task), cpus)
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for task in map(int, os.listdir(f"/proc/{pid}/task")):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(task, cpus)
+                    if os.sched_getaffinity(task) != cpus:
+                        raise RuntimeError(f"thread {task} of {pid} did not move to CPUs {cpus}")
 
 
 @contextlib.contextmanager
@@ -73,13 +78,14 @@ def thread_affinity(cpus: Set[int]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def gateway_apart(split: CpuSplit, fakegw_pid: int, postmaster_pid: int) -> Iterator[None]:
-    """fakegw on the gateway's CPUs and PostgreSQL on the consumer's while inside; both back
-    on every CPU afterwards."""
-    everything = split.gateway | split.consumer
-    pin([fakegw_pid], split.gateway)
-    pin(process_tree(postmaster_pid), split.consumer)
+    """fakegw on the gateway's CPUs and PostgreSQL on the consumer's while inside; afterwards
+    every thread of both, including those started meanwhile, back on the CPUs its process had
+    before."""
+    before = {pid: os.sched_getaffinity(pid) for pid in (fakegw_pid, postmaster_pid)}
     try:
+        pin([fakegw_pid], split.gateway)
+        pin(process_tree(postmaster_pid), split.consumer)
         yield
     finally:
-        pin([fakegw_pid], everything)
-        pin(process_tree(postmaster_pid), everything)
+        pin([fakegw_pid], before[fakegw_pid])
+        pin(process_tree(postmaster_pid), before[postmaster_pid])

@@ -16,12 +16,23 @@ def rate_text(figure: dict[str, float]) -> str:
 
 
 def verdict(met: bool) -> str:
+    """How a figure stands against its target, as the report prints it."""
     return "met" if met else "**not met**"
 
 
 def configuration_mode(name: str) -> str:
     """`subscribe` of "subscribe 1x2": the --mode of a configuration's name."""
     return name.split(" ", 1)[0]
+
+
+def configuration_shape(name: str) -> str:
+    """`1x2` of "subscribe 1x2": processes x streams of a configuration's name."""
+    return name.split(" ", 1)[1]
+
+
+def pull_of(name: str) -> str:
+    """ "pull 1x2" for "subscribe 1x2": the Pull configuration of the same shape."""
+    return f"pull {configuration_shape(name)}"
 
 
 def cpu_total(figures: dict[str, float]) -> float:

@@ -10,8 +10,10 @@ from typing import Any
 from dlrfeed_testing.bench.report_figures import (
     HAND_WRITTEN_HEADING,
     configuration_mode,
+    configuration_shape,
     cpu_total,
     daemon_cpu,
+    pull_of,
     rate_text,
     share,
     verdict,
@@ -19,7 +21,7 @@ from dlrfeed_testing.bench.report_figures import (
 
 TARGET_SUBSCRIBE_TO_PULL = 0.85  # Subscribe, the primary path, end to end against Pull
 TARGET_SUBSCRIBE_CPU_TO_PULL = 1.3  # the daemon's CPU per receipt on Subscribe against Pull
-APART_HEADING = "## Subscribe against Pull, the gateway on a core of its own"
+APART_HEADING = "## Subscribe against Pull, the gateway on a CPU of its own"
 
 
 def subscribe_section(results: dict[str, Any]) -> list[str]:
@@ -27,7 +29,7 @@ def subscribe_section(results: dict[str, Any]) -> list[str]:
     for every processes x streams measured in each mode."""
     configurations = results["configurations"]
     shapes = sorted(
-        {name.split(" ", 1)[1] for name in configurations if configuration_mode(name) == "pull"}
+        {configuration_shape(name) for name in configurations if configuration_mode(name) == "pull"}
     )
     rows = []
     for shape in shapes:
@@ -44,11 +46,11 @@ def subscribe_section(results: dict[str, Any]) -> list[str]:
                 met = verdict(cpu / pull_cpu <= TARGET_SUBSCRIBE_CPU_TO_PULL)
                 cpu_text = f"{cpu:.0f} / {pull_cpu:.0f} = {cpu / pull_cpu:.2f}"
                 cpu_text += f" {met}" if mode == "subscribe" else ""
-            rate_text = f"{rate:.2f}"
-            rate_text += (
+            rate_cell = f"{rate:.2f}"
+            rate_cell += (
                 f" {verdict(rate >= TARGET_SUBSCRIBE_TO_PULL)}" if mode == "subscribe" else ""
             )
-            rows.append(f"| `{name}` | {rate_text} | {cpu_text} |")
+            rows.append(f"| `{name}` | {rate_cell} | {cpu_text} |")
     if not rows:
         return []
     lines = [
@@ -71,8 +73,8 @@ def subscribe_section(results: dict[str, Any]) -> list[str]:
         by_mode.setdefault(configuration_mode(name), []).append(name)
     scaling = []
     for mode, names in by_mode.items():
-        one = [n for n in names if n.split(" ", 1)[1].startswith("1x")]
-        more = [n for n in names if not n.split(" ", 1)[1].startswith("1x")]
+        one = [n for n in names if configuration_shape(n).startswith("1x")]
+        more = [n for n in names if not configuration_shape(n).startswith("1x")]
         for single in one:
             for several in more:
                 a, b = (configurations[n]["e2e"]["median"] for n in (single, several))
@@ -103,8 +105,7 @@ def subscribe_walls(results: dict[str, Any]) -> list[str]:
     cpu = results.get("cpu_us_per_receipt", {})
     walls = []
     for name in configurations:
-        shape = name.split(" ", 1)[1]
-        pull_name = f"pull {shape}"
+        pull_name = pull_of(name)
         if configuration_mode(name) != "subscribe" or pull_name not in configurations:
             continue
         rate = configurations[name]["e2e"]["median"] / configurations[pull_name]["e2e"]["median"]
@@ -144,21 +145,18 @@ def _apart_sentence(results: dict[str, Any], name: str, pull_name: str) -> str:
         return ""
     rate, cpu = _apart_ratios(results, name, pull_name)
     return (
-        f" With the gateway on a core of its own (*{APART_HEADING[3:]}*) it reaches {rate:.2f} "
+        f" With the gateway on a CPU of its own (*{APART_HEADING[3:]}*) it reaches {rate:.2f} "
         f"of Pull's rate at {cpu:.2f} x its daemon CPU."
     )
-
-
-#####MODE
 
 
 def _apart_pairs(results: dict[str, Any]) -> list[tuple[str, str]]:
     """(subscribe, pull) configuration names of the same shape measured with the gateway apart."""
     measured = results.get("gateway_apart", {}).get("configurations", {})
     return [
-        (name, f"pull {name.split(' ', 1)[1]}")
+        (name, pull_of(name))
         for name in measured
-        if configuration_mode(name) == "subscribe" and f"pull {name.split(' ', 1)[1]}" in measured
+        if configuration_mode(name) == "subscribe" and pull_of(name) in measured
     ]
 
 
@@ -190,19 +188,19 @@ def gateway_apart_section(results: dict[str, Any]) -> list[str]:
             f"{cpu.get('daemon', 0):.0f} | {cpu_ratio} | {cpu.get('fakegw', 0):.0f} | "
             f"{cpu.get('postgres', 0):.0f} | {cpu['cores_busy']:.2f} |"
         )
-    gateway = ", ".join(map(str, apart["gateway_cpus"]))
-    consumer = ", ".join(map(str, apart["consumer_cpus"]))
+    gateway = _cpu_list(apart["gateway_cpus"])
+    consumer = _cpu_list(apart["consumer_cpus"])
     return [
         "",
         APART_HEADING,
         "",
-        "The production shape: a gateway runs on its provider's hosts, not beside the daemon. "
-        f"Here fakegw is pinned to CPU {gateway} and PostgreSQL and the daemon to CPU "
-        f"{consumer} for each measurement (`bench.placement`), so what fakegw spends per "
-        "receipt is no longer taken from the consumer: on Subscribe one write and one "
-        "completion per stream message, on Pull a share of one response. Same receipts and "
-        "defaults as (c) above, interleaved with its repetitions. One core now carries the "
-        "daemon and PostgreSQL, so both modes run slower than above; the ratios are what this "
+        "The gateway's work kept off the consumer's CPUs, as it is in production, where a "
+        f"gateway runs on its provider's hosts. Here fakegw is pinned to {gateway} and "
+        f"PostgreSQL and the daemon to {consumer} for each measurement (`bench.placement`), so "
+        "what fakegw spends per receipt is no longer taken from the consumer: on Subscribe one "
+        "write and one completion per stream message, on Pull a share of one response. Same "
+        "receipts and defaults as (c) above, interleaved with its repetitions. The consumer "
+        "has fewer CPUs than above, so both modes may run slower; the ratios are what this "
         "measures.",
         "",
         "| configuration | c, receipts/s | c / c of pull (target ≥ "
@@ -219,7 +217,7 @@ def subscribe_glance(results: dict[str, Any]) -> list[str]:
     configurations = results["configurations"]
     shared = []
     for name in configurations:
-        pull_name = f"pull {name.split(' ', 1)[1]}"
+        pull_name = pull_of(name)
         cpu, pull_cpu = daemon_cpu(results, name), daemon_cpu(results, pull_name)
         if configuration_mode(name) != "subscribe" or pull_name not in configurations:
             continue
@@ -235,12 +233,18 @@ def subscribe_glance(results: dict[str, Any]) -> list[str]:
     ]
     if apart:
         lines.append(
-            f"- Subscribe against Pull, the gateway on a core of its own: {'; '.join(apart)}"
+            f"- Subscribe against Pull, the gateway on a CPU of its own: {'; '.join(apart)}"
         )
     return lines
 
 
+def _cpu_list(cpus: list[int]) -> str:
+    """ "CPU 0" or "CPUs 1, 2, 3"."""
+    return f"CPU{'s' if len(cpus) > 1 else ''} {', '.join(map(str, cpus))}"
+
+
 def _ratio_pair(name: str, rate: float, cpu: float) -> str:
+    """`name`'s rate and daemon CPU against Pull's, each with its verdict."""
     return (
         f"`{name}` rate {rate:.2f} ({verdict(rate >= TARGET_SUBSCRIBE_TO_PULL)}, ≥ "
         f"{TARGET_SUBSCRIBE_TO_PULL:.2f}), daemon CPU {cpu:.2f} "

@@ -85,13 +85,8 @@ CONFIGURATIONS = (
     Configuration("auto", 2, 2),
 )
 
-GATEWAY_APART = (
-    Configuration("subscribe", 1, 2),
-    Configuration("pull", 1, 2),
-    Configuration("subscribe", 2, 2),
-    Configuration("pull", 2, 2),
-)
-"""(c) again with fakegw on a core of its own (`bench.placement`), for Subscribe against Pull."""
+GATEWAY_APART = tuple(c for c in CONFIGURATIONS if c.mode in ("subscribe", "pull"))
+"""(c) again with fakegw on a CPU of its own (`bench.placement`), for Subscribe against Pull."""
 
 
 @dataclass(frozen=True)
@@ -227,32 +222,25 @@ class Bench:
             bench_e2e.store_only(url, count, 500, configuration.readers, self.meter)
         )
         self.drop_database(url)
-        url = self.fresh_database(self.preloaded_messages(count))
-        self.preload(count)
-        e2e = bench_e2e.end_to_end(
-            self.target,
-            url,
-            count,
-            configuration.mode,
-            configuration.processes,
-            configuration.streams,
-            self.meter,
-        )
-        self.drop_database(url)
-        rates = {"feed": feed, "store": store, "e2e": float(e2e["per_s"])}
-        cpu = {"feed": feed_cpu, "store": store_cpu, "e2e": e2e["cpu_us_per_receipt"]}
+        e2e_rate, e2e_cpu = self.end_to_end(configuration)
+        rates = {"feed": feed, "store": store, "e2e": e2e_rate}
+        cpu = {"feed": feed_cpu, "store": store_cpu, "e2e": e2e_cpu}
         return rates, cpu
 
-    def e2e_gateway_apart(self, configuration: Configuration) -> tuple[float, dict[str, float]]:
-        """One repetition of (c) with fakegw on the gateway's CPUs and the daemon and
-        PostgreSQL on the consumer's: the rate, and the CPU each process spent per receipt."""
-        split = placement.split_cpus()
-        if split is None:
-            raise RuntimeError("the gateway apart needs a machine with two CPUs or more")
+    def end_to_end(
+        self, configuration: Configuration, split: placement.CpuSplit | None = None
+    ) -> tuple[float, dict[str, float]]:
+        """One repetition of (c) on a fresh database, with fakegw on the gateway's CPUs and
+        the daemon and PostgreSQL on the consumer's when `split` is given: the rate, and the
+        CPU each process spent per receipt."""
         count = self.sizes.e2e_receipts
         url = self.fresh_database(self.preloaded_messages(count))
         self.preload(count)
-        with placement.gateway_apart(split, self.meter.fakegw_pid, self.meter.postmaster_pid):
+        with (
+            placement.gateway_apart(split, self.meter.fakegw_pid, self.meter.postmaster_pid)
+            if split
+            else contextlib.nullcontext()
+        ):
             e2e = bench_e2e.end_to_end(
                 self.target,
                 url,
@@ -261,7 +249,7 @@ class Bench:
                 configuration.processes,
                 configuration.streams,
                 self.meter,
-                cpus=split.consumer,
+                cpus=split.consumer if split else None,
             )
         self.drop_database(url)
         return float(e2e["per_s"]), e2e["cpu_us_per_receipt"]
@@ -517,7 +505,7 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                             per_configuration[configuration.name][key].append(value)
                             cpu_runs[configuration.name][key].append(cpu[key])
                     for configuration in GATEWAY_APART if split is not None else ():
-                        rate, cpu_used = bench.e2e_gateway_apart(configuration)
+                        rate, cpu_used = bench.end_to_end(configuration, split)
                         log(f"rep {repetition + 1} {configuration.name} apart: {rate:.0f}/s")
                         apart_rates[configuration.name].append(rate)
                         apart_cpu[configuration.name].append(cpu_used)
@@ -532,7 +520,7 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                     for name, phases in cpu_runs.items()
                 }
                 results["naive"] = summary(naive) | {"runs": naive}
-                if split:
+                if split is not None:
                     results["gateway_apart"] = {
                         "gateway_cpus": sorted(split.gateway),
                         "consumer_cpus": sorted(split.consumer),
