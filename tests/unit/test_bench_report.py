@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dlrfeed_testing.bench.latency import latency_id, received_by_mode
 from dlrfeed_testing.bench.profile import summarise_profile
 from dlrfeed_testing.bench.report import hand_written_section, ratios, render_report
 from dlrfeed_testing.bench.run import quantile, summary
@@ -292,3 +293,14 @@ def test_the_gateway_apart_names_every_consumer_cpu() -> None:
     }
     report = render_report(results)
     assert "pinned to CPU 0 and PostgreSQL and the daemon to CPUs 1, 2, 3 for" in report
+
+
+def test_the_latency_run_reads_receipts_by_mode_from_the_daemon_metrics() -> None:
+    text = (
+        "# TYPE dlrfeed_receipts_received_total counter\n"
+        'dlrfeed_receipts_received_total{mode="subscribe"} 8470.0\n'
+        'dlrfeed_receipts_received_total{mode="pull"} 1.60587e+05\n'
+        'dlrfeed_receipts_acked_total{mode="pull"} 7.0\n'
+    )
+    assert received_by_mode(text) == {"subscribe": 8470.0, "pull": 160587.0}
+    assert latency_id("lat1-", 255) == "lat1-" + "0" * 22 + "ff"

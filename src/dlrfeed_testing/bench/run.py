@@ -31,7 +31,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -47,13 +46,19 @@ import asyncpg
 
 from dlrfeed_testing.bench import daemon_process, naive_consumer, placement
 from dlrfeed_testing.bench import e2e as bench_e2e
+from dlrfeed_testing.bench.latency import (
+    latency_id,
+    ledger_latencies,
+    paced_inject,
+    received_by_mode,
+)
 from dlrfeed_testing.bench.machine import machine
 from dlrfeed_testing.bench.profile import summarise_profile
 from dlrfeed_testing.bench.report import draw_chart, hand_written_section, render_report
 from dlrfeed_testing.bench.store import measure_store
 from dlrfeed_testing.local_login import LOGIN, PASSWORD
 from dlrfeed_testing.pgcluster import PgCluster, free_port
-from fakegw.admin_client import AdminClient, SyncAdminClient
+from fakegw.admin_client import SyncAdminClient
 from fakegw.spawn import serving
 
 LATENCY_PREFIX = "lat"
@@ -314,7 +319,7 @@ class Bench:
         self._latency_runs += 1
         prefix = f"{LATENCY_PREFIX}{self._latency_runs}-"
         paced = math.ceil(rate * self.sizes.latency_seconds) + 1
-        url = self.fresh_database(_latency_id(prefix, n) for n in range(paced))
+        url = self.fresh_database(latency_id(prefix, n) for n in range(paced))
         # Port 0 and the bound port read back from the log (info: `metrics_listening`).
         metrics = ["--metrics", "127.0.0.1:0", "--log-level", "info", *extra]
         with tempfile.TemporaryDirectory(prefix="bench-latency-") as logs:
@@ -323,8 +328,9 @@ class Bench:
                 address = daemon_process.metrics_address(log, process)
                 time.sleep(2.0)  # imports, connections, streams open: not part of the figure
                 cpu_before, wall_before = bench_e2e.cpu_seconds(process.pid), time.perf_counter()
-                paced_inject = self._paced_inject(rate, self.sizes.latency_seconds, prefix)
-                injected = self.runner.run(paced_inject)
+                injected = self.runner.run(
+                    paced_inject(self.target, rate, self.sizes.latency_seconds, prefix)
+                )
                 cpu_share = (bench_e2e.cpu_seconds(process.pid) - cpu_before) / (
                     time.perf_counter() - wall_before
                 )
@@ -335,7 +341,7 @@ class Bench:
                 time.sleep(0.3)  # the last Ack's latency observation
                 metrics_text = daemon_process.http_text(f"http://{address}/metrics")
         self.drop_database(url)
-        latencies, start_epoch = self.runner.run(self._ledger_latencies(prefix))
+        latencies, start_epoch = self.runner.run(ledger_latencies(self.target, prefix))
         warm = [
             ack_at - enqueued_at
             for enqueued_at, ack_at in latencies
@@ -357,51 +363,11 @@ class Bench:
             "histogram_p50_ms": daemon_process.ms_quantile(0.50, buckets),
             "histogram_p99_ms": daemon_process.ms_quantile(0.99, buckets),
             "histogram_bounds": [b for b, _ in buckets[:-1]],
-            "modes": _received_by_mode(metrics_text),
+            "modes": received_by_mode(metrics_text),
             "daemon_cpu_percent": round(100 * cpu_share),
             "commit_p50_ms": daemon_process.ms_quantile(0.50, commits),
             "commit_p99_ms": daemon_process.ms_quantile(0.99, commits),
         }
-
-    async def _paced_inject(self, rate: float, seconds: float, prefix: str) -> int:
-        """Inject latency receipts every 10 ms so that `rate`/s arrive steadily."""
-        async with AdminClient(self.target, LOGIN, PASSWORD) as admin:
-            started = time.perf_counter()
-            sent = 0
-            while (elapsed := time.perf_counter() - started) < seconds:
-                due = int(rate * elapsed)
-                if due > sent:
-                    bodies = []
-                    for number in range(sent, due):
-                        body = bench_e2e.sample_receipt(number)
-                        body["id"] = _latency_id(prefix, number)
-                        body["level"], body["stat"] = 2, "DELIVRD"
-                        bodies.append(body)
-                    await admin.inject(bodies)
-                    sent = due
-                await asyncio.sleep(0.01)
-            return sent
-
-    async def _ledger_latencies(self, prefix: str) -> tuple[list[tuple[float, float]], float]:
-        """(enqueue time, ack time) of each latency receipt from fakegw's ledger."""
-        enqueued: dict[int, float] = {}
-        acked: dict[int, float] = {}
-        async with AdminClient(self.target, LOGIN, PASSWORD, timeout=120) as admin:
-            after = 0
-            while True:
-                page = await admin.ledger(after=after, limit=5_000)
-                for record in page["records"]:
-                    if record["kind"] == "enqueue":
-                        if str(record["receipt"].get("id", "")).startswith(prefix):
-                            enqueued[record["seq"]] = record["at"]
-                    elif record["seq"] in enqueued:
-                        acked[record["seq"]] = record["at"]
-                if not page["records"]:
-                    break
-                after = page["next"]
-        start_epoch = min(enqueued.values()) if enqueued else 0.0
-        pairs = [(enqueued[seq], at) for seq, at in acked.items()]
-        return pairs, start_epoch
 
     def profile(self, mode: str) -> dict[str, Any]:
         """py-spy of `dlrfeed run --mode mode` draining a backlog; summary of its samples."""
@@ -437,10 +403,6 @@ class Bench:
             time.sleep(0.5)
 
 
-def _latency_id(prefix: str, number: int) -> str:
-    return f"{prefix}{number:024x}"
-
-
 async def _execute(dsn: str, statement: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
@@ -452,14 +414,6 @@ async def _execute(dsn: str, statement: str) -> None:
 def _stats(target: str) -> dict[str, Any]:
     with SyncAdminClient(target, LOGIN, PASSWORD) as admin:
         return dict(admin.stats())
-
-
-def _received_by_mode(text: str) -> dict[str, float]:
-    pattern = r'^dlrfeed_receipts_received_total\{mode="([^"]+)"\} (\S+)$'
-    return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.MULTILINE)}
-
-
-# ---------------------------------------------------------------------------- orchestration
 
 
 def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
