@@ -9,13 +9,14 @@ PROTO   := protos/gateway/receipts/v1/feed.proto
 DURATION ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-packages proto lint test run bench bench-growth chaos fuzz clean
+.PHONY: help install system-packages proto lint test run bench bench-growth bench-floor chaos fuzz clean
 
 help:
 	@echo "make run     local demo: PostgreSQL + fake gateway + traffic + dlrfeed, live view (DURATION=s to stop by itself)"
 	@echo "make test    lint + the whole test suite against real PostgreSQL and real gRPC"
 	@echo "make bench   benchmarks; writes docs/benchmarks.md and docs/benchmarks-webhook.md"
 	@echo "make bench-growth  a store grown to RECEIPTS (20 M) receptions; writes docs/benchmarks-growth.md"
+	@echo "make bench-floor   the public schema's disk floor beside dlrfeed's, on the growth traffic (JSON)"
 	@echo "make chaos   the full fault-injection matrix; writes docs/reliability.md"
 	@echo "make fuzz    long property-based fuzzing of parse + ingest"
 	@echo "make lint    ruff + mypy --strict"
@@ -65,6 +66,12 @@ bench-growth: install
 	$(PY) scripts/bench_growth.py --receipts $(RECEIPTS) --step $(STEP) \
 		--configs $(GROWTH_CONFIGS) --driver $(GROWTH_DRIVER) --pinned \
 		--out docs/benchmarks-growth.md --json docs/benchmarks-growth.json
+
+# A store grown to FLOOR_RECEPTIONS through Store.ingest, and a copy of only the columns and
+# keys the public schema names: bytes per reception of each (minutes at 1 M).
+FLOOR_RECEPTIONS ?= 1000000
+bench-floor: install
+	$(PY) scripts/bench_floor.py --receptions $(FLOOR_RECEPTIONS)
 
 chaos: install
 	$(PY) scripts/chaos.py --full --out docs/reliability.md
