@@ -17,6 +17,7 @@ _SAME_ROWS = {
     "receptions": "login, message_id, level, delivery_count, received_at, payload, channel",
     "message_status": "login, message_id, status, is_final, reason",
     "status_changes": "position, login, message_id, status, is_final, reason, previous_status",
+    "exceptions": "kind, login, message_id, details, opened_at, resolved_at",
 }
 
 

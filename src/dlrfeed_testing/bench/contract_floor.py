@@ -19,7 +19,7 @@ without an index and, beside that, with the one index reading a message's delive
 What the floor leaves out is what docs/spec/processing.md also asks of the store: the parser
 and rules versions of every row (P8), a reception's storing time beside its receipt time, the
 link from a delivery to its event, the basis of a status and its counters, the change log's
-previous finality and reason, the investigation queue. So a target below the floor cannot be
+previous finality and reason, the investigation queue's resolutions and indexes. So a target below the floor cannot be
 met by any layout of these tables; one a little above it leaves that much for all of those.
 Measures and reports; asserts nothing.
 
@@ -73,6 +73,9 @@ CREATE TABLE {FLOOR_SCHEMA}.status_changes (
     position numeric PRIMARY KEY, login text NOT NULL, message_id text NOT NULL, status text,
     is_final boolean NOT NULL, reason text NOT NULL, previous_status text,
     changed_at timestamptz NOT NULL);
+CREATE TABLE {FLOOR_SCHEMA}.exceptions (
+    kind text NOT NULL, login text NOT NULL, message_id text, details jsonb NOT NULL,
+    opened_at timestamptz NOT NULL, resolved_at timestamptz);
 """
 
 _FILL = (
@@ -87,6 +90,9 @@ _FILL = (
     f"INSERT INTO {FLOOR_SCHEMA}.status_changes"
     " SELECT position, login, message_id, status, is_final, reason, previous_status, changed_at"
     " FROM dlr.status_changes ORDER BY position",
+    f"INSERT INTO {FLOOR_SCHEMA}.exceptions"
+    " SELECT kind, login, message_id, details, opened_at, resolved_at"
+    " FROM dlr.exceptions ORDER BY id",
 )
 
 # Every change that set a status, in the log's order (a withdrawal, status NULL, sets none:
