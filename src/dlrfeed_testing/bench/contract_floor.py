@@ -3,12 +3,14 @@ would take per reception if it kept only what the public schema names, beside wh
 takes on the same rows.
 
 The public schema (docs/spec/interfaces.md §4, and docs/changes.md for the change log) names,
-per table, its key and its must-have columns. This grows a store through `Store.ingest`
-(`growth_traffic`, on a throwaway cluster with PostgreSQL's defaults), then copies those columns
-and nothing else into tables of a schema of their own, `contract_floor`, with the keys named
-and no other index, written as the store wrote them:
-- sent messages, logical events, receptions and changes in the order they were stored (the
-  random-keyed indexes fill as they do in production: ~70 %, not the ~90 % of a fresh build);
+per table, its key and its must-have columns. This grows a store as the growth benchmark does
+(its loop and traffic, through fakegw and a `dlrfeed run` daemon by default, on a throwaway
+cluster with PostgreSQL's defaults), then copies those columns and nothing else into tables of
+a schema of their own, `contract_floor`, with the keys named and no other index, written as
+the store wrote them:
+- sent messages, logical events, receptions, changes and exceptions in the order they were
+  stored (the random-keyed indexes fill as they do in production: ~70 %, not the ~90 % of a
+  fresh build);
 - each message's status inserted by its first change and updated in place by each later one,
   a few hundred messages per transaction, as the ingest writes them (so the status table has
   the dead versions and free space an updated table has, at the same fillfactor).
@@ -19,11 +21,11 @@ without an index and, beside that, with the one index reading a message's delive
 What the floor leaves out is what docs/spec/processing.md also asks of the store: the parser
 and rules versions of every row (P8), a reception's storing time beside its receipt time, the
 link from a delivery to its event, the basis of a status and its counters, the change log's
-previous finality and reason, the investigation queue's resolutions and indexes. So a target below the floor cannot be
-met by any layout of these tables; one a little above it leaves that much for all of those.
-Measures and reports; asserts nothing.
+previous finality and reason, the investigation queue's resolutions and indexes. So a target
+below the floor cannot be met by any layout of these tables; one a little above it leaves
+that much for all of those. Measures and reports; asserts nothing.
 
-    python scripts/bench_floor.py [--receptions 1000000]
+    python scripts/bench_floor.py [--receptions 1000000] [--driver store]
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ from typing import Any
 
 import asyncpg
 
-from dlrfeed.store import Store
 from dlrfeed.store.migrate import migrate
+from dlrfeed_testing.bench.growth import grow
 from dlrfeed_testing.bench.growth_configs import config_cluster
+from dlrfeed_testing.bench.growth_drivers import DRIVERS
 from dlrfeed_testing.bench.growth_profile import table_sizes
-from dlrfeed_testing.bench.growth_traffic import Traffic, ingest_rounds
 
 FLOOR_SCHEMA = "contract_floor"
 STATUS_CHUNK = 500  # messages per status transaction: about one ingest batch's
@@ -164,37 +166,56 @@ def compare(
     }
 
 
-async def measure(receptions: int, root: Path) -> dict[str, Any]:
-    """Grow a store to `receptions` on a throwaway cluster and compare it with its floor."""
+async def measure(receptions: int, driver_kind: str, root: Path) -> dict[str, Any]:
+    """Grow a store to `receptions` as the growth benchmark does (its loop, its traffic, the
+    receipts handed over by `driver_kind`) on a throwaway cluster with PostgreSQL's defaults,
+    and compare it with its floor."""
     cluster = config_cluster("default", root)
     cluster.init()
     cluster.start()
     try:
         dsn = await cluster.create_database("floor")
         await migrate(dsn)
-        store = await Store.open(dsn, pool_size=2)
-        try:
-            stored = await ingest_rounds(store, Traffic(seed=30), receptions)
-        finally:
-            await store.close()
+        await grow(
+            cluster, dsn, receptions, receptions, _quiet, _ignore_step, driver_kind=driver_kind
+        )
         conn = await asyncpg.connect(dsn)
         try:
             await conn.execute("SET client_min_messages = warning")
             await build_floor(conn)
-            return compare(stored, await table_sizes(conn), await floor_sizes(conn))
+            stored = int(await conn.fetchval("SELECT count(*) FROM dlr.receptions"))
+            figures = compare(stored, await table_sizes(conn), await floor_sizes(conn))
+            return {"driver": driver_kind, **figures}
         finally:
             await conn.close()
     finally:
         cluster.destroy()
 
 
+def _quiet(line: str) -> None:
+    """The growth loop's log lines: this benchmark reports only its comparison."""
+
+
+def _ignore_step(
+    rows: list[dict[str, Any]], sizes: dict[str, dict[str, int]], profile: dict[str, Any]
+) -> None:
+    """The growth loop's step reports: the comparison reads the sizes once, at the end."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--receptions", type=int, default=1_000_000)
+    parser.add_argument(
+        "--driver",
+        choices=DRIVERS,
+        default="daemon",
+        help="hand the receipts to a dlrfeed run daemon through fakegw (as `make bench-growth`"
+        " does), or to a Store directly",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as root:
-        result = asyncio.run(measure(args.receptions, Path(root)))
+        result = asyncio.run(measure(args.receptions, args.driver, Path(root)))
     print(json.dumps(result, indent=2))
     return 0
 
