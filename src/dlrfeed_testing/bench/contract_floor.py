@@ -1,29 +1,32 @@
-"""The disk floor of the public schema: what a store grown on the growth benchmark's traffic
-would take per reception if it kept only what the public schema names, beside what dlrfeed
-takes on the same rows.
+"""The disk floor of the store: what a store grown on the growth benchmark's traffic would
+take per reception if it kept only what it must, beside what dlrfeed takes on the same rows.
 
-The public schema (docs/spec/interfaces.md §4, and docs/changes.md for the change log) names,
-per table, its key and its must-have columns. This grows a store as the growth benchmark does
-(its loop and traffic, through fakegw and a `dlrfeed run` daemon by default, on a throwaway
-cluster with PostgreSQL's defaults), then copies those columns and nothing else into tables of
-a schema of their own, `contract_floor`, with the keys named and no other index, written as
-the store wrote them:
+Two floors, each a schema of its own holding copies of the grown store's rows:
+- `contract_floor`: only the columns and keys the public schema names for each table
+  (docs/spec/interfaces.md §4; the change log as the contract lists it). A reception has no key
+  there; the floor counts the one index reading a message's deliveries needs (`dlrfeed show`,
+  late correlation) on (login, message_id, level), and reports its total without it too.
+- `required_floor`: that, and what docs/spec/processing.md and docs/changes.md also ask of
+  each row, the least way: a reception's storing time (both times), its event and its outcome
+  (the correlation result, P8), keyed by (event_id, id) as dlrfeed's days are; an event's id,
+  the content that tells a repeat from a conflict (stat, err, done date raw and parsed: P14,
+  P19) and the parser and rules versions (P8); a status's supporting event and rules version
+  (P7, P8); every column of the change log (docs/changes.md names them all).
+  Left out, though dlrfeed keeps them: fingerprints (derivable from the content when it is
+  stored whole), the submit date, counters, the basis's own copy of its content, first and
+  last reception times, the sent message's raw destination, the queue's resolutions.
+
+The store is grown as the growth benchmark grows it (its loop and traffic, through fakegw and a
+`dlrfeed run` daemon by default, on a throwaway cluster with PostgreSQL's defaults); its rows
+are then copied as the store wrote them:
 - sent messages, logical events, receptions, changes and exceptions in the order they were
   stored (the random-keyed indexes fill as they do in production: ~70 %, not the ~90 % of a
   fresh build);
 - each message's status inserted by its first change and updated in place by each later one,
   a few hundred messages per transaction, as the ingest writes them (so the status table has
-  the dead versions and free space an updated table has, at the same fillfactor).
-A reception has no key of its own in the public schema; the floor's receptions are reported
-without an index and, beside that, with the one index reading a message's deliveries needs
-(`dlrfeed show`, late correlation), on (login, message_id, level).
-
-What the floor leaves out is what docs/spec/processing.md also asks of the store: the parser
-and rules versions of every row (P8), a reception's storing time beside its receipt time, the
-link from a delivery to its event, the basis of a status and its counters, the change log's
-previous finality and reason, the investigation queue's resolutions and indexes. So a target
-below the floor cannot be met by any layout of these tables; one a little above it leaves
-that much for all of those. Measures and reports; asserts nothing.
+  the dead versions and free space an updated table has, at dlrfeed's fillfactor).
+A target below `required_floor` cannot be met by any layout of these tables. Measures and
+reports; asserts nothing.
 
     python scripts/bench_floor.py [--receptions 1000000] [--driver store]
 """
@@ -35,6 +38,8 @@ import asyncio
 import json
 import sys
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,130 +51,240 @@ from dlrfeed_testing.bench.growth_configs import config_cluster
 from dlrfeed_testing.bench.growth_drivers import DRIVERS
 from dlrfeed_testing.bench.growth_profile import table_sizes
 
-FLOOR_SCHEMA = "contract_floor"
 STATUS_CHUNK = 500  # messages per status transaction: about one ingest batch's
 
-# The public schema's columns and keys only (docs/spec/interfaces.md §4, docs/changes.md).
-_CREATE = f"""
-DROP SCHEMA IF EXISTS {FLOOR_SCHEMA} CASCADE;
-CREATE SCHEMA {FLOOR_SCHEMA};
-CREATE TABLE {FLOOR_SCHEMA}.messages (
-    login text NOT NULL, message_id text NOT NULL, internal_id text NOT NULL,
-    destination text NOT NULL, submitted_at timestamptz,
-    UNIQUE (login, message_id));
-CREATE TABLE {FLOOR_SCHEMA}.events (
-    login text NOT NULL, message_id text NOT NULL, level bigint NOT NULL, stat text NOT NULL,
-    status text NOT NULL, times_received integer NOT NULL,
-    UNIQUE (login, message_id, level));
-CREATE TABLE {FLOOR_SCHEMA}.receptions (
-    login text NOT NULL, message_id text NOT NULL, level bigint NOT NULL,
-    delivery_count bigint NOT NULL, received_at timestamptz NOT NULL, payload bytea NOT NULL,
-    channel dlr.reception_channel NOT NULL);
-CREATE INDEX receptions_by_message ON {FLOOR_SCHEMA}.receptions (login, message_id, level);
--- dlrfeed's fillfactor: the space an update in place needs (docs/postgresql.md).
-CREATE TABLE {FLOOR_SCHEMA}.message_status (
-    login text NOT NULL, message_id text NOT NULL, status text NOT NULL,
-    is_final boolean NOT NULL, reason text NOT NULL, updated_at timestamptz NOT NULL,
-    PRIMARY KEY (login, message_id)) WITH (fillfactor = 80);
-CREATE TABLE {FLOOR_SCHEMA}.status_changes (
-    position numeric PRIMARY KEY, login text NOT NULL, message_id text NOT NULL, status text,
-    is_final boolean NOT NULL, reason text NOT NULL, previous_status text,
-    changed_at timestamptz NOT NULL);
-CREATE TABLE {FLOOR_SCHEMA}.exceptions (
-    kind text NOT NULL, login text NOT NULL, message_id text, details jsonb NOT NULL,
-    opened_at timestamptz NOT NULL, resolved_at timestamptz);
-"""
 
-_FILL = (
-    f"INSERT INTO {FLOOR_SCHEMA}.messages"
-    " SELECT login, message_id, internal_id, destination, submitted_at"
-    " FROM dlr.messages ORDER BY id",
-    f"INSERT INTO {FLOOR_SCHEMA}.events"
-    " SELECT login, message_id, level, stat, status, times_received FROM dlr.events ORDER BY id",
-    f"INSERT INTO {FLOOR_SCHEMA}.receptions"
-    " SELECT login, message_id, level, delivery_count, received_at, payload, channel"
-    " FROM dlr.receptions ORDER BY id",
-    f"INSERT INTO {FLOOR_SCHEMA}.status_changes"
-    " SELECT position, login, message_id, status, is_final, reason, previous_status, changed_at"
-    " FROM dlr.status_changes ORDER BY position",
-    f"INSERT INTO {FLOOR_SCHEMA}.exceptions"
-    " SELECT kind, login, message_id, details, opened_at, resolved_at"
-    " FROM dlr.exceptions ORDER BY id",
+@dataclass(frozen=True)
+class Copied:
+    """A table of a floor filled from dlr's table of the same name, in its stored order."""
+
+    definition: str  # the columns and constraints of its CREATE TABLE
+    source: str  # what it selects of dlr's table
+    order: str
+    index: tuple[str, str] | None = None  # an index of its own: its name, its columns
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The tables of one floor. Its statuses replay the change log: `status_columns` are
+    (column, type, what the change log holds of it), login and message_id first."""
+
+    schema: str
+    copied: Mapping[str, Copied]
+    status_columns: tuple[tuple[str, str, str], ...]
+
+
+_CONTRACT_STATUS = (
+    ("login", "text", "login"),
+    ("message_id", "text", "message_id"),
+    ("status", "text", "status"),
+    ("is_final", "boolean", "is_final"),
+    ("reason", "text", "reason"),
+    ("updated_at", "timestamptz", "changed_at"),
+)
+_MESSAGES = Copied(
+    "login text NOT NULL, message_id text NOT NULL, internal_id text NOT NULL,"
+    " destination text NOT NULL, submitted_at timestamptz, UNIQUE (login, message_id)",
+    "login, message_id, internal_id, destination, submitted_at",
+    "id",
+)
+_EXCEPTIONS = Copied(
+    "kind text NOT NULL, login text NOT NULL, message_id text, details jsonb NOT NULL,"
+    " opened_at timestamptz NOT NULL, resolved_at timestamptz",
+    "kind, login, message_id, details, opened_at, resolved_at",
+    "id",
 )
 
-# Every change that set a status, in the log's order (a withdrawal, status NULL, sets none:
-# the growth traffic has no recompute to withdraw one).
-_CHANGES = """
-SELECT login, message_id, status, is_final, reason, changed_at
-FROM dlr.status_changes WHERE status IS NOT NULL ORDER BY position
-"""
+CONTRACT_FLOOR = Floor(
+    "contract_floor",
+    {
+        "messages": _MESSAGES,
+        "events": Copied(
+            "login text NOT NULL, message_id text NOT NULL, level bigint NOT NULL,"
+            " stat text NOT NULL, status text NOT NULL, times_received integer NOT NULL,"
+            " UNIQUE (login, message_id, level)",
+            "login, message_id, level, stat, status, times_received",
+            "id",
+        ),
+        "receptions": Copied(
+            "login text NOT NULL, message_id text NOT NULL, level bigint NOT NULL,"
+            " delivery_count bigint NOT NULL, received_at timestamptz NOT NULL,"
+            " payload bytea NOT NULL, channel dlr.reception_channel NOT NULL",
+            "login, message_id, level, delivery_count, received_at, payload, channel",
+            "id",
+            index=("receptions_by_message", "login, message_id, level"),
+        ),
+        "status_changes": Copied(
+            "position numeric PRIMARY KEY, login text NOT NULL, message_id text NOT NULL,"
+            " status text, is_final boolean NOT NULL, reason text NOT NULL,"
+            " previous_status text, changed_at timestamptz NOT NULL",
+            "position, login, message_id, status, is_final, reason, previous_status, changed_at",
+            "position",
+        ),
+        "exceptions": _EXCEPTIONS,
+    },
+    _CONTRACT_STATUS,
+)
 
-_UPSERT_STATUSES = f"""
-INSERT INTO {FLOOR_SCHEMA}.message_status
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::text[],
-                     $6::timestamptz[])
-ON CONFLICT (login, message_id) DO UPDATE SET
-    status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-    updated_at = EXCLUDED.updated_at
-"""
+REQUIRED_FLOOR = Floor(
+    "required_floor",
+    {
+        "messages": _MESSAGES,
+        "events": Copied(
+            "id bigint PRIMARY KEY, login text NOT NULL, message_id text NOT NULL,"
+            " level bigint NOT NULL, stat text NOT NULL, status text NOT NULL, err text,"
+            " done_date_raw text, done_at timestamptz, times_received integer NOT NULL,"
+            " parser_version text NOT NULL, rules_version text NOT NULL,"
+            " UNIQUE (login, message_id, level)",
+            "id, login, message_id, level, stat, status, err, done_date_raw, done_at,"
+            " times_received, parser_version, rules_version",
+            "id",
+        ),
+        "receptions": Copied(
+            "id bigint NOT NULL, login text NOT NULL, message_id text NOT NULL,"
+            " level bigint NOT NULL, delivery_count bigint NOT NULL,"
+            " received_at timestamptz NOT NULL, stored_at timestamptz NOT NULL,"
+            " payload bytea NOT NULL, channel dlr.reception_channel NOT NULL,"
+            " event_id bigint NOT NULL, outcome text NOT NULL, PRIMARY KEY (event_id, id)",
+            "id, login, message_id, level, delivery_count, received_at, stored_at, payload,"
+            " channel, event_id, outcome",
+            "id",
+        ),
+        "status_changes": Copied(
+            "position numeric PRIMARY KEY, changed_at timestamptz NOT NULL,"
+            " login text NOT NULL, message_id text NOT NULL, status text,"
+            " is_final boolean NOT NULL, reason text NOT NULL,"
+            " supporting_event_id bigint NOT NULL, rules_version text NOT NULL,"
+            " previous_status text, previous_is_final boolean, previous_reason text",
+            "position, changed_at, login, message_id, status, is_final, reason,"
+            " supporting_event_id, rules_version, previous_status, previous_is_final,"
+            " previous_reason",
+            "position",
+        ),
+        "exceptions": _EXCEPTIONS,
+    },
+    (
+        *_CONTRACT_STATUS,
+        ("supporting_event_id", "bigint", "supporting_event_id"),
+        ("rules_version", "text", "rules_version"),
+    ),
+)
+
+FLOORS = (CONTRACT_FLOOR, REQUIRED_FLOOR)
 
 # Measured as the growth benchmark measures dlr (growth_profile.SIZES_BY_RELATION): a table
 # with its TOAST, free-space and visibility maps, an index on its own.
-_SIZES = f"""
+_SIZES = """
 SELECT c.relname,
        CASE c.relkind WHEN 'r' THEN pg_table_size(c.oid) ELSE pg_relation_size(c.oid) END
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
-WHERE n.nspname = '{FLOOR_SCHEMA}' AND c.relkind IN ('r', 'i')
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'i')
 """
 
 
-async def build_floor(conn: asyncpg.Connection) -> None:
-    """Copy the public columns of the store at `conn` into the schema `contract_floor`."""
-    await conn.execute(_CREATE)
-    for statement in _FILL:
-        await conn.execute(statement)
-    changes = await conn.fetch(_CHANGES)
-    for start in range(0, len(changes), STATUS_CHUNK):
-        # One row per message in a statement (ON CONFLICT updates a row once): its latest.
-        latest = {(r["login"], r["message_id"]): r for r in changes[start : start + STATUS_CHUNK]}
-        rows = list(latest.values())
-        await conn.execute(_UPSERT_STATUSES, *([r[column] for r in rows] for column in range(6)))
+async def build_floor(dsn: str, floor: Floor) -> None:
+    """Copy the rows of the store at `dsn` into the schema of `floor`, as the store wrote
+    them."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SET client_min_messages = warning")
+        await _copy_tables(conn, floor)
+        await _replay_statuses(conn, dsn, floor)
+    finally:
+        await conn.close()
 
 
-async def floor_sizes(conn: asyncpg.Connection) -> dict[str, int]:
-    """Bytes on disk of each table (with its TOAST) and index of the floor."""
-    return {str(r[0]): int(r[1]) for r in await conn.fetch(_SIZES)}
+async def _copy_tables(conn: asyncpg.Connection, floor: Floor) -> None:
+    schema = floor.schema
+    await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")
+    for name, table in floor.copied.items():
+        await conn.execute(f"CREATE TABLE {schema}.{name} ({table.definition})")
+        if table.index is not None:
+            index, indexed = table.index
+            await conn.execute(f"CREATE INDEX {index} ON {schema}.{name} ({indexed})")
+        await conn.execute(
+            f"INSERT INTO {schema}.{name} SELECT {table.source} FROM dlr.{name}"
+            f" ORDER BY {table.order}"
+        )
+
+
+async def _replay_statuses(writer: asyncpg.Connection, dsn: str, floor: Floor) -> None:
+    """The floor's statuses written as the ingest writes them: each change of the log, in its
+    order, upserted with a few hundred others per transaction (`writer` commits each), read
+    through a cursor of a second connection (a large log does not fit in memory)."""
+    schema, columns = floor.schema, floor.status_columns
+    # dlrfeed's fillfactor: the room an update in place needs (docs/postgresql.md).
+    await writer.execute(
+        f"CREATE TABLE {schema}.message_status ("
+        + ", ".join(f"{name} {kind}" for name, kind, _ in columns)
+        + ", PRIMARY KEY (login, message_id)) WITH (fillfactor = 80)"
+    )
+    upsert = (
+        f"INSERT INTO {schema}.message_status SELECT * FROM unnest("
+        + ", ".join(f"${n}::{kind}[]" for n, (_, kind, _) in enumerate(columns, 1))
+        + ") ON CONFLICT (login, message_id) DO UPDATE SET "
+        + ", ".join(f"{name} = EXCLUDED.{name}" for name, _, _ in columns[2:])
+    )
+    # Every change that set a status (a withdrawal, status NULL, sets none: the growth
+    # traffic has no recompute to withdraw one).
+    changes = (
+        f"SELECT {', '.join(source for _, _, source in columns)} FROM dlr.status_changes"
+        " WHERE status IS NOT NULL ORDER BY position"
+    )
+    reader = await asyncpg.connect(dsn)
+    try:
+        async with reader.transaction():
+            cursor = await reader.cursor(changes)
+            while chunk := await cursor.fetch(STATUS_CHUNK):
+                # One row per message in a statement (ON CONFLICT updates a row once): its
+                # latest; login and message_id are the first two columns.
+                rows = list({(r[0], r[1]): r for r in chunk}.values())
+                await writer.execute(upsert, *([r[n] for r in rows] for n in range(len(columns))))
+    finally:
+        await reader.close()
+
+
+async def floor_sizes(conn: asyncpg.Connection, floor: Floor) -> dict[str, int]:
+    """Bytes on disk of each table (with its TOAST) and index of `floor`."""
+    return {str(r[0]): int(r[1]) for r in await conn.fetch(_SIZES, floor.schema)}
 
 
 def compare(
-    stored: int, dlrfeed: dict[str, dict[str, int]], floor: dict[str, int]
+    stored: int, dlrfeed: Mapping[str, Mapping[str, int]], floors: Mapping[str, Mapping[str, int]]
 ) -> dict[str, Any]:
-    """Bytes per reception stored, by table, of dlrfeed's store (tables and their indexes) and
-    of the floor; the floor's total with and without the receptions' index."""
-    per_table: dict[str, dict[str, float]] = {}
+    """Bytes per reception stored: by table (its indexes included) and in total, of dlrfeed's
+    store and of each floor (by schema); the contract floor's total also without the index of
+    its receptions; and each floor's relations one by one."""
+    by_table: dict[str, dict[str, float]] = {}
     for table, relations in sorted(dlrfeed.items()):
-        floor_bytes = sum(b for name, b in floor.items() if name.startswith(table))
-        per_table[table] = {
-            "dlrfeed": round(sum(relations.values()) / stored, 1),
-            "floor": round(floor_bytes / stored, 1),
-        }
-    reception_index = floor["receptions_by_message"] / stored
-    floor_total = sum(floor.values()) / stored
+        by_table[table] = {"dlrfeed": round(sum(relations.values()) / stored, 1)}
+        for schema, sizes in floors.items():
+            in_table = sum(b for name, b in sizes.items() if name.startswith(table))
+            by_table[table][schema] = round(in_table / stored, 1)
+    totals = {
+        source: round(sum(t[source] for t in by_table.values()), 1)
+        for source in ("dlrfeed", *floors)
+    }
+    contract = floors[CONTRACT_FLOOR.schema]
     return {
         "receptions": stored,
-        "by_table": per_table,
-        "dlrfeed_total": round(sum(t["dlrfeed"] for t in per_table.values()), 1),
-        "floor_total": round(floor_total, 1),
-        "floor_without_reception_index": round(floor_total - reception_index, 1),
-        "floor_relations": {name: round(b / stored, 1) for name, b in sorted(floor.items())},
+        "by_table": by_table,
+        "total": totals,
+        "contract_floor_without_reception_index": round(
+            totals[CONTRACT_FLOOR.schema] - contract["receptions_by_message"] / stored, 1
+        ),
+        "relations": {
+            schema: {name: round(b / stored, 1) for name, b in sorted(sizes.items())}
+            for schema, sizes in floors.items()
+        },
     }
 
 
 async def measure(receptions: int, driver_kind: str, root: Path) -> dict[str, Any]:
     """Grow a store to `receptions` as the growth benchmark does (its loop, its traffic, the
     receipts handed over by `driver_kind`) on a throwaway cluster with PostgreSQL's defaults,
-    and compare it with its floor."""
+    and compare it with its floors."""
     cluster = config_cluster("default", root)
     cluster.init()
     cluster.start()
@@ -179,13 +294,13 @@ async def measure(receptions: int, driver_kind: str, root: Path) -> dict[str, An
         await grow(
             cluster, dsn, receptions, receptions, _quiet, _ignore_step, driver_kind=driver_kind
         )
+        for floor in FLOORS:
+            await build_floor(dsn, floor)
         conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute("SET client_min_messages = warning")
-            await build_floor(conn)
+            floors = {floor.schema: await floor_sizes(conn, floor) for floor in FLOORS}
             stored = int(await conn.fetchval("SELECT count(*) FROM dlr.receptions"))
-            figures = compare(stored, await table_sizes(conn), await floor_sizes(conn))
-            return {"driver": driver_kind, **figures}
+            return {"driver": driver_kind, **compare(stored, await table_sizes(conn), floors)}
         finally:
             await conn.close()
     finally:
