@@ -16,7 +16,7 @@ help:
 	@echo "make test    lint + the whole test suite against real PostgreSQL and real gRPC"
 	@echo "make bench   benchmarks; writes docs/benchmarks.md and docs/benchmarks-webhook.md"
 	@echo "make bench-growth  a store grown to RECEIPTS (20 M) receptions; writes docs/benchmarks-growth.md"
-	@echo "make bench-floor   the public schema's disk floor beside dlrfeed's, on the growth traffic (JSON)"
+	@echo "make bench-floor   the disk floors (public columns; what the rules require) beside dlrfeed's store (JSON)"
 	@echo "make chaos   the full fault-injection matrix; writes docs/reliability.md"
 	@echo "make fuzz    long property-based fuzzing of parse + ingest"
 	@echo "make lint    ruff + mypy --strict"
@@ -67,8 +67,9 @@ bench-growth: install
 		--configs $(GROWTH_CONFIGS) --driver $(GROWTH_DRIVER) --pinned \
 		--out docs/benchmarks-growth.md --json docs/benchmarks-growth.json
 
-# A store grown to FLOOR_RECEPTIONS through Store.ingest, and a copy of only the columns and
-# keys the public schema names: bytes per reception of each (minutes at 1 M).
+# A store grown to FLOOR_RECEPTIONS as bench-growth grows it (through fakegw and the daemon),
+# and two copies of its rows: only the public schema's columns and keys, and those with what
+# the processing rules also require; bytes per reception of each (minutes at 1 M).
 FLOOR_RECEPTIONS ?= 1000000
 bench-floor: install
 	$(PY) scripts/bench_floor.py --receptions $(FLOOR_RECEPTIONS)

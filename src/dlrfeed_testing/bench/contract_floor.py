@@ -1,32 +1,39 @@
 """The disk floor of the store: what a store grown on the growth benchmark's traffic would
-take per reception if it kept only what it must, beside what dlrfeed takes on the same rows.
+take per reception if it kept only what it must, in dlrfeed's layout, beside what dlrfeed takes
+on the same rows.
 
-Two floors, each a schema of its own holding copies of the grown store's rows:
-- `contract_floor`: only the columns and keys the public schema names for each table
-  (docs/spec/interfaces.md §4; the change log as the contract lists it). A reception has no key
-  there; the floor counts the one index reading a message's deliveries needs (`dlrfeed show`,
-  late correlation) on (login, message_id, level), and reports its total without it too.
-- `required_floor`: that, and what docs/spec/processing.md and docs/changes.md also ask of
-  each row, the least way: a reception's storing time (both times), its event and its outcome
-  (the correlation result, P8), keyed by (event_id, id) as dlrfeed's days are; an event's id,
-  the content that tells a repeat from a conflict (stat, err, done date raw and parsed: P14,
-  P19) and the parser and rules versions (P8); a status's supporting event and rules version
-  (P7, P8); every column of the change log (docs/changes.md names them all).
-  Left out, though dlrfeed keeps them: fingerprints (derivable from the content when it is
-  stored whole), the submit date, counters, the basis's own copy of its content, first and
-  last reception times, the sent message's raw destination, the queue's resolutions.
+Floors, each a schema of its own holding copies of the grown store's rows:
+- `contract_floor`: only the columns the public schema names for each table (CONTRACT.md §4,
+  docs/spec/interfaces.md §4; the change log's as `dlrfeed changes` lists them), with the keys
+  it names; the change log keyed by its position, which its readers follow. A reception has no
+  key there: the floor counts the one index reading a message's deliveries needs (`dlrfeed
+  show`, late correlation), on (login, message_id, level), and reports its total without it too.
+- `required_floor`: that, and what docs/spec/processing.md and docs/changes.md also ask of each
+  row, the least way: a reception's event and outcome (the correlation result, P8), keyed by
+  (event_id, id) as dlrfeed's days are; an event's id, the content that tells a repeat from a
+  conflict and the reported time (stat, err, the done date raw and parsed: P14, P19) and the
+  parser and rules versions (P8); a status's supporting event and rules version (P7, P8);
+  every column of the change log (docs/changes.md names them all). Left out, though dlrfeed
+  keeps them: a reception's storing time, the submit date, fingerprints (derivable from the
+  content when it is stored whole), counters, the basis's own copy of its content, first and
+  last reception times, the sent message's raw destination, source and route, the queue's
+  resolutions.
 
-The store is grown as the growth benchmark grows it (its loop and traffic, through fakegw and a
-`dlrfeed run` daemon by default, on a throwaway cluster with PostgreSQL's defaults); its rows
-are then copied as the store wrote them:
+Both keep dlrfeed's column types, column order and reason texts: they measure what these rows
+need in this layout. A third, `lean_floor`, holds the required floor's columns laid out to
+waste nothing (fixed-width columns first, the narrowest integers, versions and outcome as
+smallint codes), the reasons and text ids as they are: what a schema rewritten for size could
+take. The store is grown as the growth
+benchmark grows it (its loop and traffic, through fakegw and a `dlrfeed run` daemon by default,
+on a throwaway cluster with PostgreSQL's defaults); its rows are then copied as the store wrote
+them:
 - sent messages, logical events, receptions, changes and exceptions in the order they were
   stored (the random-keyed indexes fill as they do in production: ~70 %, not the ~90 % of a
-  fresh build);
+  fresh build), each in its final state (no dead versions of an updated event or exception);
 - each message's status inserted by its first change and updated in place by each later one,
   a few hundred messages per transaction, as the ingest writes them (so the status table has
   the dead versions and free space an updated table has, at dlrfeed's fillfactor).
-A target below `required_floor` cannot be met by any layout of these tables. Measures and
-reports; asserts nothing.
+Measures and reports; asserts nothing.
 
     python scripts/bench_floor.py [--receptions 1000000] [--driver store]
 """
@@ -41,7 +48,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -64,23 +71,35 @@ class Copied:
     index: tuple[str, str] | None = None  # an index of its own: its name, its columns
 
 
+class StatusColumn(NamedTuple):
+    """A column of a floor's statuses, and what the change log holds of it."""
+
+    name: str
+    type: str
+    source: str
+
+
 @dataclass(frozen=True)
 class Floor:
-    """The tables of one floor. Its statuses replay the change log: `status_columns` are
-    (column, type, what the change log holds of it), login and message_id first."""
+    """The tables of one floor. Its statuses replay the change log (`status_columns`).
+    `copies_values`: every column holds the store's value (not a stand-in of its width)."""
 
     schema: str
     copied: Mapping[str, Copied]
-    status_columns: tuple[tuple[str, str, str], ...]
+    status_columns: tuple[StatusColumn, ...]
+    copies_values: bool = True
 
 
+_STATUS_KEY = ("login", "message_id")
 _CONTRACT_STATUS = (
-    ("login", "text", "login"),
-    ("message_id", "text", "message_id"),
-    ("status", "text", "status"),
-    ("is_final", "boolean", "is_final"),
-    ("reason", "text", "reason"),
-    ("updated_at", "timestamptz", "changed_at"),
+    StatusColumn("login", "text", "login"),
+    StatusColumn("message_id", "text", "message_id"),
+    StatusColumn("status", "text", "status"),
+    StatusColumn("is_final", "boolean", "is_final"),
+    StatusColumn("reason", "text", "reason"),
+    # When the status last changed (the store's updated_at also moves when a repeat only
+    # counts, which changes no status).
+    StatusColumn("updated_at", "timestamptz", "changed_at"),
 )
 _MESSAGES = Copied(
     "login text NOT NULL, message_id text NOT NULL, internal_id text NOT NULL,"
@@ -109,8 +128,8 @@ CONTRACT_FLOOR = Floor(
         "receptions": Copied(
             "login text NOT NULL, message_id text NOT NULL, level bigint NOT NULL,"
             " delivery_count bigint NOT NULL, received_at timestamptz NOT NULL,"
-            " payload bytea NOT NULL, channel dlr.reception_channel NOT NULL",
-            "login, message_id, level, delivery_count, received_at, payload, channel",
+            " payload bytea NOT NULL, channel dlr.reception_channel NOT NULL, peer text",
+            "login, message_id, level, delivery_count, received_at, payload, channel, peer",
             "id",
             index=("receptions_by_message", "login, message_id, level"),
         ),
@@ -143,11 +162,11 @@ REQUIRED_FLOOR = Floor(
         "receptions": Copied(
             "id bigint NOT NULL, login text NOT NULL, message_id text NOT NULL,"
             " level bigint NOT NULL, delivery_count bigint NOT NULL,"
-            " received_at timestamptz NOT NULL, stored_at timestamptz NOT NULL,"
-            " payload bytea NOT NULL, channel dlr.reception_channel NOT NULL,"
-            " event_id bigint NOT NULL, outcome text NOT NULL, PRIMARY KEY (event_id, id)",
-            "id, login, message_id, level, delivery_count, received_at, stored_at, payload,"
-            " channel, event_id, outcome",
+            " received_at timestamptz NOT NULL, payload bytea NOT NULL,"
+            " channel dlr.reception_channel NOT NULL, peer text, event_id bigint NOT NULL,"
+            " outcome text NOT NULL, PRIMARY KEY (event_id, id)",
+            "id, login, message_id, level, delivery_count, received_at, payload, channel, peer,"
+            " event_id, outcome",
             "id",
         ),
         "status_changes": Copied(
@@ -165,21 +184,80 @@ REQUIRED_FLOOR = Floor(
     },
     (
         *_CONTRACT_STATUS,
-        ("supporting_event_id", "bigint", "supporting_event_id"),
-        ("rules_version", "text", "rules_version"),
+        StatusColumn("supporting_event_id", "bigint", "supporting_event_id"),
+        StatusColumn("rules_version", "text", "rules_version"),
     ),
 )
 
-FLOORS = (CONTRACT_FLOOR, REQUIRED_FLOOR)
+# The required floor laid out to waste nothing: fixed-width columns first, widest first (no
+# alignment padding between them), `level` and `delivery_count` as the narrowest integers their
+# documented ranges fit, the parser and rules versions and the outcome as smallint codes (a
+# constant or the outcome's length stands in for the code: the same width, so the same bytes).
+# It measures what a schema rewritten for size could take, reasons and text ids as they are.
+LEAN_FLOOR = Floor(
+    "lean_floor",
+    {
+        "messages": _MESSAGES,
+        "events": Copied(
+            "id bigint PRIMARY KEY, done_at timestamptz, times_received integer NOT NULL,"
+            " level smallint NOT NULL, parser_version smallint NOT NULL,"
+            " rules_version smallint NOT NULL, login text NOT NULL, message_id text NOT NULL,"
+            " stat text NOT NULL, status text NOT NULL, err text, done_date_raw text,"
+            " UNIQUE (login, message_id, level)",
+            "id, done_at, times_received, level::smallint, 1::smallint, 1::smallint, login,"
+            " message_id, stat, status, err, done_date_raw",
+            "id",
+        ),
+        "receptions": Copied(
+            "id bigint NOT NULL, event_id bigint NOT NULL, received_at timestamptz NOT NULL,"
+            " delivery_count integer NOT NULL, level smallint NOT NULL,"
+            " outcome smallint NOT NULL, channel dlr.reception_channel NOT NULL,"
+            " login text NOT NULL, message_id text NOT NULL, payload bytea NOT NULL, peer text,"
+            " PRIMARY KEY (event_id, id)",
+            "id, event_id, received_at, delivery_count::integer, level::smallint,"
+            " length(outcome)::smallint, channel, login, message_id, payload, peer",
+            "id",
+        ),
+        "status_changes": Copied(
+            "changed_at timestamptz NOT NULL, supporting_event_id bigint NOT NULL,"
+            " rules_version smallint NOT NULL, is_final boolean NOT NULL,"
+            " previous_is_final boolean, position numeric PRIMARY KEY, login text NOT NULL,"
+            " message_id text NOT NULL, status text, reason text NOT NULL,"
+            " previous_status text, previous_reason text",
+            "changed_at, supporting_event_id, 1::smallint, is_final, previous_is_final,"
+            " position, login, message_id, status, reason, previous_status, previous_reason",
+            "position",
+        ),
+        "exceptions": _EXCEPTIONS,
+    },
+    (
+        StatusColumn("supporting_event_id", "bigint", "supporting_event_id"),
+        StatusColumn("updated_at", "timestamptz", "changed_at"),
+        StatusColumn("rules_version", "smallint", "1::smallint"),
+        StatusColumn("is_final", "boolean", "is_final"),
+        StatusColumn("login", "text", "login"),
+        StatusColumn("message_id", "text", "message_id"),
+        StatusColumn("status", "text", "status"),
+        StatusColumn("reason", "text", "reason"),
+    ),
+    copies_values=False,
+)
+
+FLOORS = (CONTRACT_FLOOR, REQUIRED_FLOOR, LEAN_FLOOR)
 
 # Measured as the growth benchmark measures dlr (growth_profile.SIZES_BY_RELATION): a table
-# with its TOAST, free-space and visibility maps, an index on its own.
+# with its TOAST, free-space and visibility maps, each of its indexes on its own.
 _SIZES = """
-SELECT c.relname,
-       CASE c.relkind WHEN 'r' THEN pg_table_size(c.oid) ELSE pg_relation_size(c.oid) END
-FROM pg_class AS c
-JOIN pg_namespace AS n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relkind IN ('r', 'i')
+SELECT t.relname AS table_name, '(table)' AS relation, pg_table_size(t.oid) AS bytes
+FROM pg_class AS t JOIN pg_namespace AS n ON n.oid = t.relnamespace
+WHERE n.nspname = $1 AND t.relkind = 'r'
+UNION ALL
+SELECT t.relname, i.relname, pg_relation_size(i.oid)
+FROM pg_class AS t
+JOIN pg_namespace AS n ON n.oid = t.relnamespace
+JOIN pg_index AS x ON x.indrelid = t.oid
+JOIN pg_class AS i ON i.oid = x.indexrelid
+WHERE n.nspname = $1 AND t.relkind = 'r'
 """
 
 
@@ -217,65 +295,78 @@ async def _replay_statuses(writer: asyncpg.Connection, dsn: str, floor: Floor) -
     # dlrfeed's fillfactor: the room an update in place needs (docs/postgresql.md).
     await writer.execute(
         f"CREATE TABLE {schema}.message_status ("
-        + ", ".join(f"{name} {kind}" for name, kind, _ in columns)
-        + ", PRIMARY KEY (login, message_id)) WITH (fillfactor = 80)"
+        + ", ".join(f"{c.name} {c.type}" for c in columns)
+        + f", PRIMARY KEY ({', '.join(_STATUS_KEY)})) WITH (fillfactor = 80)"
     )
     upsert = (
         f"INSERT INTO {schema}.message_status SELECT * FROM unnest("
-        + ", ".join(f"${n}::{kind}[]" for n, (_, kind, _) in enumerate(columns, 1))
-        + ") ON CONFLICT (login, message_id) DO UPDATE SET "
-        + ", ".join(f"{name} = EXCLUDED.{name}" for name, _, _ in columns[2:])
+        + ", ".join(f"${n}::{c.type}[]" for n, c in enumerate(columns, 1))
+        + f") ON CONFLICT ({', '.join(_STATUS_KEY)}) DO UPDATE SET "
+        + ", ".join(f"{c.name} = EXCLUDED.{c.name}" for c in columns if c.name not in _STATUS_KEY)
     )
     # Every change that set a status (a withdrawal, status NULL, sets none: the growth
     # traffic has no recompute to withdraw one).
     changes = (
-        f"SELECT {', '.join(source for _, _, source in columns)} FROM dlr.status_changes"
-        " WHERE status IS NOT NULL ORDER BY position"
+        f"SELECT {', '.join(f'{c.source} AS {c.name}' for c in columns)}"
+        " FROM dlr.status_changes WHERE status IS NOT NULL ORDER BY position"
     )
     reader = await asyncpg.connect(dsn)
     try:
         async with reader.transaction():
             cursor = await reader.cursor(changes)
             while chunk := await cursor.fetch(STATUS_CHUNK):
-                # One row per message in a statement (ON CONFLICT updates a row once): its
-                # latest; login and message_id are the first two columns.
-                rows = list({(r[0], r[1]): r for r in chunk}.values())
-                await writer.execute(upsert, *([r[n] for r in rows] for n in range(len(columns))))
+                # One row per message in a statement (ON CONFLICT updates a row once): its latest.
+                rows = list({tuple(r[k] for k in _STATUS_KEY): r for r in chunk}.values())
+                await writer.execute(upsert, *([r[c.name] for r in rows] for c in columns))
     finally:
         await reader.close()
 
 
-async def floor_sizes(conn: asyncpg.Connection, floor: Floor) -> dict[str, int]:
-    """Bytes on disk of each table (with its TOAST) and index of `floor`."""
-    return {str(r[0]): int(r[1]) for r in await conn.fetch(_SIZES, floor.schema)}
+async def floor_sizes(conn: asyncpg.Connection, floor: Floor) -> dict[str, dict[str, int]]:
+    """Bytes on disk of each table of `floor` (with its TOAST) and of each of its indexes, by
+    table, as growth_profile.table_sizes gives dlr's."""
+    sizes: dict[str, dict[str, int]] = {}
+    for r in await conn.fetch(_SIZES, floor.schema):
+        sizes.setdefault(r["table_name"], {})[r["relation"]] = int(r["bytes"])
+    return sizes
 
 
 def compare(
-    stored: int, dlrfeed: Mapping[str, Mapping[str, int]], floors: Mapping[str, Mapping[str, int]]
+    stored: int,
+    dlrfeed: Mapping[str, Mapping[str, int]],
+    floors: Mapping[str, Mapping[str, Mapping[str, int]]],
 ) -> dict[str, Any]:
     """Bytes per reception stored: by table (its indexes included) and in total, of dlrfeed's
     store and of each floor (by schema); the contract floor's total also without the index of
     its receptions; and each floor's relations one by one."""
-    by_table: dict[str, dict[str, float]] = {}
-    for table, relations in sorted(dlrfeed.items()):
-        by_table[table] = {"dlrfeed": round(sum(relations.values()) / stored, 1)}
-        for schema, sizes in floors.items():
-            in_table = sum(b for name, b in sizes.items() if name.startswith(table))
-            by_table[table][schema] = round(in_table / stored, 1)
+
+    def per_reception(relations: Mapping[str, int]) -> float:
+        return round(sum(relations.values()) / stored, 1)
+
+    by_table = {
+        table: {
+            "dlrfeed": per_reception(relations),
+            **{schema: per_reception(sizes.get(table, {})) for schema, sizes in floors.items()},
+        }
+        for table, relations in sorted(dlrfeed.items())
+    }
     totals = {
         source: round(sum(t[source] for t in by_table.values()), 1)
         for source in ("dlrfeed", *floors)
     }
-    contract = floors[CONTRACT_FLOOR.schema]
+    reception_index = floors[CONTRACT_FLOOR.schema]["receptions"]["receptions_by_message"]
     return {
         "receptions": stored,
         "by_table": by_table,
         "total": totals,
         "contract_floor_without_reception_index": round(
-            totals[CONTRACT_FLOOR.schema] - contract["receptions_by_message"] / stored, 1
+            totals[CONTRACT_FLOOR.schema] - reception_index / stored, 1
         ),
         "relations": {
-            schema: {name: round(b / stored, 1) for name, b in sorted(sizes.items())}
+            schema: {
+                table: {name: round(b / stored, 1) for name, b in sorted(relations.items())}
+                for table, relations in sorted(sizes.items())
+            }
             for schema, sizes in floors.items()
         },
     }
