@@ -3,9 +3,9 @@ take per reception if it kept only what it must, in dlrfeed's layout, beside wha
 on the same rows.
 
 Floors, each a schema of its own holding copies of the grown store's rows:
-- `contract_floor`: only the columns the public schema names for each table (CONTRACT.md §4,
-  docs/spec/interfaces.md §4; the change log's as `dlrfeed changes` lists them), with the keys
-  it names; the change log keyed by its position, which its readers follow. A reception has no
+- `contract_floor`: only the columns the public schema names for each table
+  (docs/spec/interfaces.md §4; the change log's as `dlrfeed changes` lists them), with the
+  keys it names; the change log keyed by its position, which its readers follow. A reception has no
   key there: the floor counts the one index reading a message's deliveries needs (`dlrfeed
   show`, late correlation), on (login, message_id, level), and reports its total without it too.
 - `required_floor`: that, and what docs/spec/processing.md and docs/changes.md also ask of each
