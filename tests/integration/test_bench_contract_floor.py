@@ -39,9 +39,11 @@ async def test_each_floor_keeps_its_columns_of_every_row(
         await build_floor(database_url, floor)
         for table, names in _columns(floor).items():
             copy = f"{floor.schema}.{table}"
+            copied = floor.copied.get(table)
+            source = f"dlr.{copied.stored_in or table}" if copied else f"dlr.{table}"
             if not floor.copies_values:
                 # Stand-ins of the values' width: the same rows, counted.
-                store_rows = await db.fetchval(f"SELECT count(*) FROM dlr.{table}")
+                store_rows = await db.fetchval(f"SELECT count(*) FROM {source}")
                 floor_rows = await db.fetchval(f"SELECT count(*) FROM {copy}")
                 assert floor_rows == store_rows > 0, copy
                 continue
@@ -56,10 +58,10 @@ async def test_each_floor_keeps_its_columns_of_every_row(
             # written); the floor's is when the status last changed.
             columns = ", ".join(n for n in names if n != "updated_at")
             differing = await db.fetchval(
-                f"SELECT count(*) FROM ((SELECT {columns} FROM dlr.{table}"
+                f"SELECT count(*) FROM ((SELECT {columns} FROM {source}"
                 f" EXCEPT ALL SELECT {columns} FROM {copy})"
                 f" UNION ALL (SELECT {columns} FROM {copy}"
-                f" EXCEPT ALL SELECT {columns} FROM dlr.{table})) AS d"
+                f" EXCEPT ALL SELECT {columns} FROM {source})) AS d"
             )
             assert differing == 0, copy
             assert await db.fetchval(f"SELECT count(*) FROM {copy}") > 0, copy

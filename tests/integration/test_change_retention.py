@@ -50,7 +50,7 @@ async def change_partitions(db: asyncpg.Connection) -> dict[str, int]:
         r["partition_name"]
         for r in await db.fetch(
             "SELECT partition_name FROM dlr.day_partitions"
-            " WHERE parent_table = 'status_changes' AND NOT is_default"
+            " WHERE parent_table = 'status_change_rows' AND NOT is_default"
         )
     ]
     return {
@@ -74,14 +74,15 @@ async def ten_changes(database_url: str) -> None:
 async def test_the_change_log_is_partitioned_by_day_and_maintain_creates_its_days_ahead(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    relkind = "SELECT relkind::text FROM pg_class WHERE oid = 'dlr.status_changes'::regclass"
-    assert await db.fetchval(relkind) == "p"  # partitioned
+    relkind = "SELECT relkind::text FROM pg_class WHERE oid = $1::regclass"
+    assert await db.fetchval(relkind, "dlr.status_change_rows") == "p"  # partitioned
+    assert await db.fetchval(relkind, "dlr.status_changes") == "v"  # its readers' view
     report = await maintain(database_url, RetentionPolicy(days_ahead=10))
     assert any(name.startswith("status_changes_") for name in report.created)
     uppers = {
         r["upper_bound"]
         for r in await db.fetch(
-            "SELECT upper_bound FROM dlr.day_partitions WHERE parent_table = 'status_changes'"
+            "SELECT upper_bound FROM dlr.day_partitions WHERE parent_table = 'status_change_rows'"
         )
     }
     assert today() + 11 * DAY in uppers
@@ -161,22 +162,22 @@ async def test_the_command_refuses_in_one_line_naming_the_consumer(
     old = today() - 21 * DAY
     first = await db.fetchval(
         "SELECT partition_name FROM dlr.day_partitions"
-        " WHERE parent_table = 'status_changes' AND lower_bound IS NULL"
+        " WHERE parent_table = 'status_change_rows' AND lower_bound IS NULL"
     )
     # The owner's hands: the first partition ends three weeks ago, one day of changes after it.
     await db.execute(
         f"""
-        ALTER TABLE dlr.status_changes DETACH PARTITION dlr_partitions.{first};
+        ALTER TABLE dlr.status_change_rows DETACH PARTITION dlr_partitions.{first};
         DROP TABLE dlr_partitions.{first};
         CREATE TABLE dlr_partitions.status_changes_before_{old:%Y%m%d}
-            PARTITION OF dlr.status_changes FOR VALUES FROM (MINVALUE) TO ('{old.isoformat()}');
+            PARTITION OF dlr.status_change_rows FOR VALUES FROM (MINVALUE) TO ('{old.isoformat()}');
         CREATE TABLE dlr_partitions.status_changes_{old:%Y%m%d}
-            PARTITION OF dlr.status_changes
+            PARTITION OF dlr.status_change_rows
             FOR VALUES FROM ('{old.isoformat()}') TO ('{(old + DAY).isoformat()}');
         CREATE TABLE dlr_partitions.status_changes_gap
-            PARTITION OF dlr.status_changes
+            PARTITION OF dlr.status_change_rows
             FOR VALUES FROM ('{(old + DAY).isoformat()}') TO ('{today().isoformat()}');
-        INSERT INTO dlr.status_changes (position, changed_at, login, message_id, status,
+        INSERT INTO dlr.status_change_rows (position, changed_at, login, message_id, status,
             is_final, reason, supporting_event_id, rules_version)
         VALUES (1e19 + 1, '{(old + timedelta(hours=3)).isoformat()}', 'acme', 'old1',
                 'DELIVERED', true, 'final', 1, 'r1');
@@ -248,7 +249,7 @@ async def test_an_installed_log_moves_in_place_and_the_triggers_keep_writing(
         assert await conn.fetchval(ROW_TEXT.format(table="dlr.status_changes")) == before
         first = await conn.fetchval(
             "SELECT partition_name FROM dlr.day_partitions"
-            " WHERE parent_table = 'status_changes' AND lower_bound IS NULL"
+            " WHERE parent_table = 'status_change_rows' AND lower_bound IS NULL"
         )
         assert first == f"status_changes_before_{today() + DAY:%Y%m%d}"
         assert table_file == await conn.fetchval(

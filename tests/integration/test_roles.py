@@ -458,12 +458,16 @@ async def test_change_log_written_only_by_the_trigger_read_by_reader_cursors_by_
     roles_db: RoleDatabase,
 ) -> None:
     """Migration 0009: the writer's ingest logs its changes through the trigger but cannot
-    write the log itself; the reader reads it and cannot keep a cursor; the operator can."""
+    write the log itself, nor the reasons it names (0018); the reader reads it and cannot keep
+    a cursor; the operator can."""
     await (await _seed(roles_db)).close()
     for statement in (
-        "INSERT INTO dlr.status_changes (position, login, message_id, status, is_final, reason,"
-        " supporting_event_id, rules_version) VALUES (1, 'a', 'b', 'S', true, 'r', 1, 'v')",
+        "INSERT INTO dlr.status_change_rows (position, login, message_id, status, is_final,"
+        " reason, supporting_event_id, rules_version) VALUES (1, 'a', 'b', 'S', true, 'r', 1, 'v')",
+        "UPDATE dlr.status_change_rows SET status = 'DELIVERED'",
         "UPDATE dlr.status_changes SET status = 'DELIVERED'",
+        "UPDATE dlr.reasons SET reason = 'forged'",
+        "INSERT INTO dlr.reasons (reason) VALUES ('forged')",
         "SELECT nextval('dlr.status_changes_tick')",
     ):
         assert "permission denied" in await _refused(roles_db.writer, statement)
@@ -483,5 +487,5 @@ async def test_change_log_written_only_by_the_trigger_read_by_reader_cursors_by_
     finally:
         await operator.close()
     assert "permission denied" in await _refused(
-        roles_db.operator, "UPDATE dlr.status_changes SET status = 'DELIVERED'"
+        roles_db.operator, "UPDATE dlr.status_change_rows SET status = 'DELIVERED'"
     )

@@ -78,14 +78,22 @@ FORGET_BATCH = 1000
 
 @dataclass(frozen=True)
 class DayPartitioned:
-    """One table partitioned by UTC day: its name in dlr, the statement that creates its
-    partitions ahead and the name of the day column in an archive's manifest."""
+    """One table partitioned by UTC day: the name its readers use in dlr (its partitions'
+    prefix), the statement that creates its partitions ahead and the name of the day column in
+    an archive's manifest."""
 
     table: str
     create_partitions: Query
     manifest_bound: str
     archived_rows: Query | None = None
     """The rows of a partition as its archive holds them ({partition}); None: as stored."""
+    partitioned_table: str | None = None
+    """The partitioned table in dlr, when `table` is a view over it; None: `table` itself."""
+
+    @property
+    def parent(self) -> str:
+        """The partitioned table's name in dlr: the parent of the day partitions."""
+        return self.partitioned_table or self.table
 
     @property
     def default_partition(self) -> str:
@@ -100,7 +108,12 @@ RECEPTIONS = DayPartitioned(
     query("archived_receptions"),
 )
 STATUS_CHANGES = DayPartitioned(
-    "status_changes", query("create_status_change_partitions"), "changed"
+    "status_changes",
+    query("create_status_change_partitions"),
+    "changed",
+    query("archived_status_changes"),
+    # Migration 0018: dlr.status_changes shows the rows with their reasons' texts.
+    "status_change_rows",
 )
 DAY_PARTITIONED = (RECEPTIONS, STATUS_CHANGES)
 
@@ -218,7 +231,7 @@ async def maintain(
             cutoff = moment - timedelta(days=policy.retention_days)
             for parent in DAY_PARTITIONED:
                 partitions = await _PARTITIONS_TO_DROP.fetch(
-                    conn, parent_table=parent.table, cutoff=cutoff
+                    conn, parent_table=parent.parent, cutoff=cutoff
                 )
                 for row in partitions:
                     name = str(row["partition_name"])
@@ -371,7 +384,7 @@ async def _with_lock_retries(parent: DayPartitioned, action: Callable[[], Awaita
         except asyncpg.exceptions.LockNotAvailableError as exc:
             if attempt == _LOCK_ATTEMPTS:
                 raise FatalError(
-                    f"dlr.{parent.table} stayed locked through {_LOCK_ATTEMPTS} attempts: {exc}"
+                    f"dlr.{parent.parent} stayed locked through {_LOCK_ATTEMPTS} attempts: {exc}"
                 ) from exc
             await asyncio.sleep(0.1 * attempt)
     raise AssertionError("unreachable")  # the loop returns or raises

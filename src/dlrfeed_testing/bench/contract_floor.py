@@ -69,6 +69,8 @@ class Copied:
     source: str  # what it selects of dlr's table
     order: str
     index: tuple[str, str] | None = None  # an index of its own: its name, its columns
+    stored_in: str | None = None
+    """dlr's table it is filled from, when not the one of its name (a view of that one)."""
 
 
 class StatusColumn(NamedTuple):
@@ -90,6 +92,9 @@ class Floor:
     copies_values: bool = True
 
 
+# Where the change log's rows are stored (migration 0018): each reason by its id in dlr.reasons
+# where the dictionary holds it, as text where not; every floor keeps them so, the least way.
+_CHANGE_ROWS = "status_change_rows"
 _STATUS_KEY = ("login", "message_id")
 _CONTRACT_STATUS = (
     StatusColumn("login", "text", "login"),
@@ -135,10 +140,12 @@ CONTRACT_FLOOR = Floor(
         ),
         "status_changes": Copied(
             "position numeric PRIMARY KEY, login text NOT NULL, message_id text NOT NULL,"
-            " status text, is_final boolean NOT NULL, reason text NOT NULL,"
+            " status text, is_final boolean NOT NULL, reason text, reason_id integer,"
             " previous_status text, changed_at timestamptz NOT NULL",
-            "position, login, message_id, status, is_final, reason, previous_status, changed_at",
+            "position, login, message_id, status, is_final, reason, reason_id, previous_status,"
+            " changed_at",
             "position",
+            stored_in=_CHANGE_ROWS,
         ),
         "exceptions": _EXCEPTIONS,
     },
@@ -172,13 +179,15 @@ REQUIRED_FLOOR = Floor(
         "status_changes": Copied(
             "position numeric PRIMARY KEY, changed_at timestamptz NOT NULL,"
             " login text NOT NULL, message_id text NOT NULL, status text,"
-            " is_final boolean NOT NULL, reason text NOT NULL,"
+            " is_final boolean NOT NULL, reason text,"
             " supporting_event_id bigint NOT NULL, rules_version text NOT NULL,"
-            " previous_status text, previous_is_final boolean, previous_reason text",
+            " previous_status text, previous_is_final boolean, previous_reason text,"
+            " reason_id integer, previous_reason_id integer",
             "position, changed_at, login, message_id, status, is_final, reason,"
             " supporting_event_id, rules_version, previous_status, previous_is_final,"
-            " previous_reason",
+            " previous_reason, reason_id, previous_reason_id",
             "position",
+            stored_in=_CHANGE_ROWS,
         ),
         "exceptions": _EXCEPTIONS,
     },
@@ -220,13 +229,16 @@ LEAN_FLOOR = Floor(
         ),
         "status_changes": Copied(
             "changed_at timestamptz NOT NULL, supporting_event_id bigint NOT NULL,"
+            " reason_id integer, previous_reason_id integer,"
             " rules_version smallint NOT NULL, is_final boolean NOT NULL,"
             " previous_is_final boolean, position numeric PRIMARY KEY, login text NOT NULL,"
-            " message_id text NOT NULL, status text, reason text NOT NULL,"
+            " message_id text NOT NULL, status text, reason text,"
             " previous_status text, previous_reason text",
-            "changed_at, supporting_event_id, 1::smallint, is_final, previous_is_final,"
-            " position, login, message_id, status, reason, previous_status, previous_reason",
+            "changed_at, supporting_event_id, reason_id, previous_reason_id, 1::smallint,"
+            " is_final, previous_is_final, position, login, message_id, status, reason,"
+            " previous_status, previous_reason",
             "position",
+            stored_in=_CHANGE_ROWS,
         ),
         "exceptions": _EXCEPTIONS,
     },
@@ -282,7 +294,8 @@ async def _copy_tables(conn: asyncpg.Connection, floor: Floor) -> None:
             index, indexed = table.index
             await conn.execute(f"CREATE INDEX {index} ON {schema}.{name} ({indexed})")
         await conn.execute(
-            f"INSERT INTO {schema}.{name} SELECT {table.source} FROM dlr.{name}"
+            f"INSERT INTO {schema}.{name} SELECT {table.source}"
+            f" FROM dlr.{table.stored_in or name}"
             f" ORDER BY {table.order}"
         )
 

@@ -36,6 +36,10 @@ GROWING_TABLES = (
     "status_changes",
     "exceptions",
 )
+# Where a growing table's rows are stored when its name in dlr is a view of them (migration
+# 0018: dlr.status_changes shows dlr.status_change_rows with its reasons' texts). The reports
+# keep the readers' name; sizes and row profiles are the stored table's.
+STORED_IN = {"status_changes": "status_change_rows"}
 # A partition's name is its table's with the day (or "_default") after it.
 _PARTITION_DAY = re.compile(r"_(before_)?[0-9]{8}|_default")
 LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself
@@ -45,8 +49,8 @@ LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself
 # their day so that one index of a partitioned table is one line.
 SIZES_BY_RELATION = """
 WITH tables AS (
-    SELECT t.name, ('dlr.' || t.name)::regclass AS relid
-    FROM unnest($1::text[]) AS t(name)
+    SELECT t.name, ('dlr.' || t.stored_in)::regclass AS relid
+    FROM unnest($1::text[], $3::text[]) AS t(name, stored_in)
 ), parts AS (
     SELECT tables.name, p.relid
     FROM tables, LATERAL pg_partition_tree(tables.relid) AS p
@@ -86,7 +90,11 @@ PROFILE_SAMPLE_ROWS = 50_000
 
 async def table_sizes(conn: asyncpg.Connection) -> dict[str, dict[str, int]]:
     sizes: dict[str, dict[str, int]] = {}
-    for r in await conn.fetch(SIZES_BY_RELATION, list(GROWING_TABLES), _PARTITION_DAY.pattern):
+    stored_in = [STORED_IN.get(t, t) for t in GROWING_TABLES]
+    rows = await conn.fetch(
+        SIZES_BY_RELATION, list(GROWING_TABLES), _PARTITION_DAY.pattern, stored_in
+    )
+    for r in rows:
         sizes.setdefault(r["table_name"], {})[r["relation"]] = int(r["bytes"])
     return sizes
 
@@ -104,19 +112,20 @@ async def row_profile(conn: asyncpg.Connection, stored: int) -> dict[str, dict[s
         live[table] = live.get(table, 0) + int(r["n_live_tup"])
     profile: dict[str, dict[str, float]] = {}
     for table in GROWING_TABLES:
+        relation = f"dlr.{STORED_IN.get(table, table)}"
         columns = [
             str(r["attname"])
             for r in await conn.fetch(
                 "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass"
                 " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-                f"dlr.{table}",
+                relation,
             )
         ]
         percent = min(100.0, 100.0 * PROFILE_SAMPLE_ROWS / max(live.get(table, 0), 1))
         # A NULL takes no bytes of the row (only its bit in the row's null bitmap).
         means = ", ".join(f'avg(coalesce(pg_column_size(t."{c}"), 0))' for c in columns)
         sampled = await conn.fetchrow(
-            f"SELECT count(*), avg(pg_column_size(t.*)), {means} FROM dlr.{table} AS t"
+            f"SELECT count(*), avg(pg_column_size(t.*)), {means} FROM {relation} AS t"
             f" TABLESAMPLE SYSTEM ({percent}) REPEATABLE (16)"
         )
         if sampled is None or not sampled[0]:

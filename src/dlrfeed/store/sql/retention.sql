@@ -16,7 +16,8 @@ SELECT set_config('lock_timeout', :lock_timeout, true)
 SELECT dlr.create_reception_partitions(:through) AS name
 
 -- name: create_status_change_partitions
--- The partitions of dlr.status_changes for every day before :through (migration 0011).
+-- The partitions of the change log (dlr.status_change_rows) for every day before :through
+-- (migrations 0011, 0018).
 SELECT dlr.create_status_change_partitions(:through) AS name
 
 -- name: partitions_to_drop
@@ -72,6 +73,18 @@ SELECT r.id, r.login, r.message_id, r.level,
        r.channel, r.peer
 FROM dlr_partitions.{partition} AS r
 LEFT JOIN dlr.events AS e ON r.stat IS NULL AND e.id = r.event_id
+
+-- name: archived_status_changes
+-- A day of the change log as its archive holds it: dlr.status_changes' columns in their order,
+-- each reason its text (migration 0018), so that an archive loaded back needs no dictionary.
+SELECT c.position, c.changed_at, c.login, c.message_id, c.status, c.is_final,
+       coalesce(c.reason, (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = c.reason_id))
+           AS reason,
+       c.supporting_event_id, c.rules_version, c.previous_status, c.previous_is_final,
+       coalesce(c.previous_reason,
+                (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = c.previous_reason_id))
+           AS previous_reason
+FROM dlr_partitions.{partition} AS c
 
 -- name: count_partition
 -- The rows of a partition about to be archived.

@@ -1,0 +1,177 @@
+"""Migration 0018: the change log names its reasons by id, and reads the same answers.
+
+- On an installed store it is catalog changes only: brief locks on the change log and its
+  days, no table rewritten, a few kB of WAL.
+- One traffic (progress, results, repeats, late correlation) goes to two stores at the schema
+  before it: one migrated halfway through, one at the end. Every change reads the same in
+  both, field for field, though the first stores half of them by id: what `dlrfeed changes`,
+  the follower and the relay show does not depend on when the store was migrated.
+- A reason too long for the dictionary, and any reason once the dictionary is full, is stored
+  in its change's row and reads back whole.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dlrfeed.store import Store, Submission
+from dlrfeed.store.changes import read_changes
+from dlrfeed.store.migrate import current_version, migrate
+from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
+from dlrfeed_testing.local_login import LOGIN
+from dlrfeed_testing.migration_probe import apply_measured, install_with_traffic
+from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.retention_support import install_schema_before
+from dlrfeed_testing.rule_receipts import receipt
+
+CHANGE_REASONS = 18
+# Where a change stands and when it was written differ between any two stores.
+_STORE_SPECIFIC = {"position", "changed_at"}
+_BY_ID = "SELECT count(*) FROM dlr.status_change_rows WHERE reason IS NULL AND reason_id > 0"
+
+
+@pytest.fixture
+async def databases(pg_cluster: PgCluster) -> AsyncIterator[list[str]]:
+    names = [f"change_reasons_{os.getpid()}_{n}" for n in range(2)]
+    dsns = [await pg_cluster.create_database(name) for name in names]
+    yield dsns
+    for name in names:
+        await pg_cluster.drop_database(name)
+
+
+async def test_it_changes_the_catalog_only_under_brief_locks(databases: list[str]) -> None:
+    dsn = databases[0]
+    await install_with_traffic(dsn, CHANGE_REASONS)
+    cost = await apply_measured(dsn, CHANGE_REASONS)
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await current_version(conn) == CHANGE_REASONS
+        days = {
+            f"dlr_partitions.{r[0]}"
+            for r in await conn.fetch(
+                "SELECT partition_name FROM dlr.day_partitions"
+                " WHERE parent_table = 'status_change_rows'"
+            )
+        }
+    finally:
+        await conn.close()
+    # Relations as named before the commit: the log's parent, renamed by the migration, still
+    # dlr.status_changes; the dictionary and the view, new, not yet seen at all.
+    exclusive = {r for r, modes in cost.locks.items() if "AccessExclusiveLock" in modes}
+    assert {"dlr.status_changes"} | days <= exclusive
+    # Nothing else is locked but the log's indexes, the view that lists the days (read) and
+    # the version table the migration records itself in.
+    untouched = {"dlr.message_status", "dlr.events", "dlr.receptions", "dlr.messages"}
+    assert not untouched & set(cost.locks)
+    others = {r for r in cost.locks if not r.split(".")[1].startswith(("status_change", "reasons"))}
+    assert others <= {"dlr.day_partitions", "dlr.schema_version", "dlr.schema_version_pkey"}
+    # No stored row moves: the only new files are the dictionary's.
+    assert set(cost.rewritten) <= {"dlr.reasons", "dlr.reasons_pkey", "dlr.reasons_reason_key"}
+    assert cost.wal_bytes < 1024 * 1024
+
+
+async def _drive(dsn: str, *, migrate_at: int) -> None:
+    """The schema before 0018, then a round and a half of traffic (its second round's records
+    correlate receipts late), migrated after `migrate_at` batches."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await install_schema_before(conn, CHANGE_REASONS)
+    finally:
+        await conn.close()
+    traffic = Traffic(seed=11)
+    batches = 0
+    for batches_this_round in (BATCHES_PER_ROUND, BATCHES_PER_ROUND // 2):
+        store = await Store.open(dsn, pool_size=1)
+        try:
+            await store.record_submissions(traffic.submissions())
+            for index in range(batches_this_round):
+                if batches == migrate_at:
+                    await migrate(dsn)
+                await store.ingest(LOGIN, traffic.batch(index))
+                batches += 1
+        finally:
+            await store.close()
+    if batches <= migrate_at:
+        await migrate(dsn)
+
+
+async def _answers(dsn: str) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        changes = await read_changes(conn, 0, 1_000_000)
+    finally:
+        await conn.close()
+    return [
+        {k: v for k, v in change.to_json().items() if k not in _STORE_SPECIFIC}
+        for change in changes
+    ]
+
+
+def _by_message(answers: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for answer in answers:
+        grouped.setdefault(answer["message_id"], []).append(answer)
+    return grouped
+
+
+async def test_a_store_migrated_halfway_reads_the_same_changes(databases: list[str]) -> None:
+    halfway, at_the_end = databases
+    await _drive(halfway, migrate_at=BATCHES_PER_ROUND // 2)
+    await _drive(at_the_end, migrate_at=10**9)
+    answers = await _answers(halfway)
+    assert len(answers) > 10_000
+    assert {a["previous_reason"] for a in answers} > {None}
+    # Each message's changes in their order (the order of changes one transaction wrote for
+    # different messages is not a fact of the log: they share its epoch).
+    assert _by_message(answers) == _by_message(await _answers(at_the_end))
+    conn = await asyncpg.connect(halfway)
+    try:
+        by_id = int(await conn.fetchval(_BY_ID))
+        reasons = int(await conn.fetchval("SELECT count(*) FROM dlr.reasons"))
+    finally:
+        await conn.close()
+    # Most of the changes were written after the migration, each naming its reasons by id;
+    # the traffic's few wordings (progress, delivered) are the whole dictionary.
+    assert by_id > len(answers) / 2
+    assert reasons <= 4
+
+
+async def test_reasons_the_dictionary_does_not_take_are_kept_in_the_row(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    long_err = "e" * 1500  # a reason over the dictionary's 1,000 bytes
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        await store.record_submissions(
+            [Submission(LOGIN, m, "+34600000001") for m in ("long", "short", "closed")]
+        )
+        await store.ingest(LOGIN, [receipt("long", 2, "UNDELIV", err=long_err)])
+        await store.ingest(LOGIN, [receipt("short", 2, "UNDELIV", err="001")])
+        # A dictionary at its bound takes no new text.
+        await db.execute("SELECT setval('dlr.reasons_id_seq', 100000)")
+        await store.ingest(LOGIN, [receipt("closed", 2, "UNDELIV", err="002")])
+    finally:
+        await store.close()
+    stored = {
+        r["message_id"]: (r["reason"], r["reason_id"])
+        for r in await db.fetch("SELECT message_id, reason, reason_id FROM dlr.status_change_rows")
+    }
+    shown = {
+        r["message_id"]: r["reason"]
+        for r in await db.fetch("SELECT message_id, reason FROM dlr.status_changes")
+    }
+    statuses = {
+        r["message_id"]: r["reason"]
+        for r in await db.fetch("SELECT message_id, reason FROM dlr.message_status")
+    }
+    assert shown == statuses
+    assert long_err in shown["long"]
+    assert stored["long"] == (shown["long"], None)
+    assert stored["short"][0] is None
+    assert stored["short"][1] is not None
+    assert stored["closed"] == (shown["closed"], None)
