@@ -139,13 +139,12 @@ BEGIN
             ON true;
     ELSIF TG_OP = 'UPDATE' THEN
         -- Only real changes: a rewrite that keeps status, finality and reason writes nothing.
+        -- Every text of the rows, changed or not: cheaper than finding the changed rows twice,
+        -- and a text added that no change names yet is harmless (the dictionary only grows).
         INSERT INTO dlr.reasons (reason)
-        SELECT DISTINCT t.reason
-        FROM new_rows AS n
-        JOIN old_rows AS o USING (login, message_id)
-        CROSS JOIN LATERAL (VALUES (n.reason), (o.reason)) AS t (reason)
-        WHERE (n.status, n.is_final, n.reason) IS DISTINCT FROM (o.status, o.is_final, o.reason)
-          AND open_dictionary AND octet_length(t.reason) <= 1000
+        SELECT t.reason
+        FROM (SELECT n.reason FROM new_rows AS n UNION SELECT o.reason FROM old_rows AS o) AS t
+        WHERE open_dictionary AND octet_length(t.reason) <= 1000
           AND NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.reason = t.reason)
         ON CONFLICT (reason) DO NOTHING;
         INSERT INTO dlr.status_change_rows (
