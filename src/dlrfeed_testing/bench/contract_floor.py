@@ -19,11 +19,12 @@ Floors, each a schema of its own holding copies of the grown store's rows:
   last reception times, the sent message's raw destination, source and route, the queue's
   resolutions.
 
-Both keep dlrfeed's column types, column order and reason texts: they measure what these rows
-need in this layout. A third, `lean_floor`, holds the required floor's columns laid out to
-waste nothing (fixed-width columns first, the narrowest integers, versions and outcome as
-smallint codes), the reasons and text ids as they are: what a schema rewritten for size could
-take. The store is grown as the growth
+Both keep dlrfeed's column types, column order and reason texts (the status's as text, the
+change log's as dlrfeed stores them since migration 0018: by id in dlr.reasons, as text where
+the dictionary has none): they measure what these rows need in this layout. A third,
+`lean_floor`, holds the required floor's columns laid out to waste nothing (fixed-width
+columns first, the narrowest integers, versions and outcome as smallint codes), the reasons
+and text ids as they are: what a schema rewritten for size could take. The store is grown as the growth
 benchmark grows it (its loop and traffic, through fakegw and a `dlrfeed run` daemon by default,
 on a throwaway cluster with PostgreSQL's defaults); its rows are then copied as the store wrote
 them:
@@ -202,7 +203,8 @@ REQUIRED_FLOOR = Floor(
 # alignment padding between them), `level` and `delivery_count` as the narrowest integers their
 # documented ranges fit, the parser and rules versions and the outcome as smallint codes (a
 # constant or the outcome's length stands in for the code: the same width, so the same bytes).
-# It measures what a schema rewritten for size could take, reasons and text ids as they are.
+# It measures what a schema rewritten for size could take, reasons and text ids as they are
+# (the change log's by id, as dlrfeed stores them).
 LEAN_FLOOR = Floor(
     "lean_floor",
     {
