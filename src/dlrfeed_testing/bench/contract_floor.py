@@ -24,10 +24,11 @@ change log's as dlrfeed stores them since migration 0018: by id in dlr.reasons, 
 the dictionary has none): they measure what these rows need in this layout. A third,
 `lean_floor`, holds the required floor's columns laid out to waste nothing (fixed-width
 columns first, the narrowest integers, versions and outcome as smallint codes), the reasons
-and text ids as they are: what a schema rewritten for size could take. The store is grown as the growth
-benchmark grows it (its loop and traffic, through fakegw and a `dlrfeed run` daemon by default,
-on a throwaway cluster with PostgreSQL's defaults); its rows are then copied as the store wrote
-them:
+and text ids as they are: what a schema rewritten for size could take.
+
+The store is grown as the growth benchmark grows it (its loop and traffic, through fakegw and
+a `dlrfeed run` daemon by default, on a throwaway cluster with PostgreSQL's defaults); its rows
+are then copied as the store wrote them:
 - sent messages, logical events, receptions, changes and exceptions in the order they were
   stored (the random-keyed indexes fill as they do in production: ~70 %, not the ~90 % of a
   fresh build), each in its final state (no dead versions of an updated event or exception);
