@@ -7,7 +7,8 @@
   both, field for field, though the first stores half of them by id: what `dlrfeed changes`,
   the follower and the relay show does not depend on when the store was migrated.
 - A reason too long for the dictionary, and any reason once the dictionary is full, is stored
-  in its change's row and reads back whole.
+  in its change's row and reads back whole; so is a new one met by a REPEATABLE READ writer
+  after another added it. An id names its text for good.
 """
 
 from __future__ import annotations
@@ -64,11 +65,17 @@ async def test_it_changes_the_catalog_only_under_brief_locks(databases: list[str
     # dlr.status_changes; the dictionary and the view, new, not yet seen at all.
     exclusive = {r for r, modes in cost.locks.items() if "AccessExclusiveLock" in modes}
     assert {"dlr.status_changes"} | days <= exclusive
-    # Nothing else is locked but the log's indexes, the view that lists the days (read) and
-    # the version table the migration records itself in.
-    untouched = {"dlr.message_status", "dlr.events", "dlr.receptions", "dlr.messages"}
+    # The statuses' writers wait (their reads do not), so that none runs the old trigger on
+    # the renamed log; nothing else is locked but the log's indexes, the view that lists the
+    # days (read) and the version table the migration records itself in.
+    assert cost.locks["dlr.message_status"] == {"ShareRowExclusiveLock"}
+    untouched = {"dlr.events", "dlr.receptions", "dlr.messages"}
     assert not untouched & set(cost.locks)
-    others = {r for r in cost.locks if not r.split(".")[1].startswith(("status_change", "reasons"))}
+    others = {
+        r
+        for r in cost.locks
+        if not r.split(".")[1].startswith(("status_change", "reasons", "message_status"))
+    }
     assert others <= {"dlr.day_partitions", "dlr.schema_version", "dlr.schema_version_pkey"}
     # No stored row moves: the only new files are the dictionary's.
     assert set(cost.rewritten) <= {"dlr.reasons", "dlr.reasons_pkey", "dlr.reasons_reason_key"}
@@ -175,3 +182,43 @@ async def test_reasons_the_dictionary_does_not_take_are_kept_in_the_row(
     assert stored["short"][0] is None
     assert stored["short"][1] is not None
     assert stored["closed"] == (shown["closed"], None)
+
+
+async def test_a_repeatable_read_writer_keeps_a_text_added_after_its_snapshot_in_its_row(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Without the fallback, its ON CONFLICT would fail to serialize on the other's text."""
+    insert = (
+        "INSERT INTO dlr.message_status (login, message_id, status, is_final, reason,"
+        " supporting_event_id, rules_version) VALUES ($1, $2, 'ENROUTE', false, 'new wording',"
+        " 1, 'v')"
+    )
+    late = await asyncpg.connect(database_url)
+    try:
+        async with late.transaction(isolation="repeatable_read"):
+            await late.fetchval("SELECT 1")  # its snapshot, taken before the other's commit
+            await db.execute(insert, LOGIN, "first")
+            await late.execute(insert, LOGIN, "second")
+    finally:
+        await late.close()
+    stored = {
+        r["message_id"]: (r["reason"], r["reason_id"])
+        for r in await db.fetch("SELECT message_id, reason, reason_id FROM dlr.status_change_rows")
+    }
+    assert stored["first"][0] is None
+    assert stored["first"][1] is not None
+    assert stored["second"] == ("new wording", None)
+    shown = await db.fetch("SELECT reason FROM dlr.status_changes")
+    assert [r["reason"] for r in shown] == ["new wording", "new wording"]
+
+
+async def test_an_id_names_its_text_for_good(db: asyncpg.Connection) -> None:
+    await db.execute("INSERT INTO dlr.reasons (reason) VALUES ('a reason')")
+    for statement in (
+        "UPDATE dlr.reasons SET reason = 'another'",
+        "DELETE FROM dlr.reasons",
+        "TRUNCATE dlr.reasons",
+    ):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="only grows"):
+            await db.execute(statement)
+    assert await db.fetchval("SELECT reason FROM dlr.reasons") == "a reason"

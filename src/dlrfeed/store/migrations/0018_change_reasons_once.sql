@@ -4,11 +4,12 @@
 -- the reasons are few: dlrfeed's wording of what the evidence says (P7), one per stat, err and
 -- kind of basis, repeated across millions of changes. From now on:
 -- - dlr.reasons holds each reason text once, under a small integer id. It only grows: an id,
---   once given, names its text for good, so a reader never needs a lock to resolve one. It
---   stops growing at 100,000 texts (a few hundred are usual: stats times err codes times
---   kinds): a gateway whose err values are unique per message would otherwise make it grow
---   for ever while the log itself is dropped by the day, so past that bound a new text is
---   stored in the change's own row, as before.
+--   once given, names its text for good (the table refuses UPDATE and DELETE), so a reader
+--   never needs a lock to resolve one. It stops growing once 100,000 ids are drawn (a few
+--   hundred texts are usual: stats times err codes times kinds): a gateway whose err values
+--   are unique per message would otherwise make it grow for ever while the log itself is
+--   dropped by the day, so past that bound a new text is stored in the change's own row, as
+--   before.
 -- - The log's rows live in dlr.status_change_rows (the partitioned table, renamed: its days,
 --   keys, indexes and privileges go with it). A change written from now on names its reasons
 --   by id (reason_id, previous_reason_id) and leaves the texts NULL; a change stored before
@@ -19,11 +20,15 @@
 --   answers as before.
 -- Locks: ACCESS EXCLUSIVE on dlr.status_changes with its days, held to the commit. Every step is
 -- a catalog change (the new columns are NULL, dropping NOT NULL checks nothing, a rename moves
--- no row), so the lock is held for milliseconds whatever the log's size. lock_timeout bounds the
--- wait for it, as in 0016 and 0017.
+-- no row), so the lock is held for milliseconds whatever the log's size. First, SHARE ROW
+-- EXCLUSIVE on dlr.message_status (reads go on, writes wait): a writer whose trigger had to
+-- wait for the log would otherwise go on, once the log is renamed, with the old trigger's
+-- statement, and fail on the view; this way a writer either finished before or starts after,
+-- under the new trigger. lock_timeout bounds the wait for both, as in 0016 and 0017.
 
 SET LOCAL lock_timeout = '5s';
 
+LOCK TABLE dlr.message_status IN SHARE ROW EXCLUSIVE MODE;
 LOCK TABLE dlr.status_changes IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE dlr.reasons (
@@ -35,6 +40,53 @@ CREATE TABLE dlr.reasons (
 );
 COMMENT ON TABLE dlr.reasons IS
     'each status reason text once (migration 0018); ids are never reused or changed';
+
+-- An id names its text for good: the dictionary refuses UPDATE, DELETE and TRUNCATE, even from
+-- its owner (a changed text would change every change that names it).
+CREATE FUNCTION dlr.forbid_reason_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'dlr.reasons only grows: an id names its text for good (migration 0018)'
+        USING ERRCODE = 'insufficient_privilege';
+END;
+$$;
+CREATE TRIGGER reasons_append_only
+    BEFORE UPDATE OR DELETE ON dlr.reasons
+    FOR EACH ROW EXECUTE FUNCTION dlr.forbid_reason_change();
+CREATE TRIGGER reasons_no_truncate
+    BEFORE TRUNCATE ON dlr.reasons
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.forbid_reason_change();
+
+-- Adds to the dictionary those of `candidates` it lacks and may take (at most 1,000 bytes, while
+-- fewer than 100,000 ids were drawn), in sorted order: two writers adding new texts wait on each
+-- other in one order. The first statement of a store's first hours, or of new wording, adds
+-- something; after that it only looks. A writer in a REPEATABLE READ (or SERIALIZABLE)
+-- transaction that meets a text added after its snapshot would fail to serialize on it: it
+-- adds nothing instead, and its changes keep such texts in their rows. Run by the trigger
+-- function below, as the schema owner.
+CREATE FUNCTION dlr.add_reasons(candidates text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    missing text[];
+BEGIN
+    SELECT array_agg(c.reason ORDER BY c.reason) INTO missing
+    FROM unnest(candidates) AS c (reason)
+    WHERE octet_length(c.reason) <= 1000
+      AND NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.reason = c.reason);
+    IF missing IS NULL
+       OR coalesce(pg_sequence_last_value('dlr.reasons_id_seq'::regclass), 0) >= 100000 THEN
+        RETURN;
+    END IF;
+    BEGIN
+        INSERT INTO dlr.reasons (reason)
+        SELECT m.reason FROM unnest(missing) WITH ORDINALITY AS m (reason, n) ORDER BY m.n
+        ON CONFLICT (reason) DO NOTHING;
+    EXCEPTION WHEN serialization_failure THEN
+        NULL;  -- the changes keep these texts in their rows
+    END;
+END;
+$$;
+REVOKE ALL ON FUNCTION dlr.add_reasons(text[]) FROM PUBLIC;
 
 ALTER TABLE dlr.status_changes RENAME TO status_change_rows;
 ALTER TABLE dlr.status_change_rows
@@ -101,12 +153,12 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Restated from 0017: the same changes at the same positions, their reasons by id. Each branch
--- first adds the texts it will name that the dictionary lacks (a few per statement, and after
--- the first hours of a store nearly always none: one probe of dlr.reasons' key per distinct
--- text), then writes the changes joined to it. That second statement takes its own snapshot,
--- so it sees a text another transaction added meanwhile; should it still miss one (a writer in
--- a REPEATABLE READ transaction racing another over a new text), the text itself is stored.
--- A withdrawal's own reason (a recompute's why, rare and free-worded) is stored as text.
+-- first adds the texts it will name that the dictionary lacks (dlr.add_reasons: one probe of
+-- dlr.reasons' key per distinct text of the statement), then writes the changes joined to it.
+-- That second statement takes its own snapshot, so it sees a text another transaction added
+-- meanwhile; a text the dictionary still lacks (too long, the dictionary full, or skipped by a
+-- REPEATABLE READ writer) is stored in the row itself. A withdrawal's own reason (a
+-- recompute's why, rare and free-worded) is stored as text.
 CREATE OR REPLACE FUNCTION dlr.record_status_changes() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -114,17 +166,10 @@ DECLARE
     written_at timestamptz := clock_timestamp();
     recent timestamptz := now() - interval '1 hour';
     horizon timestamptz := written_at + interval '1 hour';
-    -- Below the dictionary's bound (above): the ids given so far, one read of its sequence.
-    open_dictionary boolean :=
-        coalesce(pg_sequence_last_value('dlr.reasons_id_seq'::regclass), 0) < 100000;
     written bigint;
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO dlr.reasons (reason)
-        SELECT DISTINCT n.reason FROM new_rows AS n
-        WHERE open_dictionary AND octet_length(n.reason) <= 1000
-          AND NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.reason = n.reason)
-        ON CONFLICT (reason) DO NOTHING;
+        PERFORM dlr.add_reasons(ARRAY(SELECT DISTINCT n.reason FROM new_rows AS n));
         INSERT INTO dlr.status_change_rows (
             position, changed_at, login, message_id, status, is_final, reason, reason_id,
             supporting_event_id, rules_version)
@@ -141,12 +186,8 @@ BEGIN
         -- Only real changes: a rewrite that keeps status, finality and reason writes nothing.
         -- Every text of the rows, changed or not: cheaper than finding the changed rows twice,
         -- and a text added that no change names yet is harmless (the dictionary only grows).
-        INSERT INTO dlr.reasons (reason)
-        SELECT t.reason
-        FROM (SELECT n.reason FROM new_rows AS n UNION SELECT o.reason FROM old_rows AS o) AS t
-        WHERE open_dictionary AND octet_length(t.reason) <= 1000
-          AND NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.reason = t.reason)
-        ON CONFLICT (reason) DO NOTHING;
+        PERFORM dlr.add_reasons(ARRAY(
+            SELECT n.reason FROM new_rows AS n UNION SELECT o.reason FROM old_rows AS o));
         INSERT INTO dlr.status_change_rows (
             position, changed_at, login, message_id, status, is_final, reason, reason_id,
             supporting_event_id, rules_version, previous_status, previous_is_final,
@@ -167,11 +208,7 @@ BEGIN
     ELSE
         -- DELETE: the status withdrawn (0012). The recompute's audit row of this transaction
         -- (same now()) names why and under which rules.
-        INSERT INTO dlr.reasons (reason)
-        SELECT DISTINCT o.reason FROM old_rows AS o
-        WHERE open_dictionary AND octet_length(o.reason) <= 1000
-          AND NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.reason = o.reason)
-        ON CONFLICT (reason) DO NOTHING;
+        PERFORM dlr.add_reasons(ARRAY(SELECT DISTINCT o.reason FROM old_rows AS o));
         INSERT INTO dlr.status_change_rows (
             position, changed_at, login, message_id, status, is_final, reason,
             supporting_event_id, rules_version, previous_status, previous_is_final,
