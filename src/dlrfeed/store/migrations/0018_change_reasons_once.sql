@@ -105,14 +105,19 @@ ALTER TABLE dlr.status_change_rows
     ADD CONSTRAINT status_change_rows_reason_check
     CHECK (reason IS NOT NULL OR reason_id IS NOT NULL) NOT VALID;
 
+-- A reason's text, whether a row holds it or names it by id. LANGUAGE sql and STABLE: inlined
+-- into the statement that reads it, as a probe of the dictionary's key. Runs with its caller's
+-- privileges (so it reads the dictionary only for those who may), executable by anyone.
+CREATE FUNCTION dlr.reason_text(stored text, id integer) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce($1, (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = $2))
+$$;
+
 CREATE VIEW dlr.status_changes AS
 SELECT c.position, c.changed_at, c.login, c.message_id, c.status, c.is_final,
-       coalesce(c.reason, (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = c.reason_id))
-           AS reason,
+       dlr.reason_text(c.reason, c.reason_id) AS reason,
        c.supporting_event_id, c.rules_version, c.previous_status, c.previous_is_final,
-       coalesce(c.previous_reason,
-                (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = c.previous_reason_id))
-           AS previous_reason
+       dlr.reason_text(c.previous_reason, c.previous_reason_id) AS previous_reason
 FROM dlr.status_change_rows AS c;
 COMMENT ON VIEW dlr.status_changes IS
     'the status-change log (docs/changes.md), every reason as its text (migration 0018)';

@@ -78,12 +78,9 @@ LEFT JOIN dlr.events AS e ON r.stat IS NULL AND e.id = r.event_id
 -- A day of the change log as its archive holds it: dlr.status_changes' columns in their order,
 -- each reason its text (migration 0018), so that an archive loaded back needs no dictionary.
 SELECT c.position, c.changed_at, c.login, c.message_id, c.status, c.is_final,
-       coalesce(c.reason, (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = c.reason_id))
-           AS reason,
+       dlr.reason_text(c.reason, c.reason_id) AS reason,
        c.supporting_event_id, c.rules_version, c.previous_status, c.previous_is_final,
-       coalesce(c.previous_reason,
-                (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = c.previous_reason_id))
-           AS previous_reason
+       dlr.reason_text(c.previous_reason, c.previous_reason_id) AS previous_reason
 FROM dlr_partitions.{partition} AS c
 
 -- name: count_partition
