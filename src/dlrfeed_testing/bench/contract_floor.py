@@ -55,6 +55,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from dlrfeed.store.migrate import migrate
+from dlrfeed.store.retention import STATUS_CHANGES
 from dlrfeed_testing.bench.growth import grow
 from dlrfeed_testing.bench.growth_configs import config_cluster
 from dlrfeed_testing.bench.growth_drivers import DRIVERS
@@ -96,7 +97,7 @@ class Floor:
 
 # Where the change log's rows are stored (migration 0018): each reason by its id in dlr.reasons
 # where the dictionary holds it, as text where not; every floor keeps them so, the least way.
-_CHANGE_ROWS = "status_change_rows"
+_CHANGE_ROWS = STATUS_CHANGES.parent
 _STATUS_KEY = ("login", "message_id")
 _CONTRACT_STATUS = (
     StatusColumn("login", "text", "login"),
