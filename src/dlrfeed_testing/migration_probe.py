@@ -3,18 +3,21 @@ the locks its transaction held (read from a second connection just before its co
 long it held them, the WAL it wrote, and whether it rewrote a table (a new relfilenode).
 
 The test of a migration's online claim and the measurement on a large store
-(`scripts/bench_migration.py`) both use it.
+(`scripts/bench_migration.py`) both use it; the tests that a store reads the same answers
+however late it was migrated use `install_migrating_halfway` and `changes_read`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
 from dlrfeed.store import Store
-from dlrfeed.store.migrate import available_migrations
+from dlrfeed.store.changes import read_changes
+from dlrfeed.store.migrate import available_migrations, migrate
 from dlrfeed.store.sql import query
 from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
 from dlrfeed_testing.local_login import LOGIN
@@ -115,3 +118,62 @@ async def install_with_traffic(dsn: str, version: int) -> None:
             await store.ingest(LOGIN, traffic.batch(index))
     finally:
         await store.close()
+
+
+async def install_migrating_halfway(
+    dsn: str, version: int, *, migrate_at: int | None = BATCHES_PER_ROUND // 2
+) -> None:
+    """An empty database made a store as released before migration `version`, then a round and
+    a half of the growth benchmark's traffic (its second round's records correlate receipts
+    late), the store migrated to the latest schema after `migrate_at` batches (None: after
+    all of them). The Store stops for the migration and starts again, as an upgrade does."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await install_schema_before(conn, version)
+    finally:
+        await conn.close()
+    traffic = Traffic(seed=11)
+    batches = 0
+    for batches_this_round in (BATCHES_PER_ROUND, BATCHES_PER_ROUND // 2):
+        store = await Store.open(dsn, pool_size=1)
+        try:
+            await store.record_submissions(traffic.submissions())
+            for index in range(batches_this_round):
+                if batches == migrate_at:
+                    await store.close()
+                    await migrate(dsn)
+                    store = await Store.open(dsn, pool_size=1)
+                await store.ingest(LOGIN, traffic.batch(index))
+                batches += 1
+        finally:
+            await store.close()
+    if migrate_at is None or batches <= migrate_at:
+        await migrate(dsn)
+
+
+# Where a change stands and when it was written differ between any two stores.
+_STORE_SPECIFIC = {"position", "changed_at"}
+
+
+async def changes_read(dsn: str) -> list[dict[str, Any]]:
+    """Every change of the log as `dlrfeed changes` shows it, without what differs between any
+    two stores (its position and when it was written)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        changes = await read_changes(conn, 0, 1_000_000)
+    finally:
+        await conn.close()
+    return [
+        {k: v for k, v in change.to_json().items() if k not in _STORE_SPECIFIC}
+        for change in changes
+    ]
+
+
+def by_message(answers: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """`answers` grouped by message, each message's in their order (the order of changes one
+    transaction wrote for different messages is not a fact of the log: they share its
+    epoch)."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for answer in answers:
+        grouped.setdefault(answer["message_id"], []).append(answer)
+    return grouped

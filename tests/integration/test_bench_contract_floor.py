@@ -16,7 +16,7 @@ from dlrfeed_testing.bench.contract_floor import (
     compare,
     floor_sizes,
 )
-from dlrfeed_testing.bench.growth_profile import table_sizes
+from dlrfeed_testing.bench.growth_profile import STORED_IN, table_sizes
 from dlrfeed_testing.bench.growth_traffic import Traffic, ingest_rounds
 
 
@@ -40,7 +40,7 @@ async def test_each_floor_keeps_its_columns_of_every_row(
         for table, names in _columns(floor).items():
             copy = f"{floor.schema}.{table}"
             copied = floor.copied.get(table)
-            source = f"dlr.{copied.stored_in or table}" if copied else f"dlr.{table}"
+            source = f"dlr.{copied.stored_in or table}" if copied else f"dlr.{STORED_IN[table]}"
             if not floor.copies_values:
                 # Stand-ins of the values' width: the same rows, counted.
                 store_rows = await db.fetchval(f"SELECT count(*) FROM {source}")

@@ -122,11 +122,19 @@ async def test_late_correlation_writes_its_change_too(store: Store, db: asyncpg.
 async def test_a_rewrite_that_keeps_the_status_writes_no_change(
     store: Store, db: asyncpg.Connection
 ) -> None:
-    """Only status, is_final or reason count as a change (counters and timestamps do not)."""
+    """Only status, is_final or reason count as a change (counters and timestamps do not), and
+    a reason is what it reads, whether a row holds its text or its id (migration 0019)."""
     await _record(store, "m1")
     await store.ingest(LOGIN, [receipt("m1")])
     await db.execute("UPDATE dlr.message_status SET repeats = repeats + 1, updated_at = now()")
-    await db.execute("UPDATE dlr.message_status SET reason = 'edited by hand'")
+    # The same reason as text, as a row stored before migration 0019 holds it.
+    await db.execute(
+        "UPDATE dlr.message_status_rows SET reason = dlr.reason_text(reason, reason_id),"
+        " reason_id = NULL"
+    )
+    await db.execute(
+        "UPDATE dlr.message_status_rows SET reason = 'edited by hand', reason_id = NULL"
+    )
     changes = await _all_changes(db)
     assert [c.reason for c in changes][1:] == ["edited by hand"]
 
@@ -134,7 +142,7 @@ async def test_a_rewrite_that_keeps_the_status_writes_no_change(
 # -- the horizon ---------------------------------------------------------------------------
 
 _STATUS_ROW = """
-INSERT INTO dlr.message_status AS s (login, message_id, status, is_final, reason,
+INSERT INTO dlr.message_status_rows AS s (login, message_id, status, is_final, reason,
     supporting_event_id, rules_version)
 VALUES ($1, $2, $3, false, $3, 0, 'test')
 ON CONFLICT (login, message_id) DO UPDATE SET status = EXCLUDED.status, reason = EXCLUDED.reason

@@ -7,32 +7,32 @@
   both, field for field, though the first stores half of them by id: what `dlrfeed changes`,
   the follower and the relay show does not depend on when the store was migrated.
 - A reason too long for the dictionary, and any reason once the dictionary is full, is stored
-  in its change's row and reads back whole; so is a new one met by a REPEATABLE READ writer
-  after another added it. An id names its text for good.
+  in its change's row (and its status's, 0019) and reads back whole. An id names its text for
+  good.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from typing import Any
 
 import asyncpg
 import pytest
 
 from dlrfeed.store import Store, Submission
-from dlrfeed.store.changes import read_changes
-from dlrfeed.store.migrate import current_version, migrate
-from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
+from dlrfeed.store.migrate import current_version
 from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import apply_measured, install_with_traffic
+from dlrfeed_testing.migration_probe import (
+    apply_measured,
+    by_message,
+    changes_read,
+    install_migrating_halfway,
+    install_with_traffic,
+)
 from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import install_schema_before
 from dlrfeed_testing.rule_receipts import receipt
 
 CHANGE_REASONS = 18
-# Where a change stands and when it was written differ between any two stores.
-_STORE_SPECIFIC = {"position", "changed_at"}
 _BY_ID = "SELECT count(*) FROM dlr.status_change_rows WHERE reason IS NULL AND reason_id > 0"
 
 
@@ -82,60 +82,16 @@ async def test_it_changes_the_catalog_only_under_brief_locks(databases: list[str
     assert cost.wal_bytes < 1024 * 1024
 
 
-async def _drive(dsn: str, *, migrate_at: int) -> None:
-    """The schema before 0018, then a round and a half of traffic (its second round's records
-    correlate receipts late), migrated after `migrate_at` batches."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_schema_before(conn, CHANGE_REASONS)
-    finally:
-        await conn.close()
-    traffic = Traffic(seed=11)
-    batches = 0
-    for batches_this_round in (BATCHES_PER_ROUND, BATCHES_PER_ROUND // 2):
-        store = await Store.open(dsn, pool_size=1)
-        try:
-            await store.record_submissions(traffic.submissions())
-            for index in range(batches_this_round):
-                if batches == migrate_at:
-                    await migrate(dsn)
-                await store.ingest(LOGIN, traffic.batch(index))
-                batches += 1
-        finally:
-            await store.close()
-    if batches <= migrate_at:
-        await migrate(dsn)
-
-
-async def _answers(dsn: str) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        changes = await read_changes(conn, 0, 1_000_000)
-    finally:
-        await conn.close()
-    return [
-        {k: v for k, v in change.to_json().items() if k not in _STORE_SPECIFIC}
-        for change in changes
-    ]
-
-
-def _by_message(answers: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    for answer in answers:
-        grouped.setdefault(answer["message_id"], []).append(answer)
-    return grouped
-
-
 async def test_a_store_migrated_halfway_reads_the_same_changes(databases: list[str]) -> None:
     halfway, at_the_end = databases
-    await _drive(halfway, migrate_at=BATCHES_PER_ROUND // 2)
-    await _drive(at_the_end, migrate_at=10**9)
-    answers = await _answers(halfway)
+    await install_migrating_halfway(halfway, CHANGE_REASONS)
+    await install_migrating_halfway(at_the_end, CHANGE_REASONS, migrate_at=None)
+    answers = await changes_read(halfway)
     assert len(answers) > 10_000
     assert {a["previous_reason"] for a in answers} > {None}
     # Each message's changes in their order (the order of changes one transaction wrote for
     # different messages is not a fact of the log: they share its epoch).
-    assert _by_message(answers) == _by_message(await _answers(at_the_end))
+    assert by_message(answers) == by_message(await changes_read(at_the_end))
     conn = await asyncpg.connect(halfway)
     try:
         by_id = int(await conn.fetchval(_BY_ID))
@@ -182,34 +138,6 @@ async def test_reasons_the_dictionary_does_not_take_are_kept_in_the_row(
     assert stored["short"][0] is None
     assert stored["short"][1] is not None
     assert stored["closed"] == (shown["closed"], None)
-
-
-async def test_a_repeatable_read_writer_keeps_a_text_added_after_its_snapshot_in_its_row(
-    database_url: str, db: asyncpg.Connection
-) -> None:
-    """Without the fallback, its ON CONFLICT would fail to serialize on the other's text."""
-    insert = (
-        "INSERT INTO dlr.message_status (login, message_id, status, is_final, reason,"
-        " supporting_event_id, rules_version) VALUES ($1, $2, 'ENROUTE', false, 'new wording',"
-        " 1, 'v')"
-    )
-    late = await asyncpg.connect(database_url)
-    try:
-        async with late.transaction(isolation="repeatable_read"):
-            await late.fetchval("SELECT 1")  # its snapshot, taken before the other's commit
-            await db.execute(insert, LOGIN, "first")
-            await late.execute(insert, LOGIN, "second")
-    finally:
-        await late.close()
-    stored = {
-        r["message_id"]: (r["reason"], r["reason_id"])
-        for r in await db.fetch("SELECT message_id, reason, reason_id FROM dlr.status_change_rows")
-    }
-    assert stored["first"][0] is None
-    assert stored["first"][1] is not None
-    assert stored["second"] == ("new wording", None)
-    shown = await db.fetch("SELECT reason FROM dlr.status_changes")
-    assert [r["reason"] for r in shown] == ["new wording", "new wording"]
 
 
 async def test_an_id_names_its_text_for_good(db: asyncpg.Connection) -> None:

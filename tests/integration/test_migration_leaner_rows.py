@@ -185,8 +185,12 @@ async def recomputed(dsn: str) -> dict[str, Any]:
     computed again from its deliveries, replayed: its result, the statuses and the audit."""
     conn = await asyncpg.connect(dsn)
     try:
+        # The statuses' table: dlr.message_status itself before migration 0019, its rows table
+        # (whose reason may be held by id) after.
+        by_id = await conn.fetchval("SELECT to_regclass('dlr.message_status_rows') IS NOT NULL")
         await conn.execute(
-            "UPDATE dlr.message_status SET status = 'UNKNOWN', reason = 'made wrong by the test',"
+            f"UPDATE dlr.message_status{'_rows' if by_id else ''} SET status = 'UNKNOWN',"
+            f" reason = 'made wrong by the test'{', reason_id = NULL' if by_id else ''},"
             " repeats = 99"
         )
         for login, options in (

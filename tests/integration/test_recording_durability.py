@@ -19,6 +19,7 @@ import pytest
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
+from dlrfeed.store.queries import STATUS_WRITES
 from dlrfeed.store.recording import record_submissions
 from dlrfeed.store.submission import SubmissionResult
 from dlrfeed_testing.pgcluster import PgCluster, free_port
@@ -92,7 +93,9 @@ async def test_a_chunk_holds_its_ids_locks_and_a_few_more_whatever_the_call(
     conn = await asyncpg.connect(own_dsn)
     try:
         async with conn.transaction():  # kept open: the locks are counted before the commit
-            await record_submissions(conn, IntegrationOptions(), _submissions("l", CHUNK))
+            await record_submissions(
+                conn, IntegrationOptions(), _submissions("l", CHUNK), STATUS_WRITES
+            )
             locks = await conn.fetch(
                 "SELECT locktype, count(*) AS n FROM pg_locks"
                 " WHERE pid = pg_backend_pid() GROUP BY locktype"

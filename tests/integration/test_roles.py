@@ -36,7 +36,14 @@ from dlrfeed_testing.pgcluster import PgCluster
 from gateway.receipts.v1 import feed_pb2
 
 ROLES_SQL = Path(__file__).resolve().parents[2] / "sql" / "roles.sql"
-TABLES = ("messages", "events", "receptions", "message_status", "exceptions", "schema_version")
+TABLES = (
+    "messages",
+    "events",
+    "receptions",
+    "message_status_rows",  # the statuses' table, behind the view dlr.message_status (0019)
+    "exceptions",
+    "schema_version",
+)
 LOGINS = {
     "t_owner": "dlrfeed_owner",
     "t_writer": "dlrfeed_writer",
@@ -210,9 +217,10 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "UPDATE dlr.events SET stat = 'DELIVRD'",
         "DELETE FROM dlr.events",
         "DELETE FROM dlr.message_status",
+        "DELETE FROM dlr.message_status_rows",
         "UPDATE dlr.exceptions SET kind = 'conflict'",
         "DELETE FROM dlr.exceptions",
-        "TRUNCATE dlr.events, dlr.exceptions, dlr.message_status, dlr.messages",
+        "TRUNCATE dlr.events, dlr.exceptions, dlr.message_status_rows, dlr.messages",
         "INSERT INTO dlr.schema_version (version, name) VALUES (99, 'x')",
         "ALTER TABLE dlr.receptions DISABLE TRIGGER receptions_append_only",
         "DROP TABLE dlr.receptions",
@@ -299,6 +307,7 @@ async def test_reader_runs_the_operator_reports(roles_db: RoleDatabase) -> None:
     [
         *(f"DELETE FROM dlr.{table}" for table in TABLES),
         *(f"TRUNCATE dlr.{table}" for table in TABLES),
+        "DELETE FROM dlr.message_status",
         "INSERT INTO dlr.messages (login, message_id, internal_id, destination, "
         "destination_raw, destination_is_e164) VALUES ('a', 'b', 'c', 'd', 'd', false)",
         "UPDATE dlr.message_status SET status = 'DELIVERED'",

@@ -39,11 +39,16 @@ class RecomputeResult:
 
 
 async def recompute(
-    conn: Connection, options: IntegrationOptions, *, every: bool, chunk: int
+    conn: Connection,
+    options: IntegrationOptions,
+    *,
+    every: bool,
+    chunk: int,
+    writes: queries.StatusWrites,
 ) -> RecomputeResult:
     """Recompute the stale status rows (all with `every`) on `conn`, `chunk` messages at a
-    time, each login's part of a chunk in its own transaction (see `Store.recompute`, which
-    translates the driver's errors)."""
+    time, each login's part of a chunk in its own transaction, writing with `writes` (see
+    `Store.recompute`, which translates the driver's errors)."""
     examined = changed = 0
     after = ("", "")
     while True:
@@ -63,13 +68,17 @@ async def recompute(
             by_login.setdefault(key["login"], []).append(key["message_id"])
         for login, message_ids in by_login.items():
             async with write_transaction(conn):
-                changed += await _recompute_chunk(conn, options, login, message_ids)
+                changed += await _recompute_chunk(conn, options, login, message_ids, writes)
             examined += len(message_ids)
     return RecomputeResult(examined=examined, changed=changed)
 
 
 async def _recompute_chunk(
-    conn: Connection, options: IntegrationOptions, login: str, message_ids: list[str]
+    conn: Connection,
+    options: IntegrationOptions,
+    login: str,
+    message_ids: list[str],
+    writes: queries.StatusWrites,
 ) -> int:
     """Recompute the statuses of `message_ids` of `login` in the caller's transaction, under
     the message locks; the number of rows changed (each audited)."""
@@ -108,7 +117,7 @@ async def _recompute_chunk(
                 f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
             ]
         )
-    await queries.WRITE_RECOMPUTE.execute(
+    await writes.recompute.execute(
         conn,
         login=login,
         rules_version=RULES_VERSION,

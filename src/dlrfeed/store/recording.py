@@ -46,13 +46,16 @@ _RECORD_POSITIONS = (1, 3, 5, 6, 7, 8, 9)
 
 
 async def record_submissions(
-    conn: Connection, options: IntegrationOptions, submissions: Sequence[Submission]
+    conn: Connection,
+    options: IntegrationOptions,
+    submissions: Sequence[Submission],
+    writes: queries.StatusWrites,
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
-    transaction, and correlate the receipts that were waiting for them (see
-    `Store.record_submissions`, which translates the driver's errors). One durable step: only
-    the last chunk waits for the WAL flush, which makes every chunk before it durable too
-    (sql/submissions.sql, commit_without_flush_wait)."""
+    transaction, and correlate the receipts that were waiting for them, writing their statuses
+    with `writes` (see `Store.record_submissions`, which translates the driver's errors). One
+    durable step: only the last chunk waits for the WAL flush, which makes every chunk before it
+    durable too (sql/submissions.sql, commit_without_flush_wait)."""
     by_login: dict[str, list[Submission]] = {}
     for submission in submissions:
         by_login.setdefault(submission.login, []).append(submission)
@@ -66,7 +69,7 @@ async def record_submissions(
         async with write_transaction(conn):
             if number < len(chunks):
                 await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
-            new, applied = await _record_chunk(conn, options, login, chunk)
+            new, applied = await _record_chunk(conn, options, login, chunk, writes)
         recorded += new
         late += applied
     return SubmissionResult(
@@ -77,7 +80,11 @@ async def record_submissions(
 
 
 async def _record_chunk(
-    conn: Connection, options: IntegrationOptions, login: str, chunk: list[Submission]
+    conn: Connection,
+    options: IntegrationOptions,
+    login: str,
+    chunk: list[Submission],
+    writes: queries.StatusWrites,
 ) -> tuple[int, int]:
     """Record one chunk of `login`'s submissions in the caller's transaction: the number newly
     recorded and the number of events correlated late."""
@@ -135,7 +142,7 @@ async def _record_chunk(
     to_resolve = await queries.LOCK_OPEN_UNCORRELATED.fetch(
         conn, event_ids=late_events, resolutions=[resolutions[e] for e in late_events]
     )
-    await queries.WRITE_LATE_CORRELATION.fetchval(
+    await writes.late_correlation.fetchval(
         conn,
         login=login,
         rules_version=RULES_VERSION,

@@ -200,6 +200,7 @@ class Store:
         through_pooler: bool = False,
         server: ServerFacts | None = None,
         full_rows: bool = False,
+        status_writes: queries.StatusWrites = queries.STATUS_WRITES,
     ) -> None:
         self._pool = pool
         self.options = options
@@ -210,6 +211,9 @@ class Store:
         self.full_rows = full_rows
         """Rows written whole, as before migration 0016, on an older schema (met only by tests
         that migrate an old store: the services refuse a schema behind the code)."""
+        self.status_writes = status_writes
+        """How statuses are written: by reason id, or as text on a schema before 0019 (met
+        only by tests, as full_rows)."""
 
     @classmethod
     async def open(
@@ -249,6 +253,7 @@ class Store:
                 )
                 version = await readable_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
                 full_rows = version is not None and version < _LEAN_ROWS_VERSION
+                by_text = version is not None and version < queries.STATUS_REASONS_BY_ID_VERSION
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, _CONNECTION_ERRORS):
@@ -260,6 +265,7 @@ class Store:
             through_pooler=through_pooler,
             server=facts,
             full_rows=full_rows,
+            status_writes=queries.STATUS_WRITES_BY_TEXT if by_text else queries.STATUS_WRITES,
         )
 
     async def close(self) -> None:
@@ -534,7 +540,7 @@ class Store:
         kinds, message_ids, details, exception_event_ids, positions = column_arrays(
             plan.exceptions, 5
         )
-        await queries.WRITE_BATCH.execute(
+        await self.status_writes.batch.execute(
             conn,
             login=login,
             rules_version=RULES_VERSION,
@@ -568,7 +574,9 @@ class Store:
         """
         try:
             async with self._pool.acquire() as conn:
-                return await recording.record_submissions(conn, self.options, submissions)
+                return await recording.record_submissions(
+                    conn, self.options, submissions, self.status_writes
+                )
         except _DATA_ERRORS as exc:
             # Chunks already committed stay, durable once the server flushes its WAL (within
             # wal_writer_delay); recording is idempotent: run the file again.
@@ -590,6 +598,8 @@ class Store:
         """
         try:
             async with self._pool.acquire() as conn:
-                return await recompute.recompute(conn, self.options, every=every, chunk=chunk)
+                return await recompute.recompute(
+                    conn, self.options, every=every, chunk=chunk, writes=self.status_writes
+                )
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc

@@ -31,6 +31,7 @@ import asyncpg
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
+from dlrfeed.store.queries import STATUS_ROWS_TABLE
 from dlrfeed_testing.bench.store import make_receipts
 from dlrfeed_testing.local_login import LOGIN
 from dlrfeed_testing.pgcluster import PgCluster, throwaway_cluster
@@ -81,7 +82,7 @@ async def _prepare(cluster: PgCluster, name: str, variant: str, message_ids: lis
         if variant == "off":
             # The change log's triggers only: the row trigger that keeps change_epoch stays.
             for trigger in _CHANGE_LOG_TRIGGERS:
-                await conn.execute(f"ALTER TABLE dlr.message_status DISABLE TRIGGER {trigger}")
+                await conn.execute(f"ALTER TABLE dlr.{STATUS_ROWS_TABLE} DISABLE TRIGGER {trigger}")
         elif variant == "log":
             source = await conn.fetchval(
                 "SELECT pg_get_functiondef('dlr.record_status_changes'::regproc)"

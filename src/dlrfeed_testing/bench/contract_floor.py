@@ -19,8 +19,8 @@ Floors, each a schema of its own holding copies of the grown store's rows:
   last reception times, the sent message's raw destination, source and route, the queue's
   resolutions.
 
-Both keep dlrfeed's column types, column order and reason texts (the status's as text, the
-change log's as dlrfeed stores them since migration 0018: by id in dlr.reasons, as text where
+Both keep dlrfeed's column types, column order and reasons as dlrfeed stores them (the
+change log's since migration 0018, the status's since 0019: by id in dlr.reasons, as text where
 the dictionary has none): they measure what these rows need in this layout. A third,
 `lean_floor`, holds the required floor's columns laid out to waste nothing (fixed-width
 columns first, the narrowest integers, versions and outcome as smallint codes), the reasons
@@ -104,7 +104,9 @@ _CONTRACT_STATUS = (
     StatusColumn("message_id", "text", "message_id"),
     StatusColumn("status", "text", "status"),
     StatusColumn("is_final", "boolean", "is_final"),
+    # As dlrfeed stores it since migration 0019: by id where the dictionary holds it.
     StatusColumn("reason", "text", "reason"),
+    StatusColumn("reason_id", "integer", "reason_id"),
     # When the status last changed (the store's updated_at also moves when a repeat only
     # counts, which changes no status).
     StatusColumn("updated_at", "timestamptz", "changed_at"),
@@ -249,6 +251,7 @@ LEAN_FLOOR = Floor(
     (
         StatusColumn("supporting_event_id", "bigint", "supporting_event_id"),
         StatusColumn("updated_at", "timestamptz", "changed_at"),
+        StatusColumn("reason_id", "integer", "reason_id"),
         StatusColumn("rules_version", "smallint", "1::smallint"),
         StatusColumn("is_final", "boolean", "is_final"),
         StatusColumn("login", "text", "login"),
@@ -322,10 +325,11 @@ async def _replay_statuses(writer: asyncpg.Connection, dsn: str, floor: Floor) -
         + ", ".join(f"{c.name} = EXCLUDED.{c.name}" for c in columns if c.name not in _STATUS_KEY)
     )
     # Every change that set a status (a withdrawal, status NULL, sets none: the growth
-    # traffic has no recompute to withdraw one).
+    # traffic has no recompute to withdraw one), its reason as its status row holds it (the
+    # change log's trigger copies it so).
     changes = (
         f"SELECT {', '.join(f'{c.source} AS {c.name}' for c in columns)}"
-        " FROM dlr.status_changes WHERE status IS NOT NULL ORDER BY position"
+        f" FROM dlr.{_CHANGE_ROWS} WHERE status IS NOT NULL ORDER BY position"
     )
     reader = await asyncpg.connect(dsn)
     try:

@@ -8,6 +8,7 @@ import re
 
 import asyncpg
 
+from dlrfeed.store.queries import STATUS_ROWS_TABLE
 from dlrfeed.store.retention import DAY_PARTITIONED
 from dlrfeed_testing.bench.store_ab import cluster_cpu_seconds
 from dlrfeed_testing.pgcluster import PgCluster
@@ -37,10 +38,11 @@ GROWING_TABLES = (
     "status_changes",
     "exceptions",
 )
-# Where a growing table's rows are stored when its name in dlr is a view of them (migration
-# 0018: dlr.status_changes shows dlr.status_change_rows with its reasons' texts), as retention
-# knows it. The reports keep the readers' name; sizes and row profiles are the stored table's.
-STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED}
+# Where a growing table's rows are stored when its name in dlr is a view of them (migrations
+# 0018 and 0019: dlr.status_changes and dlr.message_status show their rows tables with the
+# reasons' texts), as retention and the store know them. The reports keep the readers' name;
+# sizes and row profiles are the stored table's.
+STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED} | {"message_status": STATUS_ROWS_TABLE}
 # A partition's name is its table's with the day (or "_default") after it.
 _PARTITION_DAY = re.compile(r"_(before_)?[0-9]{8}|_default")
 LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself

@@ -103,7 +103,12 @@ async def profile(dsn: str, login: str, ids: int, late: int, settings: dict[str,
         wall, cpu = time.perf_counter(), _cpu_seconds(timed.backend)
         try:
             # The recording code's Connection type, met by the methods it uses.
-            result = await record_submissions(timed, IntegrationOptions(), submissions)  # type: ignore[arg-type]
+            result = await record_submissions(
+                timed,  # type: ignore[arg-type]
+                IntegrationOptions(),
+                submissions,
+                queries.STATUS_WRITES,
+            )
             total_ms = 1000 * (time.perf_counter() - wall)
             total_cpu_ms = 1000 * (_cpu_seconds(timed.backend) - cpu)
         finally:

@@ -13,7 +13,8 @@ Two things cannot be bind parameters in PostgreSQL, and are handled here without
 values into SQL:
 - a fragment shared word for word by several statements (the status upsert) is a
   `-- fragment: <name>` block, spliced at load time where a statement has a line
-  `-- include: <name>` (composition of fixed text, never of values);
+  `-- include: <name>` (composition of fixed text, never of values); `query(name, include=
+  other)` splices another fragment there, for a store at an older schema;
 - a table name that is only known at run time (a day partition) is written `{partition}` and
   filled by `query.naming(partition=…)`, which quotes it as an identifier.
 Every name is unique across all files (a duplicate refuses to load), and every statement is
@@ -25,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -140,8 +142,9 @@ def _compile(name: str, source: str) -> Query:
     return Query(name, text, tuple(positions), tuple(identifiers), source)
 
 
-def parse(files: Mapping[str, str]) -> dict[str, Query]:
-    """The statements of `files` (file name → text) by name, fragments spliced in.
+def parse(files: Mapping[str, str], instead: Mapping[str, str] | None = None) -> dict[str, Query]:
+    """The statements of `files` (file name → text) by name, fragments spliced in; `instead`
+    maps an included fragment to another spliced in its place.
 
     SqlFileError when a name is used twice (in one file or across files), a block is empty, or
     an include names no fragment. A block's leading comment lines (its why) are not sent.
@@ -168,6 +171,10 @@ def parse(files: Mapping[str, str]) -> dict[str, Query]:
         for name, (kind, _, lines) in blocks.items()
         if kind == "fragment"
     }
+    for include, replacement in (instead or {}).items():
+        if replacement not in fragments:
+            raise SqlFileError(f"no fragment {replacement!r} to splice instead of {include!r}")
+        fragments[include] = fragments[replacement]
     return {
         name: _compile(name, "\n".join(_spliced(name, _statement_lines(name, lines), fragments)))
         for name, (kind, _, lines) in blocks.items()
@@ -216,6 +223,16 @@ STATEMENTS: Mapping[str, Query] = parse(_packaged_files())
 """Every statement shipped with dlrfeed, by name."""
 
 
-def query(name: str) -> Query:
-    """The statement called `name` (KeyError at import time for a name no file defines)."""
-    return STATEMENTS[name]
+def query(name: str, **instead: str) -> Query:
+    """The statement called `name` (KeyError at import time for a name no file defines).
+
+    `instead` splices another fragment where the statement includes one (include name →
+    fragment name): the same statement as a store at an older schema takes it."""
+    if not instead:
+        return STATEMENTS[name]
+    return _statements_instead(tuple(sorted(instead.items())))[name]
+
+
+@cache
+def _statements_instead(instead: tuple[tuple[str, str], ...]) -> Mapping[str, Query]:
+    return parse(_packaged_files(), dict(instead))

@@ -9,7 +9,39 @@
 -- writes: :statuses is a jsonb array of rows (message_id, status, is_final, reason,
 -- supporting_event_id, repeats, conflicts, progress_events, deadline_superseded,
 -- supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags joined
--- by spaces).
+-- by spaces). Written to the rows table behind the view dlr.message_status (migration 0019):
+-- each reason by its id in dlr.reasons, resolved once for the statement's distinct texts
+-- (dlr.reason_ids adds those the dictionary lacks), as text where the dictionary has none;
+-- no flags as NULL.
+    INSERT INTO dlr.message_status_rows (
+        login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
+        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
+        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
+    SELECT :login, s.r->>0, s.r->>1, (s.r->>2)::boolean,
+           CASE WHEN d.id IS NULL THEN s.r->>3 END, d.id, (s.r->>4)::bigint,
+           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, :rules_version,
+           now(), (s.r->>9)::bigint, (s.r->>10)::bigint, s.r->>11, s.r->>12,
+           (s.r->>13)::timestamptz, nullif(string_to_array(s.r->>14, ' '), '{}')
+    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
+    LEFT JOIN dlr.reason_ids(ARRAY(
+        SELECT DISTINCT t.r->>3 FROM jsonb_array_elements(:statuses::jsonb) AS t(r)
+    )) AS d ON d.reason = s.r->>3
+    ON CONFLICT (login, message_id) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        reason_id = EXCLUDED.reason_id,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
+        supporting_reception_id = EXCLUDED.supporting_reception_id,
+        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
+        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
+        flags = EXCLUDED.flags
+
+-- fragment: upsert_statuses_by_text
+-- upsert_statuses as a store before migration 0019 takes it: into the table dlr.message_status,
+-- every reason as text, no flags as an empty array. The Store writes so to a store it finds
+-- at an older schema (dlrfeed.store.queries.StatusWrites).
     INSERT INTO dlr.message_status (
         login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
         progress_events, deadline_superseded, rules_version, updated_at,
