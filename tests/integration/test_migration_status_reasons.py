@@ -20,8 +20,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store
-from dlrfeed.store.migrate import current_version
+from dlrfeed.store.migrate import current_version, migrate
 from dlrfeed.store.reports import message_reports
 from dlrfeed_testing.bench.growth_traffic import Traffic
 from dlrfeed_testing.local_login import LOGIN
@@ -140,6 +141,30 @@ async def test_a_store_migrated_halfway_reads_the_same_answers(databases: list[s
     assert forms is not None
     assert forms["by_id"] > forms["rows"] / 2
     assert forms["no_flags"] > forms["rows"] / 2
+
+
+async def test_a_store_opened_before_it_stops_with_nothing_written(
+    databases: list[str],
+) -> None:
+    """A Store that still writes statuses to the table, now a view, stops as for any schema
+    change under it (the daemon exits 78) and commits nothing of the batch."""
+    dsn = databases[0]
+    await install_with_traffic(dsn, STATUS_REASONS)
+    traffic = Traffic(seed=8)
+    store = await Store.open(dsn, pool_size=1)
+    try:
+        await store.record_submissions(traffic.submissions())
+        await migrate(dsn)
+        conn = await asyncpg.connect(dsn)
+        try:
+            before = await conn.fetchval("SELECT count(*) FROM dlr.receptions")
+            with pytest.raises(SchemaOutOfDateError, match="schema changed"):
+                await store.ingest(LOGIN, traffic.batch(0))
+            assert await conn.fetchval("SELECT count(*) FROM dlr.receptions") == before
+        finally:
+            await conn.close()
+    finally:
+        await store.close()
 
 
 async def test_a_repeatable_read_writer_keeps_a_text_added_after_its_snapshot_in_its_row(

@@ -100,11 +100,13 @@ _PASSING_SERVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InvalidTransactionStateError,
     asyncpg.exceptions.TransactionRollbackError,
 )
-# The statements name a table, column or function the database no longer has.
+# The statements name a table, column or function the database no longer has, or write a
+# table that has become a view (0019: dlr.message_status).
 _SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedTableError,
     asyncpg.exceptions.UndefinedColumnError,
     asyncpg.exceptions.UndefinedFunctionError,
+    asyncpg.exceptions.FeatureNotSupportedError,
 )
 _DEADLOCK_RETRIES = 8
 # From this schema on a reception leaves its event's content to it (0016_leaner_rows).

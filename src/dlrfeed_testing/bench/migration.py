@@ -25,6 +25,7 @@ from typing import Any
 
 import asyncpg
 
+from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store
 from dlrfeed_testing.bench.growth_configs import config_cluster
 from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic, ingest_rounds
@@ -34,20 +35,38 @@ from dlrfeed_testing.retention_support import install_schema_before
 
 
 async def _ingest_beside(
-    store: Store, traffic: Traffic, stop: asyncio.Event, log: list[tuple[float, float]]
-) -> None:
+    dsn: str, traffic: Traffic, stop: asyncio.Event, log: list[tuple[float, float]]
+) -> int:
     """Batches until `stop`, each logged as (start, seconds), while each round's messages are
-    recorded beside them (the sending application does not wait for the daemon)."""
-    while not stop.is_set():
-        recording = asyncio.create_task(store.record_submissions(traffic.submissions()))
-        for index in range(BATCHES_PER_ROUND):
-            if stop.is_set():
-                break
-            batch = traffic.batch(index)
-            started = time.monotonic()
-            await store.ingest(LOGIN, batch)
-            log.append((started, time.monotonic() - started))
-        await recording
+    recorded beside them (the sending application does not wait for the daemon). A batch the
+    migrated schema refuses (a migration that renames what the old statements write) is
+    taken again by a Store opened anew, as an upgrade's restarted daemon takes the batch the
+    gateway redelivers; its time includes the restart. Returns how many restarts there were."""
+    restarts = 0
+    store = await Store.open(dsn, pool_size=2)
+    try:
+        while not stop.is_set():
+            submissions = traffic.submissions()
+            recording = asyncio.create_task(store.record_submissions(submissions))
+            for index in range(BATCHES_PER_ROUND):
+                if stop.is_set():
+                    break
+                batch = traffic.batch(index)
+                started = time.monotonic()
+                try:
+                    await store.ingest(LOGIN, batch)
+                except SchemaOutOfDateError:
+                    await asyncio.gather(recording, return_exceptions=True)
+                    await store.close()
+                    store = await Store.open(dsn, pool_size=2)
+                    recording = asyncio.create_task(store.record_submissions(submissions))
+                    await store.ingest(LOGIN, batch)
+                    restarts += 1
+                log.append((started, time.monotonic() - started))
+            await recording
+    finally:
+        await store.close()
+    return restarts
 
 
 async def measure(receptions: int, version: int, root: Path) -> dict[str, Any]:
@@ -81,20 +100,16 @@ async def measure(receptions: int, version: int, root: Path) -> dict[str, Any]:
             await conn.close()
         quiet = await apply_measured(copy, version)
 
-        store = await Store.open(dsn, pool_size=2)
-        try:
-            stop = asyncio.Event()
-            batches: list[tuple[float, float]] = []
-            beside = asyncio.create_task(_ingest_beside(store, traffic, stop, batches))
-            await asyncio.sleep(5)
-            migration_started = time.monotonic()
-            busy = await apply_measured(dsn, version)
-            migration_ended = time.monotonic()
-            await asyncio.sleep(5)
-            stop.set()
-            await beside
-        finally:
-            await store.close()
+        stop = asyncio.Event()
+        batches: list[tuple[float, float]] = []
+        beside = asyncio.create_task(_ingest_beside(dsn, traffic, stop, batches))
+        await asyncio.sleep(5)
+        migration_started = time.monotonic()
+        busy = await apply_measured(dsn, version)
+        migration_ended = time.monotonic()
+        await asyncio.sleep(5)
+        stop.set()
+        restarts = await beside
     finally:
         cluster.destroy()
     before = [s for at, s in batches if at + s < migration_started]
@@ -123,6 +138,7 @@ async def measure(receptions: int, version: int, root: Path) -> dict[str, Any]:
             "batch_ms_max_before": round(1000 * max(before), 1) if before else None,
             "batches_overlapping": len(during),
             "batch_ms_overlapping": [round(1000 * d, 1) for d in during],
+            "restarts": restarts,
         },
     }
 

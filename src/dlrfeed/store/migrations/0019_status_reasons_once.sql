@@ -21,9 +21,9 @@
 -- Locks: ACCESS EXCLUSIVE on dlr.message_status, held to the commit. Every step is a catalog
 -- change (the new column is NULL, dropping NOT NULL checks nothing, a rename moves no row), so
 -- it is held for milliseconds whatever the table's size; reads wait that long too.
--- lock_timeout bounds the wait for it, as in 0016-0018. A daemon of the release before this
--- one that is still running stops at its next status write (exit 78, docs/systemd.md) without
--- acking that batch.
+-- lock_timeout bounds the wait for it, as in 0016-0018. A dlrfeed process from before it that
+-- is still running fails its next status write (it writes the view), with nothing of that
+-- batch committed or acked; restarted, it refuses the newer schema (exit 78, docs/systemd.md).
 
 SET LOCAL lock_timeout = '5s';
 
