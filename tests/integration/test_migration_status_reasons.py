@@ -203,3 +203,29 @@ async def test_a_traffic_s_statuses_name_a_few_reasons(
     assert forms["rows"] > 100
     assert forms["by_text"] == 0
     assert await db.fetchval("SELECT count(*) FROM dlr.reasons") <= 4
+
+
+async def test_a_status_names_only_an_id_the_dictionary_gave_and_one_form(
+    db: asyncpg.Connection, store: Store
+) -> None:
+    """An id not yet drawn would make its logged change read whatever text it is given later;
+    a text beside an id would hide it."""
+    traffic = Traffic(seed=6)
+    await store.record_submissions(traffic.submissions())
+    await store.ingest(LOGIN, traffic.batch(0))
+    with pytest.raises(asyncpg.RaiseError, match="does not hold"):
+        await db.execute(
+            "UPDATE dlr.message_status_rows SET reason_id = 1 + (SELECT max(id) FROM dlr.reasons)"
+        )
+    with pytest.raises(asyncpg.CheckViolationError):
+        await db.execute("UPDATE dlr.message_status_rows SET reason = 'and a text'")
+
+
+async def test_the_dictionary_stops_at_its_bound_whatever_one_call_brings(
+    db: asyncpg.Connection,
+) -> None:
+    await db.execute("SELECT setval('dlr.reasons_id_seq', 99998)")
+    added = await db.fetch(
+        "SELECT reason, id FROM dlr.reason_ids(ARRAY['a', 'b', 'c', 'd']) ORDER BY id"
+    )
+    assert [tuple(r) for r in added] == [("a", 99999), ("b", 100000)]

@@ -186,6 +186,10 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is not None
         assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is None
         await writer.execute(store_queries.RECORD_UNSTORABLE_REDELIVERY.text, *poison)
+        # The statuses it wrote read back through the view, reasons as text (0019).
+        reasons = await writer.fetch("SELECT reason FROM dlr.message_status")
+        assert reasons
+        assert all(r["reason"] for r in reasons)
     finally:
         await writer.close()
     conn = await asyncpg.connect(roles_db.superuser)

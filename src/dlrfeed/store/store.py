@@ -328,6 +328,8 @@ class Store:
                 "see sql/roles.sql and docs/security.md"
             ) from exc
         except _SCHEMA_CHANGED_ERRORS as exc:
+            if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
+                raise  # the driver's own 0A000: a plan to make again, not a schema behind
             # A migration ran while this daemon was up: its statements no longer fit the
             # tables. Nothing was committed or acked (the gateway redelivers); stop, in one line.
             raise SchemaOutOfDateError(

@@ -110,8 +110,12 @@ async def row_profile(conn: asyncpg.Connection, stored: int) -> dict[str, dict[s
     if not stored:
         return {}
     live: dict[str, int] = {}
+    shown_as = {stored_in: table for table, stored_in in STORED_IN.items()}
     for r in await conn.fetch(LIVE_ROWS):
+        # A day's name is its table's with the day after it; the statuses' table is named
+        # apart from its view.
         table = _PARTITION_DAY.sub("", str(r["relname"]))
+        table = shown_as.get(table, table)
         live[table] = live.get(table, 0) + int(r["n_live_tup"])
     profile: dict[str, dict[str, float]] = {}
     for table in GROWING_TABLES:

@@ -40,12 +40,14 @@ COMMENT ON COLUMN dlr.message_status_rows.reason_id IS
 COMMENT ON COLUMN dlr.message_status_rows.flags IS
     'the status''s flags; NULL when it has none (migration 0019)';
 
--- Every status has its reason, as text or by id: checked on every row written from now on (NOT
--- VALID: the stored rows all have their text, and proving it would read the table under the
--- lock).
+-- Every status has its reason, as text or by id, not both (the text would hide the id's):
+-- checked on every row written from now on (NOT VALID: the stored rows all have their text,
+-- and proving it would read the table under the lock). That an id is the dictionary's is
+-- checked by the change log's trigger (below), not by a foreign key, whose row locks would
+-- make the dictionary's busiest rows a write of every status.
 ALTER TABLE dlr.message_status_rows
     ADD CONSTRAINT message_status_rows_reason_check
-    CHECK (reason IS NOT NULL OR reason_id IS NOT NULL) NOT VALID;
+    CHECK (num_nonnulls(reason, reason_id) = 1) NOT VALID;
 
 CREATE VIEW dlr.message_status AS
 SELECT s.login, s.message_id, s.status, s.is_final,
@@ -56,6 +58,32 @@ SELECT s.login, s.message_id, s.status, s.is_final,
 FROM dlr.message_status_rows AS s;
 COMMENT ON VIEW dlr.message_status IS
     'the computed status of each correlated message (P7), its reason as text (migration 0019)';
+
+-- Restated from 0018: never past the bound, however many texts one call brings (it was
+-- checked once, before a call's whole set was added).
+CREATE OR REPLACE FUNCTION dlr.add_reasons(candidates text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    missing text[];
+    room bigint := 100000 - coalesce(pg_sequence_last_value('dlr.reasons_id_seq'::regclass), 0);
+BEGIN
+    SELECT array_agg(c.reason ORDER BY c.reason) INTO missing
+    FROM unnest(candidates) AS c (reason)
+    WHERE octet_length(c.reason) <= 1000
+      AND NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.reason = c.reason);
+    IF missing IS NULL OR room <= 0 THEN
+        RETURN;
+    END IF;
+    BEGIN
+        INSERT INTO dlr.reasons (reason)
+        SELECT m.reason FROM unnest(missing) WITH ORDINALITY AS m (reason, n)
+        ORDER BY m.n LIMIT room
+        ON CONFLICT (reason) DO NOTHING;
+    EXCEPTION WHEN serialization_failure THEN
+        NULL;  -- the statuses and changes keep these texts in their rows
+    END;
+END;
+$$;
 
 -- The ids of those of `texts` the dictionary holds, after adding those it lacks and may take
 -- (dlr.add_reasons, 0018). Its second statement takes its own snapshot (READ COMMITTED), so
@@ -69,6 +97,23 @@ BEGIN
 END;
 $$;
 REVOKE ALL ON FUNCTION dlr.reason_ids(text[]) FROM PUBLIC;
+
+-- A status may name only an id the dictionary gave: the writer role writes reason_id, and a
+-- change logged with an id not yet drawn would later read whatever text is given it.
+CREATE FUNCTION dlr.check_reason_ids(ids integer[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    unknown integer;
+BEGIN
+    SELECT i INTO unknown FROM unnest(ids) AS i
+    WHERE NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.id = i)
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'a status names reason id %, which dlr.reasons does not hold', unknown;
+    END IF;
+END;
+$$;
+REVOKE ALL ON FUNCTION dlr.check_reason_ids(integer[]) FROM PUBLIC;
 
 -- Restated from 0018: a change takes its reason as the status row holds it, by id or as text,
 -- and the previous reason as the previous row held it. A row stored before this migration holds
@@ -86,6 +131,8 @@ DECLARE
     written bigint;
 BEGIN
     IF TG_OP = 'INSERT' THEN
+        PERFORM dlr.check_reason_ids(ARRAY(
+            SELECT DISTINCT n.reason_id FROM new_rows AS n WHERE n.reason_id IS NOT NULL));
         INSERT INTO dlr.status_change_rows (
             position, changed_at, login, message_id, status, is_final, reason, reason_id,
             supporting_event_id, rules_version)
@@ -97,6 +144,8 @@ BEGIN
         LEFT JOIN LATERAL dlr.latest_withdrawal(n.login, n.message_id, recent, horizon) AS w
             ON true;
     ELSIF TG_OP = 'UPDATE' THEN
+        PERFORM dlr.check_reason_ids(ARRAY(
+            SELECT DISTINCT n.reason_id FROM new_rows AS n WHERE n.reason_id IS NOT NULL));
         INSERT INTO dlr.status_change_rows (
             position, changed_at, login, message_id, status, is_final, reason, reason_id,
             supporting_event_id, rules_version, previous_status, previous_is_final,
@@ -152,14 +201,16 @@ BEGIN
 END;
 $$;
 
--- Privileges: the view gets what each role had on the table (the writer reads statuses by the
--- view's name and writes the rows table; the reader reads the view). DELETE through the view
--- needs the privilege on the view, which the schema's owner has.
+-- Privileges: the writer and the reader read the view (its reasons from the dictionary); the
+-- writer writes the rows table, which keeps its grants through the rename, resolving reasons
+-- through dlr.reason_ids. Only the schema's owner deletes or locks rows through the view (the
+-- recompute, forgetting). A site role granted SELECT on the table keeps it on the rows table;
+-- to read the view it needs SELECT on dlr.message_status and dlr.reasons.
 REVOKE ALL ON dlr.message_status FROM PUBLIC;
 DO $grants$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_writer') THEN
-        GRANT SELECT ON dlr.message_status TO dlrfeed_writer;
+        GRANT SELECT ON dlr.message_status, dlr.reasons TO dlrfeed_writer;
         GRANT EXECUTE ON FUNCTION dlr.reason_ids(text[]) TO dlrfeed_writer;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN

@@ -171,10 +171,10 @@ def parse(files: Mapping[str, str], instead: Mapping[str, str] | None = None) ->
         for name, (kind, _, lines) in blocks.items()
         if kind == "fragment"
     }
-    for include, replacement in (instead or {}).items():
-        if replacement not in fragments:
-            raise SqlFileError(f"no fragment {replacement!r} to splice instead of {include!r}")
-        fragments[include] = fragments[replacement]
+    unknown = sorted({*(instead or {}), *(instead or {}).values()} - set(fragments))
+    if unknown:
+        raise SqlFileError(f"no fragment {unknown} to splice one for another")
+    fragments = {name: fragments[(instead or {}).get(name, name)] for name in fragments}
     return {
         name: _compile(name, "\n".join(_spliced(name, _statement_lines(name, lines), fragments)))
         for name, (kind, _, lines) in blocks.items()
