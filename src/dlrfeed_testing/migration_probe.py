@@ -101,15 +101,20 @@ async def apply_measured(dsn: str, version: int) -> MigrationCost:
     return MigrationCost(held, statements_ms, commit_ms, wal_bytes, rewritten)
 
 
-async def install_with_traffic(dsn: str, version: int) -> None:
-    """An empty database made a store as released before migration `version`, holding a few
-    thousand receptions of the growth benchmark's traffic (half a round: progress, results,
-    repeats, with their statuses and changes): the installed store a migration meets."""
+async def install_before(dsn: str, version: int) -> None:
+    """The empty database at `dsn` made a store as released before migration `version`."""
     conn = await asyncpg.connect(dsn)
     try:
         await install_schema_before(conn, version)
     finally:
         await conn.close()
+
+
+async def install_with_traffic(dsn: str, version: int) -> None:
+    """An empty database made a store as released before migration `version`, holding a few
+    thousand receptions of the growth benchmark's traffic (half a round: progress, results,
+    repeats, with their statuses and changes): the installed store a migration meets."""
+    await install_before(dsn, version)
     traffic = Traffic(seed=7)
     store = await Store.open(dsn, pool_size=1)
     try:
@@ -127,11 +132,7 @@ async def install_migrating_halfway(
     a half of the growth benchmark's traffic (its second round's records correlate receipts
     late), the store migrated to the latest schema after `migrate_at` batches (None: after
     all of them). The Store stops for the migration and starts again, as an upgrade does."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_schema_before(conn, version)
-    finally:
-        await conn.close()
+    await install_before(dsn, version)
     traffic = Traffic(seed=11)
     batches = 0
     for batches_this_round in (BATCHES_PER_ROUND, BATCHES_PER_ROUND // 2):

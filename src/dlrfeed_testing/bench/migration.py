@@ -30,8 +30,7 @@ from dlrfeed.store import Store
 from dlrfeed_testing.bench.growth_configs import config_cluster
 from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic, ingest_rounds
 from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import apply_measured
-from dlrfeed_testing.retention_support import install_schema_before
+from dlrfeed_testing.migration_probe import apply_measured, install_before
 
 
 async def _ingest_beside(
@@ -78,11 +77,7 @@ async def measure(receptions: int, version: int, root: Path) -> dict[str, Any]:
     cluster.start()
     try:
         dsn = await cluster.create_database("migration")
-        conn = await asyncpg.connect(dsn)
-        try:
-            await install_schema_before(conn, version)
-        finally:
-            await conn.close()
+        await install_before(dsn, version)
         traffic = Traffic(seed=16)
         store = await Store.open(dsn, pool_size=2)
         try:
