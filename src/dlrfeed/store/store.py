@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 import asyncpg
 import asyncpg.exceptions
-import asyncpg.exceptions._base as asyncpg_base  # the client-side DataError lives only here
 
 from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
@@ -66,6 +65,12 @@ from dlrfeed.store.server import (
     check_server,
     connect_options,
 )
+from dlrfeed.store.server_errors import (
+    CONNECTION_ERRORS,
+    DATA_ERRORS,
+    PASSING_SERVER_ERRORS,
+    SCHEMA_CHANGED_ERRORS,
+)
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
 
@@ -73,41 +78,6 @@ if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
 
-# Errors that mean "this input cannot be stored" (C8): retrying the same rows fails the same way.
-_DATA_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.DataError,  # SQLSTATE class 22
-    asyncpg.exceptions.IntegrityConstraintViolationError,  # class 23
-    asyncpg.exceptions.ProgramLimitExceededError,  # class 54 (e.g. an index row too large)
-    asyncpg_base.DataError,  # client side: a value the driver cannot encode
-    UnicodeError,
-    OverflowError,
-)
-# Errors that mean "the server or the connection is gone"; nothing was committed.
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cannot connect now
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
-    asyncpg_base.InterfaceError,
-    # A backend killed under an idle pooled connection can leave the client's protocol state
-    # confused ("cannot switch to state ..."); the connection is as good as lost.
-    asyncpg_base.InternalClientError,
-    OSError,
-    TimeoutError,
-)
-# Server states that pass: a read-only server (a standby before failover completes, class 25)
-# or deadlocks still failing after every retry (class 40). The batch is retried whole later.
-_PASSING_SERVER_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.InvalidTransactionStateError,
-    asyncpg.exceptions.TransactionRollbackError,
-)
-# The statements name a table, column or function the database no longer has, or write a
-# table that has become a view (0019: dlr.message_status).
-_SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.UndefinedTableError,
-    asyncpg.exceptions.UndefinedColumnError,
-    asyncpg.exceptions.UndefinedFunctionError,
-    asyncpg.exceptions.FeatureNotSupportedError,
-)
 _DEADLOCK_RETRIES = 8
 # From this schema on a reception leaves its event's content to it (0016_leaner_rows).
 _LEAN_ROWS_VERSION = 16
@@ -246,7 +216,7 @@ class Store:
                 command_timeout=_STATEMENT_TIMEOUT_S,
                 **connect_options(through_pooler),
             )
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
         try:
             async with pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
@@ -258,7 +228,7 @@ class Store:
                 by_text = version is not None and version < queries.STATUS_REASONS_BY_ID_VERSION
         except BaseException as exc:
             await pool.close()
-            if isinstance(exc, _CONNECTION_ERRORS):
+            if isinstance(exc, CONNECTION_ERRORS):
                 raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
             raise
         return cls(
@@ -280,7 +250,7 @@ class Store:
         try:
             async with self._pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
                 writable = await conn.fetchval(WRITABLE.text, timeout=_CONNECT_TIMEOUT_S)
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
         if not writable:
             # The pooled connections stay on this server; new ones go through the host list of
@@ -297,7 +267,7 @@ class Store:
             async with self._pool.acquire() as conn:
                 # ensure_current is typed for a bare Connection; the pool proxy delegates to one.
                 await ensure_current(cast("asyncpg.Connection[asyncpg.Record]", conn))
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
     # ---------------------------------------------------------------- ingest
@@ -318,16 +288,16 @@ class Store:
                 outcomes, retries, bisections = await self._ingest_bisecting(
                     conn, login, receipts, events
                 )
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable during ingest: {exc}") from exc
-        except _PASSING_SERVER_ERRORS as exc:
+        except PASSING_SERVER_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL refused the batch for now: {exc}") from exc
         except asyncpg.exceptions.InsufficientPrivilegeError as exc:
             raise ConfigError(
                 f"the database role may not ingest ({exc}): connect as the writer role, "
                 "see sql/roles.sql and docs/security.md"
             ) from exc
-        except _SCHEMA_CHANGED_ERRORS as exc:
+        except SCHEMA_CHANGED_ERRORS as exc:
             if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
                 raise  # the driver's own 0A000: a plan to make again, not a schema behind
             # A migration ran while this daemon was up: its statements no longer fit the
@@ -347,7 +317,7 @@ class Store:
     ) -> tuple[list[Outcome], int, int]:
         try:
             outcomes, retries = await self._ingest_retrying(conn, login, events)
-        except _DATA_ERRORS as exc:
+        except DATA_ERRORS as exc:
             # C8: find the poison receipt by halving, all inside ONE outer transaction (each
             # half's transaction becomes a savepoint): a connection lost half-way then commits
             # nothing, and the caller's whole-batch retry stores no delivery twice.
@@ -377,7 +347,7 @@ class Store:
         ):
             try:
                 done, attempts = await self._ingest_retrying(conn, login, part_events)
-            except _DATA_ERRORS as exc:
+            except DATA_ERRORS as exc:
                 done, attempts, splits = await self._split(conn, login, part, part_events, exc)
                 bisections += splits
             outcomes += done
@@ -425,9 +395,9 @@ class Store:
         try:
             async with self._pool.acquire() as conn, write_transaction(conn):
                 await self._keep_evidence(conn, login, "", details, raw, callback_evidence_key(raw))
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
-        except _PASSING_SERVER_ERRORS as exc:
+        except PASSING_SERVER_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL refused the callback for now: {exc}") from exc
 
     async def _keep_evidence(
@@ -581,11 +551,11 @@ class Store:
                 return await recording.record_submissions(
                     conn, self.options, submissions, self.status_writes
                 )
-        except _DATA_ERRORS as exc:
+        except DATA_ERRORS as exc:
             # Chunks already committed stay, durable once the server flushes its WAL (within
             # wal_writer_delay); recording is idempotent: run the file again.
             raise BadDataError(f"a submission was refused by the database: {exc}") from exc
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
     # ---------------------------------------------------------------- recompute
@@ -605,5 +575,5 @@ class Store:
                 return await recompute.recompute(
                     conn, self.options, every=every, chunk=chunk, writes=self.status_writes
                 )
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
