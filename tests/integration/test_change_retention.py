@@ -265,8 +265,8 @@ async def test_an_installed_log_moves_in_place_and_the_triggers_keep_writing(
 
         # A status written after the migration: a change after every earlier one (gap-free).
         await conn.execute(
-            "UPDATE dlr.message_status_rows SET status = 'UNDELIVERABLE', is_final = true,"
-            " reason = 'final', reason_id = NULL WHERE message_id = 'm10'"
+            "UPDATE dlr.message_status SET status = 'UNDELIVERABLE', is_final = true,"
+            " reason = 'final' WHERE message_id = 'm10'"
         )
         (after,) = await read_changes(conn, last)
         assert (after.message_id, after.previous_status) == ("m10", "DELIVERED")

@@ -129,24 +129,35 @@ async def test_a_rewrite_that_keeps_the_status_writes_no_change(
     await db.execute("UPDATE dlr.message_status SET repeats = repeats + 1, updated_at = now()")
     # The same reason as text, as a row stored before migration 0019 holds it.
     await db.execute(
-        "UPDATE dlr.message_status_rows SET reason = dlr.reason_text(reason, reason_id),"
-        " reason_id = NULL"
+        "UPDATE dlr.statuses SET reason = dlr.reason_text(reason, reason_id), reason_id = NULL"
     )
-    await db.execute(
-        "UPDATE dlr.message_status_rows SET reason = 'edited by hand', reason_id = NULL"
-    )
+    await db.execute("UPDATE dlr.statuses SET reason = 'edited by hand', reason_id = NULL")
     changes = await _all_changes(db)
     assert [c.reason for c in changes][1:] == ["edited by hand"]
 
 
 # -- the horizon ---------------------------------------------------------------------------
 
-_STATUS_ROW = """
-INSERT INTO dlr.message_status_rows AS s (login, message_id, status, is_final, reason,
-    supporting_event_id, rules_version)
-VALUES ($1, $2, $3, false, $3, 0, 'test')
-ON CONFLICT (login, message_id) DO UPDATE SET status = EXCLUDED.status, reason = EXCLUDED.reason
+_MESSAGE_ROW = """
+INSERT INTO dlr.messages (login, message_id, internal_id, destination, destination_raw,
+    destination_is_e164)
+VALUES ($1, $2, $2, '+34600000000', '+34600000000', true)
+ON CONFLICT (login, message_id) DO NOTHING
 """
+_STATUS_ROW = """
+INSERT INTO dlr.statuses AS s (message_ref, status, is_final, reason, supporting_event_id,
+    rules_version)
+SELECT m.id, $3, false, $3, 0, 'test' FROM dlr.messages AS m
+WHERE m.login = $1 AND m.message_id = $2
+ON CONFLICT (message_ref) DO UPDATE SET status = EXCLUDED.status, reason = EXCLUDED.reason
+"""
+
+
+async def _write_status(conn: asyncpg.Connection, login: str, message_id: str, status: str) -> None:
+    """The status of `message_id` written by hand (its message recorded first if need be), its
+    reason the status's name."""
+    await conn.execute(_MESSAGE_ROW, login, message_id)
+    await conn.execute(_STATUS_ROW, login, message_id, status)
 
 
 async def _begin_with_xid(conn: asyncpg.Connection) -> int:
@@ -166,16 +177,16 @@ async def test_a_change_committed_later_with_a_smaller_position_is_never_skipped
         xid_b = await _begin_with_xid(b)
         xid_c = await _begin_with_xid(c)
         assert xid_a < xid_b < xid_c
-        await c.execute(_STATUS_ROW, LOGIN, "mc", "ENROUTE")
+        await _write_status(c, LOGIN, "mc", "ENROUTE")
         await c.execute("COMMIT")  # the newest commits first
         seen = await _all_changes(db)
         assert seen == []  # held behind A and B
-        await b.execute(_STATUS_ROW, LOGIN, "mb", "ENROUTE")
+        await _write_status(b, LOGIN, "mb", "ENROUTE")
         await b.execute("COMMIT")
         assert await _all_changes(db) == []  # still held behind A
-        await a.execute(_STATUS_ROW, LOGIN, "ma", "ENROUTE")
+        await _write_status(a, LOGIN, "ma", "ENROUTE")
         # A, the oldest, now writes the message C changed: its change must come after C's.
-        await a.execute(_STATUS_ROW, LOGIN, "mc", "DELIVERED")
+        await _write_status(a, LOGIN, "mc", "DELIVERED")
         await a.execute("COMMIT")
         changes = await _all_changes(db)
     finally:
@@ -216,7 +227,7 @@ async def test_three_racing_writers_and_a_follower_see_every_change_once_in_orde
                     await conn.execute("SELECT pg_current_xact_id()")  # take an xid early
                     await asyncio.sleep(local.random() * 0.01)
                     for message_id in sorted(local.sample(messages, 3)):
-                        await conn.execute(_STATUS_ROW, LOGIN, message_id, local.choice(statuses))
+                        await _write_status(conn, LOGIN, message_id, local.choice(statuses))
                     await asyncio.sleep(local.random() * 0.01)
         finally:
             await conn.close()
@@ -502,12 +513,12 @@ async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages
     fixed text and the rules version the row's. Its position follows the message's previous
     change even when the deleting transaction's id is older (the epoch is raised), and the
     message's last change is its status, or null when it has none."""
-    await db.execute(_STATUS_ROW, LOGIN, "d1", "ENROUTE")
-    await db.execute(_STATUS_ROW, LOGIN, "d2", "ACCEPTED")
+    await _write_status(db, LOGIN, "d1", "ENROUTE")
+    await _write_status(db, LOGIN, "d2", "ACCEPTED")
     old = await asyncpg.connect(database_url)
     try:
         old_xid = await _begin_with_xid(old)  # an id older than the next change's
-        await db.execute(_STATUS_ROW, LOGIN, "d1", "DELIVERED")
+        await _write_status(db, LOGIN, "d1", "DELIVERED")
         await old.execute(
             "DELETE FROM dlr.message_status WHERE login = $1 AND message_id = ANY($2::text[])",
             LOGIN,
@@ -531,7 +542,7 @@ async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages
     d1 = [c for c in changes if c.message_id == "d1"]
     assert [c.status for c in d1] == ["ENROUTE", "DELIVERED", None]
     assert d1[-1].position // 10**19 > old_xid  # raised to the DELIVERED change's epoch
-    await db.execute(_STATUS_ROW, LOGIN, "d1", "DELIVERED")  # a status again: a first change
+    await _write_status(db, LOGIN, "d1", "DELIVERED")  # a status again: a first change
     changes = await _all_changes(db)
     assert (changes[-1].message_id, changes[-1].previous_status) == ("d1", None)
     last = {c.message_id: c.status for c in changes}
@@ -546,12 +557,12 @@ async def test_a_first_status_after_a_withdrawal_follows_it_even_from_an_older_t
     """A message withdrawn (its status row deleted) and given a status again by a transaction
     whose id is older than the withdrawal's: the new first change still comes after the
     withdrawal (migration 0017 takes the withdrawal's epoch from the log's withdrawals)."""
-    await db.execute(_STATUS_ROW, LOGIN, "w1", "ENROUTE")
+    await _write_status(db, LOGIN, "w1", "ENROUTE")
     old = await asyncpg.connect(database_url)
     try:
         old_xid = await _begin_with_xid(old)  # older than the withdrawal's
         await db.execute("DELETE FROM dlr.message_status WHERE message_id = 'w1'")
-        await old.execute(_STATUS_ROW, LOGIN, "w1", "DELIVERED")
+        await _write_status(old, LOGIN, "w1", "DELIVERED")
         await old.execute("COMMIT")
     finally:
         await old.close()
@@ -570,13 +581,13 @@ async def test_a_writers_search_path_cannot_bend_a_changes_position(
     """A writer session that shadows `text` with a temporary type (searched before pg_catalog)
     still writes each change at or above its own transaction id (migration 0017's row trigger
     names every type by its schema)."""
-    await db.execute(_STATUS_ROW, LOGIN, "t1", "ENROUTE")
+    await _write_status(db, LOGIN, "t1", "ENROUTE")
     writer = await asyncpg.connect(database_url)
     try:
         xid = await _begin_with_xid(writer)  # before the type that would bend this too
         await writer.execute("CREATE DOMAIN pg_temp.text AS varchar(1)")
-        await writer.execute(_STATUS_ROW, LOGIN, "t1", "DELIVERED")
-        await writer.execute(_STATUS_ROW, LOGIN, "t2", "ENROUTE")
+        await _write_status(writer, LOGIN, "t1", "DELIVERED")
+        await _write_status(writer, LOGIN, "t2", "ENROUTE")
         await writer.execute("COMMIT")
     finally:
         await writer.close()

@@ -40,7 +40,8 @@ TABLES = (
     "messages",
     "events",
     "receptions",
-    "message_status_rows",  # the statuses' table, behind the view dlr.message_status (0019)
+    "statuses",  # the statuses' tables, behind the view dlr.message_status (0019, 0020)
+    "earlier_statuses",
     "exceptions",
     "schema_version",
 )
@@ -221,10 +222,11 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "UPDATE dlr.events SET stat = 'DELIVRD'",
         "DELETE FROM dlr.events",
         "DELETE FROM dlr.message_status",
-        "DELETE FROM dlr.message_status_rows",
+        "DELETE FROM dlr.statuses",
+        "DELETE FROM dlr.earlier_statuses",
         "UPDATE dlr.exceptions SET kind = 'conflict'",
         "DELETE FROM dlr.exceptions",
-        "TRUNCATE dlr.events, dlr.exceptions, dlr.message_status_rows, dlr.messages",
+        "TRUNCATE dlr.events, dlr.exceptions, dlr.statuses, dlr.messages",
         "INSERT INTO dlr.schema_version (version, name) VALUES (99, 'x')",
         "ALTER TABLE dlr.receptions DISABLE TRIGGER receptions_append_only",
         "DROP TABLE dlr.receptions",

@@ -27,7 +27,7 @@ WAITING_RECEPTIONS = query("waiting_receptions")
 LOCK_OPEN_UNCORRELATED = query("lock_open_uncorrelated")
 COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
 STALE_STATUSES = query("stale_statuses")
-LOCK_STATUSES = query("lock_statuses")
+STATUSES_BEFORE_RECOMPUTE = query("statuses_before_recompute")
 PLAN_WITHOUT_JIT = query("plan_without_jit")
 
 
@@ -43,15 +43,33 @@ class StatusWrites(NamedTuple):
 STATUS_WRITES = StatusWrites(
     query("write_batch"), query("write_late_correlation"), query("write_recompute")
 )
-# A store before migration 0019, met only by tests that migrate an old store (the services
-# refuse a schema behind the code): statuses written to the table dlr.message_status, each
-# reason as text.
-STATUS_WRITES_BY_TEXT = StatusWrites(
-    *(query(q.name, upsert_statuses="upsert_statuses_by_text") for q in STATUS_WRITES)
+# The status upsert each older schema takes, by the first migration that changed it (only tests
+# that migrate an old store meet one: the services refuse a schema behind the code).
+_EARLIER_UPSERTS = (
+    # Before 0019: into the table dlr.message_status, each reason as text.
+    (19, "upsert_statuses_by_text"),
+    # 0019: into dlr.message_status_rows, keyed by login and gateway id.
+    (20, "upsert_statuses_by_key"),
 )
-STATUS_REASONS_BY_ID_VERSION = 19
-# The table the status writes write since that migration, behind the view dlr.message_status.
-STATUS_ROWS_TABLE = "message_status_rows"
+_EARLIER_STATUS_WRITES = {
+    upsert: StatusWrites(*(query(q.name, upsert_statuses=upsert) for q in STATUS_WRITES))
+    for _, upsert in _EARLIER_UPSERTS
+}
+
+# Since this migration each status is kept under its message row's id (dlr.statuses), behind
+# the view dlr.message_status with those recorded before it (dlr.earlier_statuses).
+STATUSES_BY_MESSAGE_VERSION = 20
+STATUSES_TABLE = "statuses"
+EARLIER_STATUSES_TABLE = "earlier_statuses"
+
+
+def status_writes(version: int | None) -> StatusWrites:
+    """The status writes of a store at schema `version` (None: a schema as new as the code)."""
+    for before, upsert in _EARLIER_UPSERTS:
+        if version is not None and version < before:
+            return _EARLIER_STATUS_WRITES[upsert]
+    return STATUS_WRITES
+
 
 # Reception ids come in blocks of this many consecutive ids, one nextval each: the sequence's
 # increment (migration 0006). write_batch takes it as its :id_block_size.

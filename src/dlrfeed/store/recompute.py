@@ -85,7 +85,9 @@ async def _recompute_chunk(
     submitted = await correlate(conn, login, sorted(message_ids))
     before = {
         r["message_id"]: r
-        for r in await queries.LOCK_STATUSES.fetch(conn, login=login, message_ids=message_ids)
+        for r in await queries.STATUSES_BEFORE_RECOMPUTE.fetch(
+            conn, login=login, message_ids=message_ids
+        )
     }
     planner = Planner(options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
     for reception in await queries.WAITING_RECEPTIONS.fetch(

@@ -35,10 +35,26 @@ PASSING_SERVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.TransactionRollbackError,
 )
 # The statements name a table, column or function the database no longer has, or write a
-# table that has become a view (0019: dlr.message_status).
+# table that has become a view (0019: dlr.message_status, 0020: a view of two tables). Each
+# class also holds errors that say nothing of the schema: see `schema_changed`.
 SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedTableError,
     asyncpg.exceptions.UndefinedColumnError,
     asyncpg.exceptions.UndefinedFunctionError,
     asyncpg.exceptions.FeatureNotSupportedError,
+    asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
 )
+# "cannot insert into view": the one state of class 55 that is a schema, not a lock (55P03) or
+# an object in use (55006).
+_VIEW_NOT_WRITABLE = "55000"
+
+
+def schema_changed(exc: BaseException) -> bool:
+    """Whether `exc`, one of SCHEMA_CHANGED_ERRORS, says the schema changed under the
+    statements: not the driver's own InvalidCachedStatementError (0A000, a plan to make
+    again), nor a class-55 state other than a view that cannot be written."""
+    if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
+        return False
+    if isinstance(exc, asyncpg.exceptions.ObjectNotInPrerequisiteStateError):
+        return getattr(exc, "sqlstate", None) == _VIEW_NOT_WRITABLE
+    return isinstance(exc, SCHEMA_CHANGED_ERRORS)

@@ -70,6 +70,7 @@ from dlrfeed.store.server_errors import (
     DATA_ERRORS,
     PASSING_SERVER_ERRORS,
     SCHEMA_CHANGED_ERRORS,
+    schema_changed,
 )
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
@@ -225,7 +226,6 @@ class Store:
                 )
                 version = await readable_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
                 full_rows = version is not None and version < _LEAN_ROWS_VERSION
-                by_text = version is not None and version < queries.STATUS_REASONS_BY_ID_VERSION
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, CONNECTION_ERRORS):
@@ -237,7 +237,7 @@ class Store:
             through_pooler=through_pooler,
             server=facts,
             full_rows=full_rows,
-            status_writes=queries.STATUS_WRITES_BY_TEXT if by_text else queries.STATUS_WRITES,
+            status_writes=queries.status_writes(version),
         )
 
     async def close(self) -> None:
@@ -298,8 +298,8 @@ class Store:
                 "see sql/roles.sql and docs/security.md"
             ) from exc
         except SCHEMA_CHANGED_ERRORS as exc:
-            if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
-                raise  # the driver's own 0A000: a plan to make again, not a schema behind
+            if not schema_changed(exc):
+                raise
             # A migration ran while this daemon was up: its statements no longer fit the
             # tables. Nothing was committed or acked (the gateway redelivers); stop, in one line.
             raise SchemaOutOfDateError(

@@ -8,7 +8,7 @@ import re
 
 import asyncpg
 
-from dlrfeed.store.queries import STATUS_ROWS_TABLE
+from dlrfeed.store.queries import EARLIER_STATUSES_TABLE, STATUSES_TABLE
 from dlrfeed.store.retention import DAY_PARTITIONED
 from dlrfeed_testing.bench.store_ab import cluster_cpu_seconds
 from dlrfeed_testing.pgcluster import PgCluster
@@ -39,10 +39,13 @@ GROWING_TABLES = (
     "exceptions",
 )
 # Where a growing table's rows are stored when its name in dlr is a view of them (migrations
-# 0018 and 0019: dlr.status_changes and dlr.message_status show their rows tables with the
+# 0018 to 0020: dlr.status_changes and dlr.message_status show their rows tables with the
 # reasons' texts), as retention and the store know them. The reports keep the readers' name;
-# sizes and row profiles are the stored table's.
-STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED} | {"message_status": STATUS_ROWS_TABLE}
+# sizes and row profiles are the stored table's. The statuses of messages recorded before
+# migration 0020 stay in a table of their own (none on a store created since): counted in the
+# sizes, not sampled for the row profile.
+STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED} | {"message_status": STATUSES_TABLE}
+ALSO_STORED_IN = {"message_status": EARLIER_STATUSES_TABLE}
 # A partition's name is its table's with the day (or "_default") after it.
 _PARTITION_DAY = re.compile(r"_(before_)?[0-9]{8}|_default")
 LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself
@@ -93,9 +96,12 @@ PROFILE_SAMPLE_ROWS = 50_000
 
 async def table_sizes(conn: asyncpg.Connection) -> dict[str, dict[str, int]]:
     sizes: dict[str, dict[str, int]] = {}
-    stored_in = [STORED_IN.get(t, t) for t in GROWING_TABLES]
+    pairs = [(t, STORED_IN.get(t, t)) for t in GROWING_TABLES] + list(ALSO_STORED_IN.items())
     rows = await conn.fetch(
-        SIZES_BY_RELATION, list(GROWING_TABLES), _PARTITION_DAY.pattern, stored_in
+        SIZES_BY_RELATION,
+        [name for name, _ in pairs],
+        _PARTITION_DAY.pattern,
+        [stored_in for _, stored_in in pairs],
     )
     for r in rows:
         sizes.setdefault(r["table_name"], {})[r["relation"]] = int(r["bytes"])
@@ -110,10 +116,12 @@ async def row_profile(conn: asyncpg.Connection, stored: int) -> dict[str, dict[s
     if not stored:
         return {}
     live: dict[str, int] = {}
-    shown_as = {stored_in: table for table, stored_in in STORED_IN.items()}
+    shown_as = {
+        stored_in: table for table, stored_in in [*STORED_IN.items(), *ALSO_STORED_IN.items()]
+    }
     for r in await conn.fetch(LIVE_ROWS):
-        # A day's name is its table's with the day after it; the statuses' table is named
-        # apart from its view.
+        # A day's name is its table's with the day after it; the statuses' tables are named
+        # apart from their view.
         table = _PARTITION_DAY.sub("", str(r["relname"]))
         table = shown_as.get(table, table)
         live[table] = live.get(table, 0) + int(r["n_live_tup"])

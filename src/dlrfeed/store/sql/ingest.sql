@@ -6,13 +6,77 @@
 
 -- fragment: upsert_statuses
 -- The computed statuses (P7), shared by the ingest, the late-correlation and the recompute
--- writes: :statuses is a jsonb array of rows (message_id, status, is_final, reason,
--- supporting_event_id, repeats, conflicts, progress_events, deadline_superseded,
--- supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags joined
--- by spaces). Written to the rows table behind the view dlr.message_status (migration 0019):
--- each reason by its id in dlr.reasons, resolved once for the statement's distinct texts
--- (dlr.reason_ids adds those the dictionary lacks), as text where the dictionary has none;
--- no flags as NULL.
+-- writes, as WITH items (each ending in a comma): :statuses is a jsonb array of rows
+-- (message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
+-- progress_events, deadline_superseded, supporting_reception_id, basis_level, basis_stat,
+-- basis_err, basis_done_at, flags joined by spaces). Each reason by its id in dlr.reasons,
+-- resolved once for the statement's distinct texts (dlr.reason_ids adds those the dictionary
+-- lacks, migration 0019), as text where the dictionary has none; no flags as NULL. Each status
+-- into the table that keeps its message's (migration 0020): dlr.statuses under the message
+-- row's id, read here by its key (the writers hold that row's lock); dlr.earlier_statuses for
+-- a message recorded before that migration, and for one whose row is missing, so that no
+-- status is dropped.
+status_rows AS (
+    SELECT s.r, m.id AS message_ref, d.id AS reason_id
+    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
+    LEFT JOIN dlr.messages AS m ON m.login = :login AND m.message_id = s.r->>0
+    LEFT JOIN dlr.reason_ids(ARRAY(
+        SELECT DISTINCT t.r->>3 FROM jsonb_array_elements(:statuses::jsonb) AS t(r)
+    )) AS d ON d.reason = s.r->>3
+),
+st AS (
+    INSERT INTO dlr.statuses (
+        message_ref, status, is_final, reason, reason_id, supporting_event_id, repeats,
+        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
+        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
+    SELECT c.message_ref, c.r->>1, (c.r->>2)::boolean,
+           CASE WHEN c.reason_id IS NULL THEN c.r->>3 END, c.reason_id, (c.r->>4)::bigint,
+           (c.r->>5)::int, (c.r->>6)::int, (c.r->>7)::int, (c.r->>8)::boolean, :rules_version,
+           now(), (c.r->>9)::bigint, (c.r->>10)::bigint, c.r->>11, c.r->>12,
+           (c.r->>13)::timestamptz, nullif(string_to_array(c.r->>14, ' '), '{}')
+    FROM status_rows AS c
+    WHERE c.message_ref >= dlr.statuses_first_message()
+    ON CONFLICT (message_ref) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        reason_id = EXCLUDED.reason_id,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
+        supporting_reception_id = EXCLUDED.supporting_reception_id,
+        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
+        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
+        flags = EXCLUDED.flags
+),
+st_earlier AS (
+    INSERT INTO dlr.earlier_statuses (
+        login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
+        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
+        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
+    SELECT :login, c.r->>0, c.r->>1, (c.r->>2)::boolean,
+           CASE WHEN c.reason_id IS NULL THEN c.r->>3 END, c.reason_id, (c.r->>4)::bigint,
+           (c.r->>5)::int, (c.r->>6)::int, (c.r->>7)::int, (c.r->>8)::boolean, :rules_version,
+           now(), (c.r->>9)::bigint, (c.r->>10)::bigint, c.r->>11, c.r->>12,
+           (c.r->>13)::timestamptz, nullif(string_to_array(c.r->>14, ' '), '{}')
+    FROM status_rows AS c
+    WHERE c.message_ref IS NULL OR c.message_ref < dlr.statuses_first_message()
+    ON CONFLICT (login, message_id) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        reason_id = EXCLUDED.reason_id,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
+        supporting_reception_id = EXCLUDED.supporting_reception_id,
+        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
+        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
+        flags = EXCLUDED.flags
+),
+
+-- fragment: upsert_statuses_by_key
+-- upsert_statuses as a store at migration 0019 takes it: every status into the table
+-- dlr.message_status_rows, keyed by login and gateway id.
+st AS (
     INSERT INTO dlr.message_status_rows (
         login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
         conflicts, progress_events, deadline_superseded, rules_version, updated_at,
@@ -37,11 +101,13 @@
         basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
         basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
         flags = EXCLUDED.flags
+),
 
 -- fragment: upsert_statuses_by_text
 -- upsert_statuses as a store before migration 0019 takes it: into the table dlr.message_status,
 -- every reason as text, no flags as an empty array. The Store writes so to a store it finds
 -- at an older schema (dlrfeed.store.queries.StatusWrites).
+st AS (
     INSERT INTO dlr.message_status (
         login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
         progress_events, deadline_superseded, rules_version, updated_at,
@@ -61,6 +127,7 @@
         basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
         basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
         flags = EXCLUDED.flags
+),
 
 -- name: lock_messages
 -- P10: exact correlation by message id within the login; the row lock serialises every status
@@ -212,9 +279,7 @@ WITH exc AS (
                 :exception_positions::int[])
          AS x(kind, message_id, details, event_id, position)
 ),
-st AS (
 -- include: upsert_statuses
-),
 ev AS (
     UPDATE dlr.events AS e SET
         times_received = e.times_received + c.accepted,

@@ -2,33 +2,40 @@
 -- rules, chunk by chunk, under the same message locks as the ingest.
 
 -- name: stale_statuses
--- The next status rows after (:after_login, :after_message_id) in key order, those of
--- another rules version unless :every (every row); :chunk rows at most.
-SELECT login, message_id
-FROM dlr.message_status
-WHERE (login, message_id) > (:after_login, :after_message_id)
-  AND (:every OR rules_version <> :rules_version)
-ORDER BY login, message_id
+-- The next statuses after (:after_login, :after_message_id) in key order, those of another
+-- rules version unless :every (every one); :chunk at most. Walked along the messages' key, with
+-- one probe of the view per message (LATERAL ... OFFSET 0): the view joins two tables
+-- (migration 0020), and an ORDER BY ... LIMIT on it would sort every status for each chunk.
+SELECT m.login, m.message_id
+FROM dlr.messages AS m
+CROSS JOIN LATERAL (
+    SELECT s.rules_version FROM dlr.message_status AS s
+    WHERE s.login = m.login AND s.message_id = m.message_id
+    OFFSET 0
+) AS s
+WHERE (m.login, m.message_id) > (:after_login, :after_message_id)
+  AND (:every OR s.rules_version <> :rules_version)
+ORDER BY m.login, m.message_id
 LIMIT :chunk
 
--- name: lock_statuses
--- The status rows of one login's messages, locked after their messages (the order the ingest
--- takes), as they are before the recompute.
+-- name: statuses_before_recompute
+-- The statuses of one login's messages as they are before the recompute, read after their
+-- message rows are locked: every status write holds its message row's lock (the ingest, late
+-- correlation, the recompute), so none changes under us. Not locked themselves: the view
+-- joins two tables (migration 0020), which FOR UPDATE cannot go through.
 SELECT message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
        progress_events, deadline_superseded, rules_version
 FROM dlr.message_status
 WHERE login = :login AND message_id = ANY(:message_ids::text[])
 ORDER BY message_id
-FOR UPDATE
 
 -- name: write_recompute
 -- The statuses computed again (:statuses), those with no applicable receipt under the current
 -- rules removed (:gone), and the audit trail of every change (:audit: a jsonb array of rows
 -- [message_id, old status, old is_final, old reason, old supporting event, old rules version,
 -- new status, new is_final, new reason, new supporting event, why]).
-WITH st AS (
+WITH
 -- include: upsert_statuses
-),
 gone AS (
     DELETE FROM dlr.message_status
     WHERE login = :login AND message_id = ANY(:gone::text[])

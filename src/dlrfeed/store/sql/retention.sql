@@ -150,7 +150,13 @@ CROSS JOIN LATERAL (
           AND e.correlation_id <> e.message_id
     ) AS k
 ) AS e
-LEFT JOIN dlr.message_status AS s ON s.login = m.login AND s.message_id = m.message_id
+-- LATERAL ... OFFSET 0: one probe of the view per message (by the message row's id, or the key
+-- of the statuses recorded before migration 0020), never a join of all its rows.
+LEFT JOIN LATERAL (
+    SELECT s.updated_at FROM dlr.message_status AS s
+    WHERE s.login = m.login AND s.message_id = m.message_id
+    OFFSET 0
+) AS s ON true
 WHERE m.id = ANY(:ids::bigint[])
 ORDER BY m.id
 
@@ -168,12 +174,15 @@ WITH closed_gone AS (
 SELECT count(*) FROM closed_gone
 
 -- name: forget_messages
--- Whole messages: their events, their statuses (no change written: start_forgetting), their
--- records. Returns how many of each went.
+-- Whole messages: their events, their statuses (no change written: start_forgetting) from
+-- whichever table keeps each (by message row id, or by login and gateway id for a message
+-- recorded before migration 0020), their records. Returns how many of each went.
 WITH events_gone AS (
     DELETE FROM dlr.events WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
 ), statuses_gone AS (
-    DELETE FROM dlr.message_status AS s
+    DELETE FROM dlr.statuses WHERE message_ref = ANY(:ids::bigint[]) RETURNING 1
+), earlier_statuses_gone AS (
+    DELETE FROM dlr.earlier_statuses AS s
     USING unnest(:logins::text[], :message_ids::text[]) AS k(login, message_id)
     WHERE s.login = k.login AND s.message_id = k.message_id
     RETURNING 1
@@ -181,5 +190,6 @@ WITH events_gone AS (
     DELETE FROM dlr.messages WHERE id = ANY(:ids::bigint[]) RETURNING 1
 )
 SELECT (SELECT count(*) FROM messages_gone) AS messages,
-       (SELECT count(*) FROM statuses_gone) AS statuses,
+       (SELECT count(*) FROM statuses_gone)
+       + (SELECT count(*) FROM earlier_statuses_gone) AS statuses,
        (SELECT count(*) FROM events_gone) AS events

@@ -127,9 +127,8 @@ WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
 -- lock_open_uncorrelated locked resolved with their reason (by primary key), and the
 -- exceptions the message layer raised on the way (joined to their reception by id). Returns
 -- how many exceptions were resolved.
-WITH st AS (
+WITH
 -- include: upsert_statuses
-),
 resolved AS (
     UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
     FROM unnest(:exception_ids::bigint[], :resolutions::text[]) AS r(id, resolution)
