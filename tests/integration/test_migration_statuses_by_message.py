@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from dlrfeed.errors import SchemaOutOfDateError
-from dlrfeed.store import Store
+from dlrfeed.store import Store, queries
 from dlrfeed.store.migrate import current_version, migrate
 from dlrfeed.store.reports import message_reports
 from dlrfeed_testing.bench.growth_traffic import Traffic
@@ -240,3 +240,20 @@ async def test_a_message_id_never_changes(database_url: str, db: asyncpg.Connect
     with pytest.raises(asyncpg.RaiseError, match="does not change"):
         await db.execute("UPDATE dlr.messages SET id = DEFAULT")
     assert await db.fetchval("SELECT id FROM dlr.messages FOR NO KEY UPDATE") == 1
+
+
+async def test_only_a_store_migrated_with_messages_writes_both_tables(
+    databases: list[str], database_url: str
+) -> None:
+    """A store created at 0020 or later keeps every status in dlr.statuses, and its writes
+    leave the empty dlr.earlier_statuses (and its triggers) alone; a store migrated with
+    messages recorded writes both."""
+    await install_with_traffic(databases[0], STATUSES_BY_MESSAGE)
+    await migrate(databases[0])
+    for dsn, both in ((databases[0], True), (database_url, False)):
+        store = await Store.open(dsn, pool_size=1)
+        try:
+            writes_both = store.status_writes is queries.STATUS_WRITES
+        finally:
+            await store.close()
+        assert writes_both == both, dsn

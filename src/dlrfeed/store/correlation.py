@@ -7,7 +7,7 @@ sorted order before they read or write a status.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from dlrfeed.store import queries
 
@@ -15,13 +15,23 @@ if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
 
-async def correlate(conn: Connection, login: str, ids: list[str]) -> dict[str, datetime | None]:
-    """Lock the messages of `ids` (sorted); those that exist with their submission time."""
+class Correlated(NamedTuple):
+    """The messages found, each locked, by gateway id."""
+
+    submitted: dict[str, datetime | None]
+    """Each one's submission time (the planner checks reported times against it, P19)."""
+    refs: dict[str, int]
+    """Each one's row id, which its status is kept under (migration 0020)."""
+
+
+async def correlate(conn: Connection, login: str, ids: list[str]) -> Correlated:
+    """Lock the messages of `ids` (sorted); those that exist."""
     lock = queries.LOCK_MESSAGES
-    found = {r[0]: r[1] for r in await lock.fetch(conn, login=login, message_ids=ids)}
+    rows = list(await lock.fetch(conn, login=login, message_ids=ids))
+    found = {r[0] for r in rows}
     missing = [i for i in ids if i not in found]
     if missing:
         await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=missing)
         # A new statement, so a message committed while we waited is seen now.
-        found.update((r[0], r[1]) for r in await lock.fetch(conn, login=login, message_ids=missing))
-    return found
+        rows += await lock.fetch(conn, login=login, message_ids=missing)
+    return Correlated({r[0]: r[1] for r in rows}, {r[0]: r[2] for r in rows})

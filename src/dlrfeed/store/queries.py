@@ -55,20 +55,29 @@ _EARLIER_STATUS_WRITES = {
     upsert: StatusWrites(*(query(q.name, upsert_statuses=upsert) for q in STATUS_WRITES))
     for _, upsert in _EARLIER_UPSERTS
 }
+# A store created at 0020 or later keeps no status in dlr.earlier_statuses.
+_STATUS_WRITES_BY_MESSAGE = StatusWrites(
+    *(query(q.name, upsert_statuses="upsert_statuses_by_message") for q in STATUS_WRITES)
+)
 
 # Since this migration each status is kept under its message row's id (dlr.statuses), behind
 # the view dlr.message_status with those recorded before it (dlr.earlier_statuses).
 STATUSES_BY_MESSAGE_VERSION = 20
+# Whether the store may keep statuses in dlr.earlier_statuses: messages were recorded before it
+# was migrated to 0020.
+HAS_EARLIER_STATUSES = query("has_earlier_statuses")
 STATUSES_TABLE = "statuses"
 EARLIER_STATUSES_TABLE = "earlier_statuses"
 
 
-def status_writes(version: int | None) -> StatusWrites:
-    """The status writes of a store at schema `version` (None: a schema as new as the code)."""
+def status_writes(version: int | None, *, earlier_statuses: bool = True) -> StatusWrites:
+    """The status writes of a store at schema `version` (None: a schema as new as the code);
+    `earlier_statuses`: whether it may keep statuses in dlr.earlier_statuses (it was migrated
+    to 0020 with messages recorded)."""
     for before, upsert in _EARLIER_UPSERTS:
         if version is not None and version < before:
             return _EARLIER_STATUS_WRITES[upsert]
-    return STATUS_WRITES
+    return STATUS_WRITES if earlier_statuses else _STATUS_WRITES_BY_MESSAGE
 
 
 # Reception ids come in blocks of this many consecutive ids, one nextval each: the sequence's

@@ -82,7 +82,8 @@ async def _recompute_chunk(
 ) -> int:
     """Recompute the statuses of `message_ids` of `login` in the caller's transaction, under
     the message locks; the number of rows changed (each audited)."""
-    submitted = await correlate(conn, login, sorted(message_ids))
+    correlated = await correlate(conn, login, sorted(message_ids))
+    submitted = correlated.submitted
     before = {
         r["message_id"]: r
         for r in await queries.STATUSES_BEFORE_RECOMPUTE.fetch(
@@ -123,7 +124,9 @@ async def _recompute_chunk(
         conn,
         login=login,
         rules_version=RULES_VERSION,
-        statuses=status_json({m: s for m, s in planner.messages.items() if m in before}),
+        statuses=status_json(
+            {m: s for m, s in planner.messages.items() if m in before}, correlated.refs
+        ),
         gone=gone,
         audit=dumps(audit),
     )

@@ -99,9 +99,8 @@ async def _record_chunk(
         first_rows.setdefault(row[0], row)
     firsts = list(first_rows.values())
     columns = dict(zip(_SUBMISSION_COLUMNS, column_arrays(firsts, 10), strict=True))
-    inserted: dict[str, datetime | None] = {
-        r[0]: r[1] for r in await queries.INSERT_MESSAGES.fetch(conn, login=login, **columns)
-    }
+    new_rows = await queries.INSERT_MESSAGES.fetch(conn, login=login, **columns)
+    inserted: dict[str, datetime | None] = {r[0]: r[1] for r in new_rows}
     # P12: every record that was not inserted is compared with the one recorded.
     others = [row for row in rows if row[0] not in inserted or first_rows[row[0]] is not row]
     if others:
@@ -146,7 +145,7 @@ async def _record_chunk(
         conn,
         login=login,
         rules_version=RULES_VERSION,
-        statuses=status_json(planner.messages),
+        statuses=status_json(planner.messages, {r[0]: r[2] for r in new_rows}),
         exception_ids=[r[0] for r in to_resolve],
         resolutions=[r[1] for r in to_resolve],
         exception_kinds=kinds,

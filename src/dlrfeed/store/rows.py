@@ -76,9 +76,9 @@ def reception_ids_in_blocks(blocks: list[int], count: int) -> Iterator[int]:
     )
 
 
-def status_json(statuses: Mapping[str, MessageState]) -> str:
+def status_json(statuses: Mapping[str, MessageState], refs: Mapping[str, int]) -> str:
     """The :statuses rows of the upsert_statuses fragment (sql/ingest.sql) for the states
-    that have a basis."""
+    that have a basis; `refs`, each message's row id."""
     rows = []
     iso: dict[int, str] = {}  # by object: a batch's statuses mostly share parsed done dates
     for key, s in sorted(statuses.items()):
@@ -109,6 +109,7 @@ def status_json(statuses: Mapping[str, MessageState]) -> str:
                 basis.err,
                 done,
                 " ".join(sorted(s.flags)) if s.flags else "",
+                refs.get(key),
             ]
         )
     return dumps(rows)

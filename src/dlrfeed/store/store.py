@@ -226,6 +226,11 @@ class Store:
                 )
                 version = await readable_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
                 full_rows = version is not None and version < _LEAN_ROWS_VERSION
+                earlier_statuses = (
+                    version is None
+                    or version < queries.STATUSES_BY_MESSAGE_VERSION
+                    or bool(await queries.HAS_EARLIER_STATUSES.fetchval(conn))
+                )
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, CONNECTION_ERRORS):
@@ -237,7 +242,7 @@ class Store:
             through_pooler=through_pooler,
             server=facts,
             full_rows=full_rows,
-            status_writes=queries.status_writes(version),
+            status_writes=queries.status_writes(version, earlier_statuses=earlier_statuses),
         )
 
     async def close(self) -> None:
@@ -429,7 +434,7 @@ class Store:
         # P10: correlation and the message locks first (sorted), then held statuses. Meanwhile
         # the client prepares the events insert (it depends on the receipts alone).
         correlation_ids = sorted({e.correlation_id for e in events})
-        submitted, (firsts, events_json) = await _overlapped(
+        correlated, (firsts, events_json) = await _overlapped(
             correlate(conn, login, correlation_ids), lambda: first_events(events)
         )
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
@@ -442,7 +447,7 @@ class Store:
                 parser_version=PARSER_VERSION,
                 rules_version=RULES_VERSION,
                 events=events_json,
-                correlated=sorted(submitted),
+                correlated=sorted(correlated.submitted),
                 id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
                 full_rows=self.full_rows,
             ),
@@ -478,7 +483,7 @@ class Store:
         # decides each delivery's outcome a piece of the batch at a time, and each piece's
         # receptions go to the server as soon as they are complete: it inserts them while the
         # client plans the next piece.
-        plan = _Plan(Planner(self.options, keys, dict(held), submitted))
+        plan = _Plan(Planner(self.options, keys, dict(held), correlated.submitted))
         reception_ids = list(reception_ids_in_blocks(id_blocks, len(events)))
         event_ids = [
             inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
@@ -525,7 +530,7 @@ class Store:
             exception_details=details,
             exception_event_ids=exception_event_ids,
             exception_positions=positions,
-            statuses=status_json(changed),
+            statuses=status_json(changed, correlated.refs),
             event_ids=counted,
             event_accepted=[planner.event_accepted.get(i, 0) for i in counted],
             event_conflicts=[planner.event_conflicts.get(i, 0) for i in counted],

@@ -181,9 +181,29 @@ CREATE TRIGGER message_status_delete
     INSTEAD OF DELETE ON dlr.message_status
     FOR EACH ROW EXECUTE FUNCTION dlr.delete_message_status();
 
+-- Restated from 0019: nothing to check, nothing read. Each status write fires the triggers of
+-- both tables, one of them with no row (~50 µs a call before).
+CREATE OR REPLACE FUNCTION dlr.check_reason_ids(ids integer[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    unknown integer;
+BEGIN
+    IF cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT i INTO unknown FROM unnest(ids) AS i
+    WHERE NOT EXISTS (SELECT 1 FROM dlr.reasons AS r WHERE r.id = i)
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'a status names reason id %, which dlr.reasons does not hold', unknown;
+    END IF;
+END;
+$$;
+
 -- The change log of dlr.statuses, as dlr.record_status_changes (0019) writes it for
 -- dlr.earlier_statuses: each change names its message by login and gateway id, read from the
--- message row by its primary key.
+-- message row by its primary key (LATERAL ... OFFSET 0: one probe per row, never a join of
+-- every message, whatever the estimate of the transition table).
 CREATE FUNCTION dlr.record_statuses_changes() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -204,7 +224,10 @@ BEGIN
                written_at, m.login, m.message_id, n.status, n.is_final, n.reason, n.reason_id,
                n.supporting_event_id, n.rules_version
         FROM new_rows AS n
-        JOIN dlr.messages AS m ON m.id = n.message_ref
+        CROSS JOIN LATERAL (
+            SELECT m.login, m.message_id FROM dlr.messages AS m WHERE m.id = n.message_ref
+            OFFSET 0
+        ) AS m
         LEFT JOIN LATERAL dlr.latest_withdrawal(m.login, m.message_id, recent, horizon) AS w
             ON true;
     ELSIF TG_OP = 'UPDATE' THEN
@@ -221,7 +244,10 @@ BEGIN
                CASE WHEN ro.id IS NULL THEN o.reason END, coalesce(o.reason_id, ro.id)
         FROM new_rows AS n
         JOIN old_rows AS o USING (message_ref)
-        JOIN dlr.messages AS m ON m.id = n.message_ref
+        CROSS JOIN LATERAL (
+            SELECT m.login, m.message_id FROM dlr.messages AS m WHERE m.id = n.message_ref
+            OFFSET 0
+        ) AS m
         LEFT JOIN dlr.reasons AS ro ON o.reason_id IS NULL AND ro.reason = o.reason
         LEFT JOIN LATERAL dlr.latest_withdrawal(m.login, m.message_id, recent, horizon) AS w
             ON true
@@ -245,7 +271,10 @@ BEGIN
                o.status, o.is_final, CASE WHEN ro.id IS NULL THEN o.reason END,
                coalesce(o.reason_id, ro.id)
         FROM old_rows AS o
-        JOIN dlr.messages AS m ON m.id = o.message_ref
+        CROSS JOIN LATERAL (
+            SELECT m.login, m.message_id FROM dlr.messages AS m WHERE m.id = o.message_ref
+            OFFSET 0
+        ) AS m
         LEFT JOIN dlr.reasons AS ro ON o.reason_id IS NULL AND ro.reason = o.reason
         LEFT JOIN LATERAL dlr.latest_withdrawal(m.login, m.message_id, recent, horizon) AS w
             ON true

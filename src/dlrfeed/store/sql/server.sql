@@ -28,3 +28,8 @@ SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'o
 -- with JIT and ~300 ms without (docs/postgresql.md). Transaction-scoped, so it holds behind
 -- a transaction pooler and leaves the session as it was.
 SELECT set_config('jit', 'off', true)
+
+-- name: has_earlier_statuses
+-- Whether the store may keep statuses in dlr.earlier_statuses: it had recorded messages when it
+-- was migrated to 0020 (queries.status_writes). A constant of the store.
+SELECT dlr.statuses_first_message() > 1

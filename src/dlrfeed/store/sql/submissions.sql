@@ -4,7 +4,8 @@
 -- name: insert_messages
 -- P5: the sending side; a message id already recorded is left as it was (idempotent; a
 -- different record of it is compared by the caller, P12). Returns each new message with its
--- submission time (the planner checks reported times against it, P19). The arrays are the
+-- submission time (the planner checks reported times against it, P19) and its row's id (its
+-- status is kept under it, migration 0020). The arrays are the
 -- columns of Submission.normalised, in its order.
 INSERT INTO dlr.messages (
     login, message_id, internal_id, destination, destination_raw, destination_is_e164, source,
@@ -19,7 +20,7 @@ FROM unnest(:message_ids::text[], :internal_ids::text[], :destinations::text[],
           submitted_at, dlr_requested, dlr_level)
 ORDER BY u.message_id
 ON CONFLICT (login, message_id) DO NOTHING
-RETURNING message_id, submitted_at
+RETURNING message_id, submitted_at, id
 
 -- name: recorded_messages
 -- P12: the recorded fields of messages, to compare a second record with
