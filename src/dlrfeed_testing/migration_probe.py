@@ -18,6 +18,7 @@ import asyncpg
 from dlrfeed.store import Store
 from dlrfeed.store.changes import read_changes
 from dlrfeed.store.migrate import available_migrations, migrate
+from dlrfeed.store.reports import message_reports
 from dlrfeed.store.sql import query
 from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, Traffic
 from dlrfeed_testing.local_login import LOGIN
@@ -178,3 +179,75 @@ def by_message(answers: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     for answer in answers:
         grouped.setdefault(answer["message_id"], []).append(answer)
     return grouped
+
+
+# When a status was written, and the epoch of its transaction, differ between any two stores;
+# so do the times the stores took from their clocks (the traffic's receipts are received when
+# sent).
+_STATUS_SPECIFIC = {"updated_at", "change_epoch"}
+_CLOCK_TIMES = {
+    "received_at",
+    "first_received_at",
+    "last_received_at",
+    "stored_at",
+    "recorded_at",
+    "opened_at",
+    "resolved_at",
+}
+
+
+async def statuses_read(dsn: str) -> list[dict[str, Any]]:
+    """Every status as `dlr.message_status` shows it, in key order, without what differs
+    between any two stores."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT * FROM dlr.message_status ORDER BY login, message_id")
+    finally:
+        await conn.close()
+    return [{k: v for k, v in r.items() if k not in _STATUS_SPECIFIC} for r in rows]
+
+
+async def shown_read(dsn: str, message_ids: list[str]) -> list[Any]:
+    """`dlrfeed show` of each message, without what differs between any two stores."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        shown = [await message_reports(conn, m, LOGIN) for m in message_ids]
+    finally:
+        await conn.close()
+    return [_without_store_specifics(s) for s in shown]
+
+
+def _without_store_specifics(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _without_store_specifics(v)
+            for k, v in value.items()
+            if k not in _STATUS_SPECIFIC | _CLOCK_TIMES
+        }
+    if isinstance(value, list):
+        return [_without_store_specifics(v) for v in value]
+    return value
+
+
+async def ingest_after_migrating(dsn: str, version: int) -> tuple[BaseException | None, int]:
+    """A `Store` opened on a store released before migration `version` (with a traffic's
+    messages recorded), then the schema migrated under it, ingests one batch: what that raised
+    (None: nothing), and how many receptions the batch added."""
+    await install_with_traffic(dsn, version)
+    traffic = Traffic(seed=8)
+    store = await Store.open(dsn, pool_size=1)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await store.record_submissions(traffic.submissions())
+        await migrate(dsn)
+        before = int(await conn.fetchval("SELECT count(*) FROM dlr.receptions"))
+        raised: BaseException | None = None
+        try:
+            await store.ingest(LOGIN, traffic.batch(0))
+        except Exception as exc:  # noqa: BLE001 - the caller judges what was raised
+            raised = exc
+        added = int(await conn.fetchval("SELECT count(*) FROM dlr.receptions")) - before
+    finally:
+        await conn.close()
+        await store.close()
+    return raised, added

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from typing import Any
 
 import asyncpg
 import pytest
@@ -24,30 +23,20 @@ import pytest
 from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store, queries
 from dlrfeed.store.migrate import current_version, migrate
-from dlrfeed.store.reports import message_reports
-from dlrfeed_testing.bench.growth_traffic import Traffic
 from dlrfeed_testing.local_login import LOGIN
 from dlrfeed_testing.migration_probe import (
     apply_measured,
     by_message,
     changes_read,
+    ingest_after_migrating,
     install_migrating_halfway,
     install_with_traffic,
+    shown_read,
+    statuses_read,
 )
 from dlrfeed_testing.pgcluster import PgCluster
 
 STATUSES_BY_MESSAGE = 20
-# When a status was written, and the epoch of its transaction, differ between any two stores.
-_STORE_SPECIFIC = ("updated_at", "change_epoch")
-_CLOCK_TIMES = (
-    "received_at",
-    "first_received_at",
-    "last_received_at",
-    "stored_at",
-    "recorded_at",
-    "opened_at",
-    "resolved_at",
-)
 # Each table's statuses by message, with the message row's id.
 _PLACED = """
 SELECT 'statuses' AS held_in, m.id, m.message_id FROM dlr.statuses AS s
@@ -96,47 +85,16 @@ async def test_it_changes_the_catalog_only_under_a_brief_lock(databases: list[st
     assert cost.wal_bytes < 1024 * 1024
 
 
-async def _statuses(dsn: str) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch("SELECT * FROM dlr.message_status ORDER BY login, message_id")
-    finally:
-        await conn.close()
-    return [{k: v for k, v in r.items() if k not in _STORE_SPECIFIC} for r in rows]
-
-
-async def _shown(dsn: str, message_ids: list[str]) -> list[Any]:
-    """`dlrfeed show` of each message, without what each store took from its own clock."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        shown = [await message_reports(conn, m, LOGIN) for m in message_ids]
-    finally:
-        await conn.close()
-    return [_without_store_specifics(s) for s in shown]
-
-
-def _without_store_specifics(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: _without_store_specifics(v)
-            for k, v in value.items()
-            if k not in {*_STORE_SPECIFIC, *_CLOCK_TIMES}
-        }
-    if isinstance(value, list):
-        return [_without_store_specifics(v) for v in value]
-    return value
-
-
 async def test_a_store_migrated_halfway_reads_the_same_answers(databases: list[str]) -> None:
     halfway, at_the_end = databases
     await install_migrating_halfway(halfway, STATUSES_BY_MESSAGE)
     await install_migrating_halfway(at_the_end, STATUSES_BY_MESSAGE, migrate_at=None)
-    statuses = await _statuses(halfway)
+    statuses = await statuses_read(halfway)
     assert len(statuses) > 1_000
-    assert statuses == await _statuses(at_the_end)
+    assert statuses == await statuses_read(at_the_end)
     assert by_message(await changes_read(halfway)) == by_message(await changes_read(at_the_end))
     sample = [s["message_id"] for s in statuses[:: len(statuses) // 20]]
-    assert await _shown(halfway, sample) == await _shown(at_the_end, sample)
+    assert await shown_read(halfway, sample) == await shown_read(at_the_end, sample)
     conn = await asyncpg.connect(halfway)
     try:
         placed = await conn.fetch(_PLACED)
@@ -211,23 +169,10 @@ async def test_a_store_opened_before_it_stops_with_nothing_written(
 ) -> None:
     """A Store that still writes statuses to the table renamed stops as for any schema change
     under it (the daemon exits 78) and commits nothing of the batch."""
-    dsn = databases[0]
-    await install_with_traffic(dsn, STATUSES_BY_MESSAGE)
-    traffic = Traffic(seed=8)
-    store = await Store.open(dsn, pool_size=1)
-    try:
-        await store.record_submissions(traffic.submissions())
-        await migrate(dsn)
-        conn = await asyncpg.connect(dsn)
-        try:
-            before = await conn.fetchval("SELECT count(*) FROM dlr.receptions")
-            with pytest.raises(SchemaOutOfDateError, match="schema changed"):
-                await store.ingest(LOGIN, traffic.batch(0))
-            assert await conn.fetchval("SELECT count(*) FROM dlr.receptions") == before
-        finally:
-            await conn.close()
-    finally:
-        await store.close()
+    raised, added = await ingest_after_migrating(databases[0], STATUSES_BY_MESSAGE)
+    assert isinstance(raised, SchemaOutOfDateError)
+    assert "schema changed" in str(raised)
+    assert added == 0
 
 
 async def test_a_message_id_never_changes(database_url: str, db: asyncpg.Connection) -> None:

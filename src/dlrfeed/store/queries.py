@@ -51,14 +51,15 @@ _EARLIER_UPSERTS = (
     # 0019: into dlr.message_status_rows, keyed by login and gateway id.
     (20, "upsert_statuses_by_key"),
 )
+_NO_EARLIER = {"upsert_earlier_statuses": "no_earlier_statuses"}
 _EARLIER_STATUS_WRITES = {
-    upsert: StatusWrites(*(query(q.name, upsert_statuses=upsert) for q in STATUS_WRITES))
+    upsert: StatusWrites(
+        *(query(q.name, upsert_statuses=upsert, **_NO_EARLIER) for q in STATUS_WRITES)
+    )
     for _, upsert in _EARLIER_UPSERTS
 }
 # A store created at 0020 or later keeps no status in dlr.earlier_statuses.
-_STATUS_WRITES_BY_MESSAGE = StatusWrites(
-    *(query(q.name, upsert_statuses="upsert_statuses_by_message") for q in STATUS_WRITES)
-)
+_STATUS_WRITES_BY_MESSAGE = StatusWrites(*(query(q.name, **_NO_EARLIER) for q in STATUS_WRITES))
 
 # Since this migration each status is kept under its message row's id (dlr.statuses), behind
 # the view dlr.message_status with those recorded before it (dlr.earlier_statuses).

@@ -11,8 +11,7 @@
 --   keeps its status in dlr.statuses. One recorded before keeps it where it was, in the table
 --   renamed dlr.earlier_statuses (keyed by login and gateway id as before; its key, triggers,
 --   fillfactor and privileges go with it), for as long as it is kept: no row is moved or
---   rewritten, and forgetting empties that table with time. A status whose message row is
---   missing would be kept there too, never dropped.
+--   rewritten, and forgetting empties that table with time.
 -- - dlr.message_status is the view of both, with the same columns in the same order: every
 --   reader (`dlrfeed show`, stats, reports, the ingest's probe, SQL consumers) reads the same
 --   answers as before. UPDATE and DELETE through it still work (INSTEAD OF triggers change

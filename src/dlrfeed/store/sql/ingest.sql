@@ -9,12 +9,13 @@
 -- writes, as WITH items (each ending in a comma): :statuses is a jsonb array of rows
 -- (message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
 -- progress_events, deadline_superseded, supporting_reception_id, basis_level, basis_stat,
--- basis_err, basis_done_at, flags joined by spaces, the message row's id). Each reason by its id in dlr.reasons,
--- resolved once for the statement's distinct texts (dlr.reason_ids adds those the dictionary
--- lacks, migration 0019), as text where the dictionary has none; no flags as NULL. Each status
--- into the table that keeps its message's (migration 0020): dlr.statuses under the message
--- row's id (the writers read it with the row's lock); dlr.earlier_statuses for a message
--- recorded before that migration, and for one with no id given, so that no status is dropped.
+-- basis_err, basis_done_at, flags joined by spaces, the message row's id). Each reason by its
+-- id in dlr.reasons, resolved once for the statement's distinct texts (dlr.reason_ids adds
+-- those the dictionary lacks, migration 0019), as text where the dictionary has none; no flags
+-- as NULL. Each status under its message row's id (migration 0020; the writers read it with the
+-- row's lock) into dlr.statuses, unless its message was recorded before that migration
+-- (upsert_earlier_statuses). A status with no id given fails its batch (NOT NULL), which keeps
+-- its receipts as unstorable (C8): never dropped.
 status_rows AS (
     SELECT s.r, (s.r->>15)::bigint AS message_ref, d.id AS reason_id
     FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
@@ -33,7 +34,7 @@ st AS (
            now(), (c.r->>9)::bigint, (c.r->>10)::bigint, c.r->>11, c.r->>12,
            (c.r->>13)::timestamptz, nullif(string_to_array(c.r->>14, ' '), '{}')
     FROM status_rows AS c
-    WHERE c.message_ref >= dlr.statuses_first_message()
+    WHERE c.message_ref IS NULL OR c.message_ref >= dlr.statuses_first_message()
     ON CONFLICT (message_ref) DO UPDATE SET
         status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
         reason_id = EXCLUDED.reason_id,
@@ -46,6 +47,10 @@ st AS (
         basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
         flags = EXCLUDED.flags
 ),
+
+-- fragment: upsert_earlier_statuses
+-- The statuses of messages recorded before migration 0020, into dlr.earlier_statuses, keyed by
+-- login and gateway id as they were stored (after upsert_statuses, whose status_rows it reads).
 st_earlier AS (
     INSERT INTO dlr.earlier_statuses (
         login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
@@ -57,7 +62,7 @@ st_earlier AS (
            now(), (c.r->>9)::bigint, (c.r->>10)::bigint, c.r->>11, c.r->>12,
            (c.r->>13)::timestamptz, nullif(string_to_array(c.r->>14, ' '), '{}')
     FROM status_rows AS c
-    WHERE c.message_ref IS NULL OR c.message_ref < dlr.statuses_first_message()
+    WHERE c.message_ref < dlr.statuses_first_message()
     ON CONFLICT (login, message_id) DO UPDATE SET
         status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
         reason_id = EXCLUDED.reason_id,
@@ -71,43 +76,12 @@ st_earlier AS (
         flags = EXCLUDED.flags
 ),
 
--- fragment: upsert_statuses_by_message
--- upsert_statuses for a store created at migration 0020 or later, where every message is
--- recorded after it (dlr.statuses_first_message() = 1) and dlr.earlier_statuses stays empty:
--- dlr.statuses alone, so that its empty neighbour's triggers do not run at every status write
--- (~0.1 ms a statement). A status with no message row id given fails its batch (NOT NULL),
--- which keeps it as an unstorable receipt, never dropped (C8).
-status_rows AS (
-    SELECT s.r, (s.r->>15)::bigint AS message_ref, d.id AS reason_id
-    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
-    LEFT JOIN dlr.reason_ids(ARRAY(
-        SELECT DISTINCT t.r->>3 FROM jsonb_array_elements(:statuses::jsonb) AS t(r)
-    )) AS d ON d.reason = s.r->>3
-),
-st AS (
-    INSERT INTO dlr.statuses (
-        message_ref, status, is_final, reason, reason_id, supporting_event_id, repeats,
-        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
-        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
-    SELECT c.message_ref, c.r->>1, (c.r->>2)::boolean,
-           CASE WHEN c.reason_id IS NULL THEN c.r->>3 END, c.reason_id, (c.r->>4)::bigint,
-           (c.r->>5)::int, (c.r->>6)::int, (c.r->>7)::int, (c.r->>8)::boolean, :rules_version,
-           now(), (c.r->>9)::bigint, (c.r->>10)::bigint, c.r->>11, c.r->>12,
-           (c.r->>13)::timestamptz, nullif(string_to_array(c.r->>14, ' '), '{}')
-    FROM status_rows AS c
-    WHERE c.message_ref >= dlr.statuses_first_message()
-    ON CONFLICT (message_ref) DO UPDATE SET
-        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-        reason_id = EXCLUDED.reason_id,
-        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
-        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
-        deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
-        supporting_reception_id = EXCLUDED.supporting_reception_id,
-        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
-        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
-        flags = EXCLUDED.flags
-),
+-- fragment: no_earlier_statuses
+-- upsert_earlier_statuses where no status is kept in dlr.earlier_statuses: a store created at
+-- migration 0020 or later (every message recorded after it), whose writes then leave that empty
+-- table and its triggers alone (~0.1 ms a statement), and a store before 0020.
+st_earlier AS (SELECT),
+
 -- fragment: upsert_statuses_by_key
 -- upsert_statuses as a store at migration 0019 takes it: every status into the table
 -- dlr.message_status_rows, keyed by login and gateway id.
@@ -316,6 +290,7 @@ WITH exc AS (
          AS x(kind, message_id, details, event_id, position)
 ),
 -- include: upsert_statuses
+-- include: upsert_earlier_statuses
 ev AS (
     UPDATE dlr.events AS e SET
         times_received = e.times_received + c.accepted,

@@ -36,6 +36,7 @@ ORDER BY message_id
 -- new status, new is_final, new reason, new supporting event, why]).
 WITH
 -- include: upsert_statuses
+-- include: upsert_earlier_statuses
 gone AS (
     DELETE FROM dlr.message_status
     WHERE login = :login AND message_id = ANY(:gone::text[])

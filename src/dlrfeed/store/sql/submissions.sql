@@ -130,6 +130,7 @@ WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
 -- how many exceptions were resolved.
 WITH
 -- include: upsert_statuses
+-- include: upsert_earlier_statuses
 resolved AS (
     UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
     FROM unnest(:exception_ids::bigint[], :resolutions::text[]) AS r(id, resolution)
