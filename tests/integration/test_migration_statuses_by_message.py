@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 
@@ -23,6 +24,7 @@ import pytest
 from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store, queries
 from dlrfeed.store.migrate import current_version, migrate
+from dlrfeed_testing.bench.growth_traffic import Traffic
 from dlrfeed_testing.local_login import LOGIN
 from dlrfeed_testing.migration_probe import (
     apply_measured,
@@ -202,3 +204,44 @@ async def test_only_a_store_migrated_with_messages_writes_both_tables(
         finally:
             await store.close()
         assert writes_both == both, dsn
+
+
+async def test_an_update_through_the_view_keeps_a_write_committed_meanwhile(
+    database_url: str, db: asyncpg.Connection, store: Store
+) -> None:
+    """The owner's UPDATE through the view waits for the message row's lock, as every status
+    write does, and changes only the columns it set: what an ingest committed meanwhile stays."""
+    traffic = Traffic(seed=9)
+    await store.record_submissions(traffic.submissions())
+    await store.ingest(LOGIN, traffic.batch(0))
+    message_id = await db.fetchval("SELECT min(message_id) FROM dlr.message_status")
+    ingest = await asyncpg.connect(database_url)
+    try:
+        await ingest.execute("BEGIN")
+        ref = await ingest.fetchval(
+            "SELECT id FROM dlr.messages WHERE login = $1 AND message_id = $2 FOR NO KEY UPDATE",
+            LOGIN,
+            message_id,
+        )
+        await ingest.execute("UPDATE dlr.statuses SET repeats = 99 WHERE message_ref = $1", ref)
+        correcting = asyncio.create_task(
+            db.execute(
+                "UPDATE dlr.message_status SET status = 'UNKNOWN'"
+                " WHERE login = $1 AND message_id = $2",
+                LOGIN,
+                message_id,
+            )
+        )
+        await asyncio.sleep(0.2)
+        assert not correcting.done()  # waiting for the message row's lock
+        await ingest.execute("COMMIT")
+        assert await correcting == "UPDATE 1"
+    finally:
+        await ingest.close()
+    row = await db.fetchrow(
+        "SELECT status, repeats FROM dlr.message_status WHERE login = $1 AND message_id = $2",
+        LOGIN,
+        message_id,
+    )
+    assert row is not None
+    assert (row["status"], row["repeats"]) == ("UNKNOWN", 99)

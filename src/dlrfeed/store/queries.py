@@ -28,6 +28,7 @@ LOCK_OPEN_UNCORRELATED = query("lock_open_uncorrelated")
 COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
 STALE_STATUSES = query("stale_statuses")
 STATUSES_BEFORE_RECOMPUTE = query("statuses_before_recompute")
+RECORD_RECOMPUTE_AUDIT = query("record_recompute_audit")
 PLAN_WITHOUT_JIT = query("plan_without_jit")
 
 

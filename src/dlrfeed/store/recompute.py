@@ -120,6 +120,9 @@ async def _recompute_chunk(
                 f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
             ]
         )
+    await queries.RECORD_RECOMPUTE_AUDIT.execute(
+        conn, login=login, rules_version=RULES_VERSION, audit=dumps(audit)
+    )
     await writes.recompute.execute(
         conn,
         login=login,
@@ -128,6 +131,5 @@ async def _recompute_chunk(
             {m: s for m, s in planner.messages.items() if m in before}, correlated.refs
         ),
         gone=gone,
-        audit=dumps(audit),
     )
     return len(audit)

@@ -36,15 +36,18 @@ COMMENT ON TABLE dlr.earlier_statuses IS
     ' keyed by login and gateway id; read through the view dlr.message_status';
 
 -- The first message id whose status is kept in dlr.statuses: past every id the messages'
--- sequence has given, committed or not, so a message's table never changes. A constant,
--- IMMUTABLE, so every statement folds it when it is planned.
+-- sequence has given, committed or not, and every id stored (a restored or replicated store's
+-- sequence may lag its rows), so a message's table never changes. A constant, IMMUTABLE, so
+-- every statement folds it when it is planned.
 DO $first$
 BEGIN
     EXECUTE format(
         'CREATE FUNCTION dlr.statuses_first_message() RETURNS bigint'
         ' LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L',
-        format('SELECT %s::bigint', 1 + coalesce(pg_sequence_last_value(
-            pg_get_serial_sequence('dlr.messages', 'id')::regclass), 0)));
+        format('SELECT %s::bigint', 1 + greatest(
+            coalesce(pg_sequence_last_value(
+                pg_get_serial_sequence('dlr.messages', 'id')::regclass), 0),
+            coalesce((SELECT max(id) FROM dlr.messages), 0))));
 END
 $first$;
 COMMENT ON FUNCTION dlr.statuses_first_message() IS
@@ -121,41 +124,64 @@ COMMENT ON VIEW dlr.message_status IS
 
 -- UPDATE and DELETE through the view, as before it (by the schema's owner: the writer and the
 -- reader may not): the row of (login, message_id) is changed in, or leaves, whichever table
--- holds it, and that table's triggers keep its change epoch and write the change. A reason
--- written through the view is kept as that text (the writers name it by id); a status stays
--- with its message.
+-- holds it, and that table's triggers keep its change epoch and write the change. Each takes
+-- the message row's lock first, as every status write does, and an UPDATE changes only the
+-- columns it set, on the row as it is then (the view's row may be older: a write committed
+-- meanwhile is kept). A reason written through the view is kept as that text (the writers name
+-- it by id); a status stays with its message. NULL, as for no row, when none was there.
 CREATE FUNCTION dlr.update_message_status() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    same_reason boolean := NEW.reason IS NOT DISTINCT FROM OLD.reason;
+    message bigint;
 BEGIN
     IF (NEW.login, NEW.message_id) IS DISTINCT FROM (OLD.login, OLD.message_id) THEN
         RAISE EXCEPTION 'a status stays with its message: its login and message_id do not change';
     END IF;
+    SELECT m.id INTO message FROM dlr.messages AS m
+    WHERE m.login = OLD.login AND m.message_id = OLD.message_id
+    FOR NO KEY UPDATE;
     UPDATE dlr.statuses AS s SET
-        status = NEW.status, is_final = NEW.is_final,
-        reason = CASE WHEN same_reason THEN s.reason ELSE NEW.reason END,
-        reason_id = CASE WHEN same_reason THEN s.reason_id END,
-        supporting_event_id = NEW.supporting_event_id, repeats = NEW.repeats,
-        conflicts = NEW.conflicts, progress_events = NEW.progress_events,
-        deadline_superseded = NEW.deadline_superseded, rules_version = NEW.rules_version,
-        updated_at = NEW.updated_at, supporting_reception_id = NEW.supporting_reception_id,
-        basis_level = NEW.basis_level, basis_stat = NEW.basis_stat, basis_err = NEW.basis_err,
-        basis_done_at = NEW.basis_done_at, flags = nullif(NEW.flags, '{}')
-    FROM dlr.messages AS m
-    WHERE m.login = OLD.login AND m.message_id = OLD.message_id AND s.message_ref = m.id;
+        status = CASE WHEN NEW.status IS DISTINCT FROM OLD.status THEN NEW.status ELSE s.status END,
+        is_final = CASE WHEN NEW.is_final IS DISTINCT FROM OLD.is_final THEN NEW.is_final ELSE s.is_final END,
+        supporting_event_id = CASE WHEN NEW.supporting_event_id IS DISTINCT FROM OLD.supporting_event_id THEN NEW.supporting_event_id ELSE s.supporting_event_id END,
+        repeats = CASE WHEN NEW.repeats IS DISTINCT FROM OLD.repeats THEN NEW.repeats ELSE s.repeats END,
+        conflicts = CASE WHEN NEW.conflicts IS DISTINCT FROM OLD.conflicts THEN NEW.conflicts ELSE s.conflicts END,
+        progress_events = CASE WHEN NEW.progress_events IS DISTINCT FROM OLD.progress_events THEN NEW.progress_events ELSE s.progress_events END,
+        deadline_superseded = CASE WHEN NEW.deadline_superseded IS DISTINCT FROM OLD.deadline_superseded THEN NEW.deadline_superseded ELSE s.deadline_superseded END,
+        rules_version = CASE WHEN NEW.rules_version IS DISTINCT FROM OLD.rules_version THEN NEW.rules_version ELSE s.rules_version END,
+        updated_at = CASE WHEN NEW.updated_at IS DISTINCT FROM OLD.updated_at THEN NEW.updated_at ELSE s.updated_at END,
+        supporting_reception_id = CASE WHEN NEW.supporting_reception_id IS DISTINCT FROM OLD.supporting_reception_id THEN NEW.supporting_reception_id ELSE s.supporting_reception_id END,
+        basis_level = CASE WHEN NEW.basis_level IS DISTINCT FROM OLD.basis_level THEN NEW.basis_level ELSE s.basis_level END,
+        basis_stat = CASE WHEN NEW.basis_stat IS DISTINCT FROM OLD.basis_stat THEN NEW.basis_stat ELSE s.basis_stat END,
+        basis_err = CASE WHEN NEW.basis_err IS DISTINCT FROM OLD.basis_err THEN NEW.basis_err ELSE s.basis_err END,
+        basis_done_at = CASE WHEN NEW.basis_done_at IS DISTINCT FROM OLD.basis_done_at THEN NEW.basis_done_at ELSE s.basis_done_at END,
+        reason = CASE WHEN NEW.reason IS DISTINCT FROM OLD.reason THEN NEW.reason ELSE s.reason END,
+        reason_id = CASE WHEN NEW.reason IS DISTINCT FROM OLD.reason THEN NULL ELSE s.reason_id END,
+        flags = CASE WHEN NEW.flags IS DISTINCT FROM OLD.flags THEN nullif(NEW.flags, '{}') ELSE s.flags END
+    WHERE s.message_ref = message;
     IF NOT FOUND THEN
         UPDATE dlr.earlier_statuses AS s SET
-            status = NEW.status, is_final = NEW.is_final,
-            reason = CASE WHEN same_reason THEN s.reason ELSE NEW.reason END,
-            reason_id = CASE WHEN same_reason THEN s.reason_id END,
-            supporting_event_id = NEW.supporting_event_id, repeats = NEW.repeats,
-            conflicts = NEW.conflicts, progress_events = NEW.progress_events,
-            deadline_superseded = NEW.deadline_superseded, rules_version = NEW.rules_version,
-            updated_at = NEW.updated_at, supporting_reception_id = NEW.supporting_reception_id,
-            basis_level = NEW.basis_level, basis_stat = NEW.basis_stat, basis_err = NEW.basis_err,
-            basis_done_at = NEW.basis_done_at, flags = nullif(NEW.flags, '{}')
+            status = CASE WHEN NEW.status IS DISTINCT FROM OLD.status THEN NEW.status ELSE s.status END,
+            is_final = CASE WHEN NEW.is_final IS DISTINCT FROM OLD.is_final THEN NEW.is_final ELSE s.is_final END,
+            supporting_event_id = CASE WHEN NEW.supporting_event_id IS DISTINCT FROM OLD.supporting_event_id THEN NEW.supporting_event_id ELSE s.supporting_event_id END,
+            repeats = CASE WHEN NEW.repeats IS DISTINCT FROM OLD.repeats THEN NEW.repeats ELSE s.repeats END,
+            conflicts = CASE WHEN NEW.conflicts IS DISTINCT FROM OLD.conflicts THEN NEW.conflicts ELSE s.conflicts END,
+            progress_events = CASE WHEN NEW.progress_events IS DISTINCT FROM OLD.progress_events THEN NEW.progress_events ELSE s.progress_events END,
+            deadline_superseded = CASE WHEN NEW.deadline_superseded IS DISTINCT FROM OLD.deadline_superseded THEN NEW.deadline_superseded ELSE s.deadline_superseded END,
+            rules_version = CASE WHEN NEW.rules_version IS DISTINCT FROM OLD.rules_version THEN NEW.rules_version ELSE s.rules_version END,
+            updated_at = CASE WHEN NEW.updated_at IS DISTINCT FROM OLD.updated_at THEN NEW.updated_at ELSE s.updated_at END,
+            supporting_reception_id = CASE WHEN NEW.supporting_reception_id IS DISTINCT FROM OLD.supporting_reception_id THEN NEW.supporting_reception_id ELSE s.supporting_reception_id END,
+            basis_level = CASE WHEN NEW.basis_level IS DISTINCT FROM OLD.basis_level THEN NEW.basis_level ELSE s.basis_level END,
+            basis_stat = CASE WHEN NEW.basis_stat IS DISTINCT FROM OLD.basis_stat THEN NEW.basis_stat ELSE s.basis_stat END,
+            basis_err = CASE WHEN NEW.basis_err IS DISTINCT FROM OLD.basis_err THEN NEW.basis_err ELSE s.basis_err END,
+            basis_done_at = CASE WHEN NEW.basis_done_at IS DISTINCT FROM OLD.basis_done_at THEN NEW.basis_done_at ELSE s.basis_done_at END,
+            reason = CASE WHEN NEW.reason IS DISTINCT FROM OLD.reason THEN NEW.reason ELSE s.reason END,
+            reason_id = CASE WHEN NEW.reason IS DISTINCT FROM OLD.reason THEN NULL ELSE s.reason_id END,
+            flags = CASE WHEN NEW.flags IS DISTINCT FROM OLD.flags THEN nullif(NEW.flags, '{}') ELSE s.flags END
         WHERE s.login = OLD.login AND s.message_id = OLD.message_id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN NULL;
     END IF;
     RETURN NEW;
 END;
@@ -166,12 +192,19 @@ CREATE TRIGGER message_status_update
 
 CREATE FUNCTION dlr.delete_message_status() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    message bigint;
 BEGIN
-    DELETE FROM dlr.statuses AS s USING dlr.messages AS m
-    WHERE m.login = OLD.login AND m.message_id = OLD.message_id AND s.message_ref = m.id;
+    SELECT m.id INTO message FROM dlr.messages AS m
+    WHERE m.login = OLD.login AND m.message_id = OLD.message_id
+    FOR NO KEY UPDATE;
+    DELETE FROM dlr.statuses AS s WHERE s.message_ref = message;
     IF NOT FOUND THEN
         DELETE FROM dlr.earlier_statuses AS s
         WHERE s.login = OLD.login AND s.message_id = OLD.message_id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN NULL;
     END IF;
     RETURN OLD;
 END;
@@ -316,10 +349,16 @@ REVOKE ALL ON dlr.statuses FROM PUBLIC;
 DO $grants$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_writer') THEN
-        GRANT SELECT, INSERT, UPDATE ON dlr.statuses TO dlrfeed_writer;
+        -- dlr.earlier_statuses kept its grants through the renames; stated here as well, so
+        -- that running this block again on a store whose roles came after it grants them.
+        GRANT SELECT, INSERT, UPDATE ON dlr.statuses, dlr.earlier_statuses TO dlrfeed_writer;
+        GRANT SELECT ON dlr.message_status, dlr.reasons TO dlrfeed_writer;
+        -- 0002's grant, run again, would name the view: the writer only reads it.
+        REVOKE INSERT, UPDATE ON dlr.message_status FROM dlrfeed_writer;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN
-        GRANT SELECT ON dlr.statuses TO dlrfeed_reader;
+        GRANT SELECT ON dlr.statuses, dlr.earlier_statuses, dlr.message_status
+            TO dlrfeed_reader;
     END IF;
 END
 $grants$;
