@@ -120,9 +120,10 @@ async def _recompute_chunk(
                 f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
             ]
         )
-    await queries.RECORD_RECOMPUTE_AUDIT.execute(
-        conn, login=login, rules_version=RULES_VERSION, audit=dumps(audit)
-    )
+    if audit:  # most chunks of a recompute change nothing: no round trip for them
+        await queries.RECORD_RECOMPUTE_AUDIT.execute(
+            conn, login=login, rules_version=RULES_VERSION, audit=dumps(audit)
+        )
     await writes.recompute.execute(
         conn,
         login=login,
