@@ -172,15 +172,13 @@ async def slow_commit_lease(rig: Rig) -> str:
                 # Every ingest touching a status waits on this lock: commit takes > the 2 s
                 # lease, the gateway redelivers the batch to the other worker (F6).
                 async with conn.transaction():
-                    await conn.execute("LOCK TABLE dlr.message_status IN EXCLUSIVE MODE")
+                    await conn.execute("LOCK TABLE dlr.statuses IN EXCLUSIVE MODE")
                     await asyncio.sleep(hold_s)
         finally:
             await conn.close()
 
     await during(rig.feed(work.receipts, holds * (hold_s + 1.0)), locker)
-    return (
-        f"lease 2 s; {holds} x {hold_s:.0f} s exclusive lock on dlr.message_status; 2 Pull workers"
-    )
+    return f"lease 2 s; {holds} x {hold_s:.0f} s exclusive lock on dlr.statuses; 2 Pull workers"
 
 
 async def three_process_race(rig: Rig) -> str:
