@@ -207,6 +207,17 @@ async def statuses_read(dsn: str) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k not in _STATUS_SPECIFIC} for r in rows]
 
 
+async def receptions_read(dsn: str, view: str = "dlr.receptions") -> list[dict[str, Any]]:
+    """Every reception as `view` (dlr.receptions or dlr.receptions_readable) shows it, in id
+    order, without the times the store took from its clock."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(f"SELECT * FROM {view} ORDER BY id")
+    finally:
+        await conn.close()
+    return [{k: v for k, v in r.items() if k not in _CLOCK_TIMES} for r in rows]
+
+
 async def shown_read(dsn: str, message_ids: list[str]) -> list[Any]:
     """`dlrfeed show` of each message, without what differs between any two stores."""
     conn = await asyncpg.connect(dsn)

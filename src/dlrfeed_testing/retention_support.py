@@ -55,3 +55,14 @@ async def install_schema_before(conn: asyncpg.Connection, version: int) -> None:
 async def plan_of(conn: asyncpg.Connection, statement: str, *args: object) -> str:
     """The server's EXPLAIN of `statement` with `args`, one line per plan node."""
     return "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + statement, *args))
+
+
+async def drop_reception_days_before(conn: asyncpg.Connection, cutoff: datetime) -> None:
+    """Drop the days of evidence that end by `cutoff`, as `maintain`'s retention does before it
+    forgets (each message forgotten has no delivery left: migration 0021)."""
+    for row in await conn.fetch(
+        "SELECT partition_name FROM dlr.day_partitions"
+        " WHERE parent_table = 'reception_rows' AND upper_bound <= $1",
+        cutoff,
+    ):
+        await conn.execute(f'DROP TABLE dlr_partitions."{row[0]}"')

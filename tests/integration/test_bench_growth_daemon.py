@@ -94,8 +94,12 @@ async def _check_row_profile(
     before them), and a row is at least its columns plus its tuple header and line pointer."""
     for table in ("receptions", "events", "messages", "message_status", "status_changes"):
         columns = {k: v for k, v in profile[table].items() if k not in _NOT_COLUMNS}
-        # A status names its message by the message row's id (migration 0020).
-        key = ("message_ref", 8.0) if table == "message_status" else ("message_id", 37.0)
+        # A status names its message by the message row's id (migration 0020), a reception
+        # its key by its event (0021: the message id stored empty).
+        key = {
+            "message_status": ("message_ref", 8.0),
+            "receptions": ("message_id", 1.0),
+        }.get(table, ("message_id", 37.0))
         assert columns[key[0]] == key[1], table
         assert profile[table]["row"] >= sum(columns.values()) + 24 + 4, table
     receptions = {k: v for k, v in profile["receptions"].items() if k not in _NOT_COLUMNS}

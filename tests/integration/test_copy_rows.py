@@ -95,7 +95,7 @@ def events(draw: st.DrawFn) -> LogicalEvent:
 async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(database_url)
     for table in ("by_store", "by_driver"):
-        await conn.execute(f"CREATE TABLE {table} (LIKE dlr.receptions INCLUDING DEFAULTS)")
+        await conn.execute(f"CREATE TABLE {table} (LIKE dlr.reception_rows INCLUDING DEFAULTS)")
     yield conn
     await conn.close()
 
@@ -105,11 +105,19 @@ async def _chunks(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def copy_both(
-    db: asyncpg.Connection, login: str, batch: list[LogicalEvent], outcomes: list[Outcome]
+    db: asyncpg.Connection,
+    login: str,
+    batch: list[LogicalEvent],
+    outcomes: list[Outcome],
+    *,
+    with_key: bool = False,
 ) -> None:
+    """The batch copied by the store's encoding into by_store, and by the driver's into
+    by_driver; `with_key`: each row with its login, message id and level (before 0021)."""
     ids = [7 * n + 1 for n in range(len(batch))]
     event_ids = [2**40 + n for n in range(len(batch))]
-    rows = copy_rows.encode_receipt_fields(login, batch)
+    rows = copy_rows.encode_receipt_fields(batch, login if with_key else None)
+    columns = copy_rows.COLUMNS_WITH_KEY if with_key else copy_rows.COLUMNS
     contents = copy_rows.encode_contents(batch)
     # In two pieces, as the store sends a batch while planning it.
     half = len(batch) // 2
@@ -125,9 +133,7 @@ async def copy_both(
             copy_rows.TRAILER,
         )
     )
-    await db.copy_to_table(
-        "by_store", columns=copy_rows.COLUMNS, source=_chunks(data), format="binary"
-    )
+    await db.copy_to_table("by_store", columns=columns, source=_chunks(data), format="binary")
     # The driver's reference encoding of the very same values.
     received = [datetime.fromtimestamp(e.received_at, UTC) for e in batch]
     values = {
@@ -154,13 +160,13 @@ async def copy_both(
     }
     await db.copy_records_to_table(
         "by_driver",
-        columns=copy_rows.COLUMNS,
-        records=list(zip(*(values[c] for c in copy_rows.COLUMNS), strict=True)),
+        columns=columns,
+        records=list(zip(*(values[c] for c in columns), strict=True)),
     )
 
 
 async def table_rows(db: asyncpg.Connection, table: str) -> list[asyncpg.Record]:
-    columns = ", ".join(copy_rows.COLUMNS)
+    columns = ", ".join(copy_rows.COLUMNS_WITH_KEY)
     return list(await db.fetch(f"SELECT {columns} FROM {table} ORDER BY id"))
 
 
@@ -168,15 +174,21 @@ async def table_rows(db: asyncpg.Connection, table: str) -> list[asyncpg.Record]
     login=_TEXT,
     batch=st.lists(events(), min_size=1, max_size=8),
     outcome=st.sampled_from(list(Outcome)),
+    with_key=st.booleans(),
 )
 @examples(200)
 async def test_the_store_encoding_writes_what_the_driver_writes_p6(
-    db: asyncpg.Connection, login: str, batch: list[LogicalEvent], outcome: Outcome
+    db: asyncpg.Connection,
+    login: str,
+    batch: list[LogicalEvent],
+    outcome: Outcome,
+    with_key: bool,
 ) -> None:
     """Any storable values: text of any script, NULLs, int64 bounds, dates of any zone from
-    1901 to 2200, empty and non-empty flag arrays, arbitrary payload bytes."""
+    1901 to 2200, empty and non-empty flag arrays, arbitrary payload bytes; rows with their
+    key (a store before 0021) or naming it by their event."""
     await db.execute("TRUNCATE by_store, by_driver")
-    await copy_both(db, login, batch, [outcome] * len(batch))
+    await copy_both(db, login, batch, [outcome] * len(batch), with_key=with_key)
     by_store = await table_rows(db, "by_store")
     assert len(by_store) == len(batch)
     assert by_store == await table_rows(db, "by_driver")
@@ -219,12 +231,12 @@ def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
     """The C8 bisection treats these as data errors: the same exception types as the driver."""
     base = PLAIN
     with pytest.raises(UnicodeEncodeError):
-        copy_rows.encode_receipt_fields("acme", [base._replace(peer="\ud800")])
+        copy_rows.encode_receipt_fields([base._replace(peer="\ud800")], None)
     with pytest.raises(OverflowError):
-        copy_rows.encode_receipt_fields("acme", [base._replace(level=2**63)])
+        copy_rows.encode_receipt_fields([base._replace(level=2**63)], "acme")
     with pytest.raises(UnicodeEncodeError):
         copy_rows.encode_contents([base._replace(err="\ud800")])
-    rows = copy_rows.encode_receipt_fields("acme", [base])
+    rows = copy_rows.encode_receipt_fields([base], None)
     contents = copy_rows.encode_contents([base])
     with pytest.raises(ValueError, match="zip"):
         copy_rows.complete(rows, contents, [1, 2], [Outcome.APPLIED], [1])
@@ -232,7 +244,7 @@ def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
 
 async def test_a_row_that_defers_to_its_event_holds_no_content(db: asyncpg.Connection) -> None:
     """AS_EVENT (migration 0016): the seven content columns NULL, every other field its own."""
-    rows = copy_rows.encode_receipt_fields("acme", [PLAIN, PLAIN])
+    rows = copy_rows.encode_receipt_fields([PLAIN, PLAIN], None)
     contents = copy_rows.encode_contents([PLAIN, PLAIN])
     data = b"".join(
         (

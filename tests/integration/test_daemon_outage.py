@@ -77,7 +77,9 @@ async def test_schema_changed_under_the_running_daemon_stops_it_acking_nothing(
     "unstorable" evidence; nothing was acked, so the gateway still holds every receipt."""
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute("ALTER TABLE dlr.receptions RENAME COLUMN outcome TO outcome_renamed")
+        await conn.execute(
+            "ALTER TABLE dlr.reception_rows RENAME COLUMN outcome TO outcome_renamed"
+        )
     finally:
         await conn.close()
     async with running_gateway() as gateway:

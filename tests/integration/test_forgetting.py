@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 
 import asyncpg
 import pytest
@@ -27,7 +28,7 @@ from dlrfeed_testing.daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.retention_support import DAY, today
+from dlrfeed_testing.retention_support import DAY, drop_reception_days_before, today
 from dlrfeed_testing.rule_receipts import feed_receipt
 
 # Recorded (and so ordered by dlr.messages.id) in the order of their names.
@@ -77,6 +78,13 @@ async def _store_of_five(database_url: str) -> None:
         await store.close()
 
 
+async def _forget(db: asyncpg.Connection, cutoff: datetime) -> Forgotten:
+    """Forget as `maintain` does, after the retention's drops: no delivery older than the
+    cutoff is left."""
+    await drop_reception_days_before(db, cutoff)
+    return await forget(db, cutoff)
+
+
 async def _present(db: asyncpg.Connection) -> dict[str, set[str]]:
     return {
         table: {r[0] for r in await db.fetch(f"SELECT message_id FROM dlr.{table}")}
@@ -89,7 +97,7 @@ async def test_old_messages_go_whole_and_the_rest_stay(
 ) -> None:
     await _store_of_five(database_url)
     changes = await db.fetchval("SELECT count(*) FROM dlr.status_changes")
-    forgotten = await forget(db, today() + 3 * DAY)
+    forgotten = await _forget(db, today() + 3 * DAY)
     assert forgotten == Forgotten(
         messages=3, statuses=2, events=3, closed_exceptions=1, kept_for_open_exceptions=1
     )
@@ -111,7 +119,7 @@ async def test_old_messages_go_whole_and_the_rest_stay(
 
     # Once RECENT is old too, the next pass takes it; INVESTIGATED stays for its operator, and
     # the pass holds its place before it.
-    again = await forget(db, today() + 7 * DAY)
+    again = await _forget(db, today() + 7 * DAY)
     assert again == Forgotten(messages=1, statuses=1, events=2, kept_for_open_exceptions=1)
     assert (await _present(db))["messages"] == {INVESTIGATED}
     investigated_id = await db.fetchval("SELECT id FROM dlr.messages")
@@ -123,7 +131,7 @@ async def test_old_messages_go_whole_and_the_rest_stay(
         " WHERE message_id = $1",
         INVESTIGATED,
     )
-    last = await forget(db, today() + 7 * DAY)
+    last = await _forget(db, today() + 7 * DAY)
     assert last == Forgotten(messages=1, statuses=1, events=1, closed_exceptions=1)
     assert (await _present(db))["messages"] == set()
 
@@ -132,7 +140,7 @@ async def test_a_receipt_for_a_forgotten_message_is_kept_as_uncorrelated(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     await _store_of_five(database_url)
-    await forget(db, today() + 3 * DAY)
+    await _forget(db, today() + 3 * DAY)
     store = await Store.open(database_url, pool_size=1)
     try:
         late = _receipt(OLD, 2, "DELIVRD", (today() + 4 * DAY).timestamp(), "late")
@@ -162,13 +170,13 @@ async def test_a_message_being_written_is_skipped_and_taken_next_time(
         await writer.execute(
             "SELECT 1 FROM dlr.messages WHERE message_id = $1 FOR NO KEY UPDATE", OLD
         )
-        busy = await forget(db, today() + 3 * DAY)
+        busy = await _forget(db, today() + 3 * DAY)
         await transaction.commit()
     finally:
         await writer.close()
     assert busy.messages == 2  # SILENT and LATE
     assert OLD in (await _present(db))["messages"]
-    assert (await forget(db, today() + 3 * DAY)).messages == 1
+    assert (await _forget(db, today() + 3 * DAY)).messages == 1
     assert OLD not in (await _present(db))["messages"]
 
 
@@ -205,6 +213,9 @@ async def test_maintain_forgets_and_says_so(database_url: str, db: asyncpg.Conne
     # As if recorded and delivered ten days ago (the status keeps its content: no change).
     await db.execute("UPDATE dlr.messages SET recorded_at = now() - interval '10 days'")
     await db.execute("UPDATE dlr.message_status SET updated_at = now() - interval '10 days'")
+    # Its delivery went with its day, as the retention drops it (the first partition, which
+    # holds everything before today, drops only once today is past the retention).
+    await drop_reception_days_before(db, today())
     done = await asyncio.to_thread(
         dlrfeed, "maintain", "--database-url", database_url, "--retention-days", "2",
         "--redelivery-horizon-days", "1", "--forget-after-days", "3", "--json",
@@ -216,6 +227,7 @@ async def test_maintain_forgets_and_says_so(database_url: str, db: asyncpg.Conne
         "events": 1,
         "closed_exceptions": 0,
         "kept_for_open_exceptions": 0,
+        "kept_for_evidence": 0,
     }
     assert await db.fetchval("SELECT count(*) FROM dlr.messages") == 0
 

@@ -82,9 +82,9 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
             x AS (
                 INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id)
                 SELECT 'uncorrelated', login, message_id, '{"rule": "P12"}', id FROM e)
-            INSERT INTO dlr.receptions (login, message_id, level, delivery_count, received_at,
-                payload, event_id, outcome, stat, parser_version, fingerprint)
-            SELECT login, message_id, level, 1, first_received_at, ''::bytea, id,
+            INSERT INTO dlr.reception_rows (delivery_count, received_at, payload, event_id,
+                outcome, stat, parser_version, fingerprint)
+            SELECT 1, first_received_at, ''::bytea, id,
                    'uncorrelated', stat, 'p', fingerprint
             FROM e
             """,

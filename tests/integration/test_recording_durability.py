@@ -19,7 +19,7 @@ import pytest
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
-from dlrfeed.store.queries import STATUS_WRITES
+from dlrfeed.store.queries import RECEPTION_STATEMENTS, STATUS_WRITES
 from dlrfeed.store.recording import record_submissions
 from dlrfeed.store.submission import SubmissionResult
 from dlrfeed_testing.pgcluster import PgCluster, free_port
@@ -94,7 +94,11 @@ async def test_a_chunk_holds_its_ids_locks_and_a_few_more_whatever_the_call(
     try:
         async with conn.transaction():  # kept open: the locks are counted before the commit
             await record_submissions(
-                conn, IntegrationOptions(), _submissions("l", CHUNK), STATUS_WRITES
+                conn,
+                IntegrationOptions(),
+                _submissions("l", CHUNK),
+                STATUS_WRITES,
+                RECEPTION_STATEMENTS.waiting,
             )
             locks = await conn.fetch(
                 "SELECT locktype, count(*) AS n FROM pg_locks"

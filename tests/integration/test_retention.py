@@ -48,7 +48,7 @@ READABLE_COLUMNS = (
 async def partitions(db: asyncpg.Connection) -> dict[str, tuple[datetime | None, datetime | None]]:
     rows = await db.fetch(
         "SELECT partition_name, lower_bound, upper_bound FROM dlr.day_partitions"
-        " WHERE parent_table = 'receptions'"
+        " WHERE parent_table = 'reception_rows'"
     )
     return {r["partition_name"]: (r["lower_bound"], r["upper_bound"]) for r in rows}
 
@@ -228,14 +228,14 @@ async def test_receptions_of_a_missing_day_land_in_the_default_and_move_to_their
     await db.execute(
         """
         BEGIN;
-        ALTER TABLE dlr.receptions DETACH PARTITION dlr_partitions.receptions_default;
+        ALTER TABLE dlr.reception_rows DETACH PARTITION dlr_partitions.receptions_default;
         SELECT dlr.create_reception_partitions(now() + interval '30 days');
-        INSERT INTO dlr.receptions SELECT * FROM dlr_partitions.receptions_default;
+        INSERT INTO dlr.reception_rows SELECT * FROM dlr_partitions.receptions_default;
         ALTER TABLE dlr_partitions.receptions_default RENAME TO receptions_default_moved;
         ALTER INDEX dlr_partitions.receptions_default_pkey RENAME TO receptions_default_moved_pkey;
-        CREATE TABLE dlr_partitions.receptions_default PARTITION OF dlr.receptions DEFAULT;
+        CREATE TABLE dlr_partitions.receptions_default PARTITION OF dlr.reception_rows DEFAULT;
         ALTER TABLE dlr_partitions.receptions_default
-            ADD CONSTRAINT receptions_default_pkey PRIMARY KEY (login, event_id, id);
+            ADD CONSTRAINT receptions_default_pkey PRIMARY KEY (event_id, id);
         COMMIT;
         DROP TABLE dlr_partitions.receptions_default_moved;
         """

@@ -39,7 +39,7 @@ ROLES_SQL = Path(__file__).resolve().parents[2] / "sql" / "roles.sql"
 TABLES = (
     "messages",
     "events",
-    "receptions",
+    "reception_rows",  # the receptions' table, behind the view dlr.receptions (0021)
     "statuses",  # the statuses' tables, behind the view dlr.message_status (0019, 0020)
     "earlier_statuses",
     "exceptions",
@@ -215,7 +215,7 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
     [
         "UPDATE dlr.receptions SET stat = 'DELIVRD'",
         "DELETE FROM dlr.receptions",
-        "TRUNCATE dlr.receptions",
+        "TRUNCATE dlr.reception_rows",
         "SELECT payload FROM dlr.receptions",
         "UPDATE dlr.messages SET destination = '+1'",
         "DELETE FROM dlr.messages",
@@ -228,16 +228,16 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "DELETE FROM dlr.exceptions",
         "TRUNCATE dlr.events, dlr.exceptions, dlr.statuses, dlr.messages",
         "INSERT INTO dlr.schema_version (version, name) VALUES (99, 'x')",
-        "ALTER TABLE dlr.receptions DISABLE TRIGGER receptions_append_only",
-        "DROP TABLE dlr.receptions",
+        "ALTER TABLE dlr.reception_rows DISABLE TRIGGER receptions_append_only",
+        "DROP TABLE dlr.reception_rows",
         "CREATE TABLE dlr.shadow (x int)",
         "CREATE TABLE public.shadow (x int)",
         "CREATE FUNCTION dlr.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
-        "ALTER TABLE dlr.receptions OWNER TO t_writer",
+        "ALTER TABLE dlr.reception_rows OWNER TO t_writer",
         # Day partitions (migration 0010): only the owner creates, reads directly or drops them.
         "DROP TABLE dlr_partitions.receptions_default",
         "SELECT count(*) FROM dlr_partitions.receptions_default",
-        "ALTER TABLE dlr.receptions DETACH PARTITION dlr_partitions.receptions_default",
+        "ALTER TABLE dlr.reception_rows DETACH PARTITION dlr_partitions.receptions_default",
         "SELECT dlr.create_reception_partitions(now() + interval '30 days')",
     ],
 )
@@ -314,6 +314,7 @@ async def test_reader_runs_the_operator_reports(roles_db: RoleDatabase) -> None:
         *(f"DELETE FROM dlr.{table}" for table in TABLES),
         *(f"TRUNCATE dlr.{table}" for table in TABLES),
         "DELETE FROM dlr.message_status",
+        "DELETE FROM dlr.receptions",
         "INSERT INTO dlr.messages (login, message_id, internal_id, destination, "
         "destination_raw, destination_is_e164) VALUES ('a', 'b', 'c', 'd', 'd', false)",
         "UPDATE dlr.message_status SET status = 'DELIVERED'",
@@ -376,9 +377,12 @@ async def test_privilege_matrix_no_role_but_the_owner_may_delete_or_truncate(
             for role in ("dlrfeed_writer", "dlrfeed_reader", "dlrfeed_operator"):
                 for privilege in ("DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"):
                     assert not await has(role, table, privilege), (role, table, privilege)
-        assert await has("dlrfeed_writer", "dlr.receptions", "INSERT")
-        assert not await has("dlrfeed_writer", "dlr.receptions", "UPDATE")
-        assert not await has("dlrfeed_writer", "dlr.receptions", "SELECT")
+        assert await has("dlrfeed_writer", "dlr.reception_rows", "INSERT")
+        assert not await has("dlrfeed_writer", "dlr.reception_rows", "UPDATE")
+        assert not await has("dlrfeed_writer", "dlr.reception_rows", "SELECT")
+        # The view is the readers': the writer reads the table's columns it replays.
+        for privilege in ("SELECT", "INSERT", "UPDATE"):
+            assert not await has("dlrfeed_writer", "dlr.receptions", privilege), privilege
         assert not await conn.fetchval(
             "SELECT has_schema_privilege('dlrfeed_writer', 'dlr', 'CREATE')"
         )

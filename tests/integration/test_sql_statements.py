@@ -27,7 +27,12 @@ from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory
 # the change log, the only table whose partitions unread_by reads; of the evidence for the
 # statement that reads a day of it for its archive.
 _EXISTING_PARTITION = "status_changes_default"
-_EXISTING_PARTITION_OF = {"archived_receptions": "receptions_default"}
+_EXISTING_PARTITION_OF = {
+    "archived_receptions": "receptions_default",
+    # The receptions' table (on a schema before 0021: receptions).
+    "waiting_receptions": "reception_rows",
+    "reception_rows": "reception_rows",
+}
 
 
 async def test_every_statement_prepares_against_the_migrated_schema(database_url: str) -> None:
@@ -134,15 +139,15 @@ async def test_through_a_transaction_pooler_no_jit_setting_is_left_behind(
 async def test_maintain_waits_for_a_held_table_only_as_long_as_its_lock_timeout(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While another transaction holds dlr.receptions, creating a day partition gives up
+    """While another transaction holds dlr.reception_rows, creating a day partition gives up
     after the lock timeout (one attempt here) in one line, instead of queueing forever."""
     monkeypatch.setattr(retention, "_LOCK_ATTEMPTS", 1)
     holder = await asyncpg.connect(database_url)
     try:
         async with holder.transaction():
-            await holder.execute("LOCK TABLE dlr.receptions IN ACCESS SHARE MODE")
+            await holder.execute("LOCK TABLE dlr.reception_rows IN ACCESS SHARE MODE")
             later = datetime.now(UTC) + timedelta(days=60)
-            with pytest.raises(FatalError, match=r"dlr\.receptions stayed locked"):
+            with pytest.raises(FatalError, match=r"dlr\.reception_rows stayed locked"):
                 async with asyncio.timeout(60):  # a generous bound; the timeout is 2 s
                     await maintain(database_url, RetentionPolicy(days_ahead=2), now=later)
     finally:

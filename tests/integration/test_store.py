@@ -455,7 +455,7 @@ async def test_schema_changed_under_a_running_store_is_one_line_and_commits_noth
     miss: that is not a poison receipt (C8) to bisect and keep as unstorable, but one fatal
     line, exit 78, with nothing committed (the gateway redelivers to the upgraded daemon)."""
     await record(store, "m1")
-    await db.execute("ALTER TABLE dlr.receptions RENAME COLUMN outcome TO outcome_renamed")
+    await db.execute("ALTER TABLE dlr.reception_rows RENAME COLUMN outcome TO outcome_renamed")
     with pytest.raises(SchemaOutOfDateError) as caught:
         await store.ingest(LOGIN, [receipt("m1")])
     assert caught.value.exit_code == 78

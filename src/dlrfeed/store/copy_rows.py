@@ -29,11 +29,10 @@ from dlrfeed.domain.receipt import Channel
 from dlrfeed.domain.status import Outcome
 
 # The COPY column order: the receipt's own fields, its parsed content, then the late ones
-# (see `complete`).
+# (see `complete`). A reception names its login, message id and level by its event (migration
+# 0021); a store before it takes them first in every row (`COLUMNS_WITH_KEY`).
+KEY_COLUMNS = ("login", "message_id", "level")
 OWN_COLUMNS = (
-    "login",
-    "message_id",
-    "level",
     "submit_date_raw",
     "submit_at",
     "delivery_count",
@@ -52,10 +51,12 @@ CONTENT_COLUMNS = (
     "fingerprint",
 )
 COLUMNS = (*OWN_COLUMNS, *CONTENT_COLUMNS, "id", "outcome", "event_id")
+COLUMNS_WITH_KEY = (*KEY_COLUMNS, *COLUMNS)
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)  # no flags, no extension
 TRAILER = struct.pack(">h", -1)
 _FIELD_COUNT = struct.pack(">h", len(COLUMNS))
+_FIELD_COUNT_WITH_KEY = struct.pack(">h", len(COLUMNS_WITH_KEY))
 _NULL = struct.pack(">i", -1)
 _length = struct.Struct(">i").pack
 _int8_field = struct.Struct(">iq").pack  # length 8, then the value
@@ -114,10 +115,12 @@ AS_EVENT = _NULL * len(CONTENT_COLUMNS)
 _CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_args(Channel)}
 
 
-def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[bytes]:
+def encode_receipt_fields(events: Iterable[LogicalEvent], key_login: str | None) -> list[bytes]:
     """Each reception's own fields (P6): the field count and every field of `OWN_COLUMNS`, in
-    that order."""
-    head = _FIELD_COUNT + _text(login)
+    that order; each preceded by its key (`KEY_COLUMNS`) when `key_login` is given (a store
+    before migration 0021: the batch's login)."""
+    with_key = key_login is not None
+    head = _FIELD_COUNT_WITH_KEY + _text(key_login) if with_key else _FIELD_COUNT
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
     dates: dict[tuple[datetime | None, int], bytes] = {}  # ... and their reported dates
     rows = []
@@ -128,12 +131,12 @@ def encode_receipt_fields(login: str, events: Iterable[LogicalEvent]) -> list[by
                 datetime.fromtimestamp(e.received_at, UTC)
             )
         submit_at = _timestamptz_once(dates, e.submit_at)
+        key = _text(e.message_id) + _int8(e.level) if with_key else b""
         rows.append(
             b"".join(
                 (
                     head,
-                    _text(e.message_id),
-                    _int8(e.level),
+                    key,
                     _text(e.submit_date_raw),
                     submit_at,
                     _int8(e.delivery_count),

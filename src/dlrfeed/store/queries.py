@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from dlrfeed.store import copy_rows
 from dlrfeed.store.sql import Query, query
 
 LOCK_MESSAGES = query("lock_messages")
@@ -23,7 +24,6 @@ INSERT_MESSAGES = query("insert_messages")
 RECORDED_MESSAGES = query("recorded_messages")
 OPEN_SECOND_RECORDS = query("open_second_records")
 IDS_WITH_WAITING_EVENTS = query("ids_with_waiting_events")
-WAITING_RECEPTIONS = query("waiting_receptions")
 LOCK_OPEN_UNCORRELATED = query("lock_open_uncorrelated")
 COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
 STALE_STATUSES = query("stale_statuses")
@@ -86,9 +86,43 @@ def status_writes(version: int | None, *, earlier_statuses: bool = True) -> Stat
 # increment (migration 0006). write_batch takes it as its :id_block_size.
 RECEPTION_ID_BLOCK = 1000
 
-# P6/P13: every delivery of the batch is appended to this table by binary COPY, with ids from
-# the blocks that insert_events_read_statuses drew; the rows are encoded by
-# dlrfeed.store.copy_rows (its COLUMNS). `payload` is the evidence, whole; the view
-# dlr.receptions_readable shows it as JSON.
-RECEPTIONS_TABLE = "receptions"
+# Since this migration a reception names its event's login, message id and level by its
+# event: the table is dlr.reception_rows, behind the view dlr.receptions.
+RECEPTION_KEY_FROM_EVENT_VERSION = 21
 RECEPTIONS_SCHEMA = "dlr"
+
+
+class ReceptionStatements(NamedTuple):
+    """Where a batch's receptions go and how late correlation reads them back, as one schema
+    takes them."""
+
+    table: str
+    """P6/P13: every delivery of the batch is appended to it by binary COPY, with ids from the
+    blocks that insert_events_read_statuses drew; `payload` is the evidence, whole (the view
+    dlr.receptions_readable shows it as JSON)."""
+    with_key: bool
+    """Whether each row holds its login, message id and level (dlrfeed.store.copy_rows
+    encodes them): only before migration 0021."""
+    waiting: Query
+    """waiting_receptions on that table."""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The COPY's columns, in the order dlrfeed.store.copy_rows encodes them."""
+        return copy_rows.COLUMNS_WITH_KEY if self.with_key else copy_rows.COLUMNS
+
+
+_WAITING_RECEPTIONS = query("waiting_receptions")
+RECEPTION_STATEMENTS = ReceptionStatements(
+    "reception_rows", False, _WAITING_RECEPTIONS.naming(receptions="reception_rows")
+)
+_EARLIER_RECEPTION_STATEMENTS = ReceptionStatements(
+    "receptions", True, _WAITING_RECEPTIONS.naming(receptions="receptions")
+)
+
+
+def reception_statements(version: int | None) -> ReceptionStatements:
+    """The reception statements of a store at schema `version` (None: as new as the code)."""
+    if version is not None and version < RECEPTION_KEY_FROM_EVENT_VERSION:
+        return _EARLIER_RECEPTION_STATEMENTS
+    return RECEPTION_STATEMENTS

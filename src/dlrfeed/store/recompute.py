@@ -26,6 +26,7 @@ from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
+    from dlrfeed.store.sql import Query
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +46,11 @@ async def recompute(
     every: bool,
     chunk: int,
     writes: queries.StatusWrites,
+    waiting: Query,
 ) -> RecomputeResult:
     """Recompute the stale status rows (all with `every`) on `conn`, `chunk` messages at a
-    time, each login's part of a chunk in its own transaction, writing with `writes` (see
+    time, each login's part of a chunk in its own transaction, each message's deliveries read
+    back with `waiting` and its status written with `writes` (see
     `Store.recompute`, which translates the driver's errors)."""
     examined = changed = 0
     after = ("", "")
@@ -68,7 +71,9 @@ async def recompute(
             by_login.setdefault(key["login"], []).append(key["message_id"])
         for login, message_ids in by_login.items():
             async with write_transaction(conn):
-                changed += await _recompute_chunk(conn, options, login, message_ids, writes)
+                changed += await _recompute_chunk(
+                    conn, options, login, message_ids, writes, waiting
+                )
             examined += len(message_ids)
     return RecomputeResult(examined=examined, changed=changed)
 
@@ -79,6 +84,7 @@ async def _recompute_chunk(
     login: str,
     message_ids: list[str],
     writes: queries.StatusWrites,
+    waiting: Query,
 ) -> int:
     """Recompute the statuses of `message_ids` of `login` in the caller's transaction, under
     the message locks; the number of rows changed (each audited)."""
@@ -91,9 +97,7 @@ async def _recompute_chunk(
         )
     }
     planner = Planner(options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
-    for reception in await queries.WAITING_RECEPTIONS.fetch(
-        conn, login=login, correlation_ids=sorted(submitted)
-    ):
+    for reception in await waiting.fetch(conn, login=login, correlation_ids=sorted(submitted)):
         planner.decide(*replayed(reception))
     audit: list[list[Any]] = []
     gone: list[str] = []

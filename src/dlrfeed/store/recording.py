@@ -23,6 +23,7 @@ from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
+    from dlrfeed.store.sql import Query
 
 # The parameters of queries.INSERT_MESSAGES that take the columns of Submission.normalised,
 # in its order.
@@ -50,10 +51,12 @@ async def record_submissions(
     options: IntegrationOptions,
     submissions: Sequence[Submission],
     writes: queries.StatusWrites,
+    waiting: Query,
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
-    transaction, and correlate the receipts that were waiting for them, writing their statuses
-    with `writes` (see `Store.record_submissions`, which translates the driver's errors). One
+    transaction, and correlate the receipts that were waiting for them (read back with
+    `waiting`), writing their statuses with `writes` (see `Store.record_submissions`, which
+    translates the driver's errors). One
     durable step: only the last chunk waits for the WAL flush, which makes every chunk before it
     durable too (sql/submissions.sql, commit_without_flush_wait)."""
     by_login: dict[str, list[Submission]] = {}
@@ -69,7 +72,7 @@ async def record_submissions(
         async with write_transaction(conn):
             if number < len(chunks):
                 await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
-            new, applied = await _record_chunk(conn, options, login, chunk, writes)
+            new, applied = await _record_chunk(conn, options, login, chunk, writes, waiting)
         recorded += new
         late += applied
     return SubmissionResult(
@@ -85,6 +88,7 @@ async def _record_chunk(
     login: str,
     chunk: list[Submission],
     writes: queries.StatusWrites,
+    waiting_receptions: Query,
 ) -> tuple[int, int]:
     """Record one chunk of `login`'s submissions in the caller's transaction: the number newly
     recorded and the number of events correlated late."""
@@ -113,7 +117,7 @@ async def _record_chunk(
     ]
     if not waiting_ids:
         return len(new_ids), 0
-    waiting = await queries.WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=waiting_ids)
+    waiting = await waiting_receptions.fetch(conn, login=login, correlation_ids=waiting_ids)
     if not waiting:
         return len(new_ids), 0
     # Late correlation: every delivery that arrived before the message was recorded,

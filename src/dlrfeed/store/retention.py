@@ -106,6 +106,8 @@ RECEPTIONS = DayPartitioned(
     query("create_reception_partitions"),
     "received",
     query("archived_receptions"),
+    # Migration 0021: dlr.receptions shows the rows with their events' keys.
+    "reception_rows",
 )
 STATUS_CHANGES = DayPartitioned(
     "status_changes",
@@ -174,6 +176,9 @@ class Forgotten:
     events: int = 0
     closed_exceptions: int = 0
     kept_for_open_exceptions: int = 0
+    kept_for_evidence: int = 0
+    """Old messages kept because a reception naming its key by one of their events is still
+    stored (a day not dropped: the default partition's rows)."""
 
 
 @dataclass
@@ -295,9 +300,16 @@ async def forget(
             ids = [int(r["id"]) for r in old]
             locked = [int(r["id"]) for r in await _LOCK_MESSAGES_TO_FORGET.fetch(conn, ids=ids)]
             verdicts = await _FORGETTING_VERDICTS.fetch(conn, ids=locked, cutoff=cutoff)
-            gone = [v for v in verdicts if not v["recent"] and not v["investigated"]]
+            gone = [
+                v
+                for v in verdicts
+                if not v["recent"] and not v["investigated"] and not v["evidence_kept"]
+            ]
             forgotten.kept_for_open_exceptions += sum(
                 1 for v in verdicts if v["investigated"] and not v["recent"]
+            )
+            forgotten.kept_for_evidence += sum(
+                1 for v in verdicts if v["evidence_kept"] and not v["recent"]
             )
             if gone:
                 event_ids = [e for v in gone for e in v["event_ids"]]

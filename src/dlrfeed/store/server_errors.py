@@ -35,10 +35,12 @@ PASSING_SERVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.TransactionRollbackError,
 )
 # The statements name a table, column or function the database no longer has, or write a
-# table that has become a view (0019: dlr.message_status, 0020: a view of two tables). Each
-# class also holds errors that say nothing of the schema: see `schema_changed`.
+# table that has become a view (0019: dlr.message_status, 0020: a view of two tables, 0021:
+# dlr.receptions, which a COPY cannot fill: "wrong object type"). Each class also holds errors
+# that say nothing of the schema: see `schema_changed`.
 SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedTableError,
+    asyncpg.exceptions.WrongObjectTypeError,
     asyncpg.exceptions.UndefinedColumnError,
     asyncpg.exceptions.UndefinedFunctionError,
     asyncpg.exceptions.FeatureNotSupportedError,

@@ -174,6 +174,7 @@ class Store:
         server: ServerFacts | None = None,
         full_rows: bool = False,
         status_writes: queries.StatusWrites = queries.STATUS_WRITES,
+        receptions: queries.ReceptionStatements = queries.RECEPTION_STATEMENTS,
     ) -> None:
         self._pool = pool
         self.options = options
@@ -187,6 +188,9 @@ class Store:
         self.status_writes = status_writes
         """How statuses are written: by reason id, or as text on a schema before 0019 (met
         only by tests, as full_rows)."""
+        self.receptions = receptions
+        """Where receptions go and are read back from: dlr.reception_rows, or dlr.receptions
+        with each row's key on a schema before 0021 (met only by tests, as full_rows)."""
 
     @classmethod
     async def open(
@@ -243,6 +247,7 @@ class Store:
             server=facts,
             full_rows=full_rows,
             status_writes=queries.status_writes(version, earlier_statuses=earlier_statuses),
+            receptions=queries.reception_statements(version),
         )
 
     async def close(self) -> None:
@@ -451,7 +456,9 @@ class Store:
                 id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
                 full_rows=self.full_rows,
             ),
-            lambda: copy_rows.encode_receipt_fields(login, events),
+            lambda: copy_rows.encode_receipt_fields(
+                events, login if self.receptions.with_key else None
+            ),
         )
         inserted: dict[tuple[str, int], int] = {}
         held: dict[str, MessageState] = {}
@@ -507,9 +514,9 @@ class Store:
             yield copy_rows.TRAILER
 
         await conn.copy_to_table(
-            queries.RECEPTIONS_TABLE,
+            self.receptions.table,
             schema_name=queries.RECEPTIONS_SCHEMA,
-            columns=copy_rows.COLUMNS,
+            columns=self.receptions.columns,
             source=planned_receptions(),
             format="binary",
         )
@@ -554,7 +561,7 @@ class Store:
         try:
             async with self._pool.acquire() as conn:
                 return await recording.record_submissions(
-                    conn, self.options, submissions, self.status_writes
+                    conn, self.options, submissions, self.status_writes, self.receptions.waiting
                 )
         except DATA_ERRORS as exc:
             # Chunks already committed stay, durable once the server flushes its WAL (within
@@ -578,7 +585,12 @@ class Store:
         try:
             async with self._pool.acquire() as conn:
                 return await recompute.recompute(
-                    conn, self.options, every=every, chunk=chunk, writes=self.status_writes
+                    conn,
+                    self.options,
+                    every=every,
+                    chunk=chunk,
+                    writes=self.status_writes,
+                    waiting=self.receptions.waiting,
                 )
         except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc

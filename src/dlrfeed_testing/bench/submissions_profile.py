@@ -82,7 +82,7 @@ async def profile(dsn: str, login: str, ids: int, late: int, settings: dict[str,
         stored = await conn.fetchval(
             "SELECT coalesce(sum(reltuples), 0)::bigint FROM pg_class AS c"
             " JOIN pg_inherits AS i ON i.inhrelid = c.oid"
-            " WHERE i.inhparent = 'dlr.receptions'::regclass"
+            " WHERE i.inhparent = 'dlr.reception_rows'::regclass"
         )
         waiting = [
             r["message_id"]
@@ -108,6 +108,7 @@ async def profile(dsn: str, login: str, ids: int, late: int, settings: dict[str,
                 IntegrationOptions(),
                 submissions,
                 queries.STATUS_WRITES,
+                queries.RECEPTION_STATEMENTS.waiting,
             )
             total_ms = 1000 * (time.perf_counter() - wall)
             total_cpu_ms = 1000 * (_cpu_seconds(timed.backend) - cpu)

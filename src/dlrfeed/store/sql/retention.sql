@@ -54,11 +54,14 @@ LIMIT 1
 DROP TABLE dlr_partitions.{partition}
 
 -- name: archived_receptions
--- A day of dlr.receptions as its archive holds it: the table's columns in their order, each
--- row with its parsed fields filled in from its event where the row defers to it (migration
--- 0016), so that an archive loaded back reads as the rows did before the day was dropped,
--- without the events it came with.
-SELECT r.id, r.login, r.message_id, r.level,
+-- A day of dlr.receptions as its archive holds it: the view's columns in their order, each
+-- row with its key and parsed fields filled in from its event where the row defers to it
+-- (migrations 0021 and 0016), so that an archive loaded back reads as the rows did before the
+-- day was dropped, without the events it came with.
+SELECT r.id,
+       CASE WHEN r.level IS NULL THEN e.login ELSE r.login END AS login,
+       CASE WHEN r.level IS NULL THEN e.message_id ELSE r.message_id END AS message_id,
+       coalesce(r.level, e.level) AS level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
        r.submit_date_raw, r.submit_at,
@@ -72,7 +75,7 @@ SELECT r.id, r.login, r.message_id, r.level,
        CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
        r.channel, r.peer
 FROM dlr_partitions.{partition} AS r
-LEFT JOIN dlr.events AS e ON r.stat IS NULL AND e.id = r.event_id
+LEFT JOIN dlr.events AS e ON (r.stat IS NULL OR r.level IS NULL) AND e.id = r.event_id
 
 -- name: archived_status_changes
 -- A day of the change log as its archive holds it: dlr.status_changes' columns in their order,
@@ -127,7 +130,11 @@ FOR UPDATE SKIP LOCKED
 -- where the event's id is the message's, by the partial correlation index where not), whether
 -- anything of it happened at or after :cutoff (it is recent: kept), and whether an open
 -- exception refers to it or to one of its events (kept for the operator: the investigation
--- queue never loses what it still investigates).
+-- queue never loses what it still investigates), and whether a reception that names its key
+-- by one of its events is still stored (migration 0021: kept, or that reception would lose
+-- its login and message id). The drops before have taken every day older than the retention,
+-- so only a day not dropped can hold one (the default partition, whose rows wait for an
+-- operator): pruned to the days before :cutoff, one probe of each one's key.
 SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
        (m.recorded_at >= :cutoff OR coalesce(e.newest >= :cutoff, false)
         OR coalesce(s.updated_at >= :cutoff, false)) AS recent,
@@ -136,7 +143,10 @@ SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
                   AND x.resolved_at IS NULL)
         OR EXISTS (SELECT 1 FROM dlr.exceptions AS x
                    WHERE x.event_id = ANY(e.ids) AND x.resolved_at IS NULL))
-           AS investigated
+           AS investigated,
+       EXISTS (SELECT 1 FROM dlr.reception_rows AS r
+               WHERE r.received_at < :cutoff AND r.login = '' AND r.message_id = ''
+                 AND r.event_id = ANY(e.ids)) AS evidence_kept
 FROM dlr.messages AS m
 CROSS JOIN LATERAL (
     SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest

@@ -67,8 +67,12 @@ CROSS JOIN LATERAL (
 -- name: waiting_receptions
 -- Late correlation and recompute: every delivery of the events of each correlation id in
 -- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
--- needs of it. The receptions are read by their day's primary key: (login, event_id, id)
--- since migration 0013, (login, message_id, id) on the days stored before it. P10:
+-- needs of it. The receptions are read from their table ({receptions}: dlr.reception_rows since
+-- migration 0021, dlr.receptions before) by their day's primary key: (event_id, id) since
+-- migration 0016, (login, event_id, id) since 0013, (login, message_id, id) on the days stored
+-- before it. A row written since 0021 holds an empty login and message id and no level (they
+-- are its event's), so each is matched as itself or empty, and the level read from the event
+-- where the row has none. P10:
 -- the events are found per id by two index probes - those whose id is the correlation id, by
 -- the unique key; the others, by the partial correlation index (migration 0005) - each a
 -- plain equality on an index's leading columns. One OR of the two would leave the planner a
@@ -79,7 +83,7 @@ CROSS JOIN LATERAL (
 -- id is NULL where it is its own id (migration 0016; written out on events stored before it).
 -- A reception with a NULL stat holds none of its parsed fields: they are its event's
 -- (migration 0016), read from the event row already at hand.
-SELECT r.id, r.event_id, r.message_id, e.correlation_id, r.level,
+SELECT r.id, r.event_id, e.message_id, e.correlation_id, coalesce(r.level, e.level) AS level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
        CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
@@ -89,20 +93,20 @@ SELECT r.id, r.event_id, r.message_id, e.correlation_id, r.level,
        CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags
 FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
 CROSS JOIN LATERAL (
-    SELECT e.id, e.message_id, k.correlation_id, e.stat, e.err, e.done_date_raw, e.done_at,
-           e.fingerprint, e.flags
+    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
     FROM dlr.events AS e
     WHERE e.login = :login AND e.message_id = k.correlation_id
       AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
     UNION ALL
-    SELECT e.id, e.message_id, k.correlation_id, e.stat, e.err, e.done_date_raw, e.done_at,
-           e.fingerprint, e.flags
+    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
     FROM dlr.events AS e
     WHERE e.login = :login AND e.correlation_id = k.correlation_id
       AND e.correlation_id <> e.message_id
 ) AS e
-JOIN dlr.receptions AS r
-  ON r.login = :login AND r.message_id = e.message_id AND r.event_id = e.id
+JOIN dlr.{receptions} AS r
+  ON r.event_id = e.id AND r.login IN (:login, '') AND r.message_id IN (e.message_id, '')
 ORDER BY e.correlation_id, r.id
 
 -- name: lock_open_uncorrelated
