@@ -57,12 +57,18 @@ async def plan_of(conn: asyncpg.Connection, statement: str, *args: object) -> st
     return "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + statement, *args))
 
 
-async def drop_reception_days_before(conn: asyncpg.Connection, cutoff: datetime) -> None:
-    """Drop the days of evidence that end by `cutoff`, as `maintain`'s retention does before it
-    forgets (each message forgotten has no delivery left: migration 0021)."""
+async def drop_days_before(
+    conn: asyncpg.Connection,
+    cutoff: datetime,
+    parents: tuple[str, ...] = ("reception_rows", "status_change_rows"),
+) -> None:
+    """Drop the days of evidence and of the change log (`parents`) that end by `cutoff`, as
+    `maintain`'s retention does before it forgets (no message forgotten may have a delivery or
+    a change left that names it by its event or its row: migrations 0021, 0022)."""
     for row in await conn.fetch(
         "SELECT partition_name FROM dlr.day_partitions"
-        " WHERE parent_table = 'reception_rows' AND upper_bound <= $1",
+        " WHERE parent_table = ANY($2::text[]) AND upper_bound <= $1",
         cutoff,
+        list(parents),
     ):
         await conn.execute(f'DROP TABLE dlr_partitions."{row[0]}"')

@@ -48,7 +48,7 @@ async def test_each_floor_keeps_its_columns_of_every_row(
             copy = f"{floor.schema}.{table}"
             copied = floor.copied.get(table)
             if copied:
-                source = f"dlr.{copied.stored_in or table}"
+                source = copied.stored_in or f"dlr.{table}"
             elif table == "message_status":
                 source = _STATUSES_WITH_KEYS
             else:
@@ -86,9 +86,15 @@ async def test_each_floor_keeps_its_columns_of_every_row(
     # required floor more than the contract's, table by table; the contract floor's receptions
     # are indexed by message id (the store's days and the required floor's by event), so its
     # receptions compare without that index.
+    # dlrfeed's change log names each message by its row id (migration 0022), the floors' by
+    # the login and message id the public schema names: the store's takes less.
+    named_by_reference = {"receptions", "status_changes"}
     for table, by_table in figures["by_table"].items():
-        if table != "receptions":
+        if table not in named_by_reference:
             assert 0 < by_table[contract] <= by_table[required] < by_table["dlrfeed"], table
+    changes = figures["by_table"]["status_changes"]
+    assert 0 < changes[contract] <= changes[required]
+    assert changes["dlrfeed"] < changes[required]
     receptions = figures["by_table"]["receptions"]
     contract_receptions = figures["relations"][contract]["receptions"]["(table)"]
     assert 0 < contract_receptions < receptions[required]

@@ -28,7 +28,7 @@ from dlrfeed_testing.daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.retention_support import DAY, drop_reception_days_before, today
+from dlrfeed_testing.retention_support import DAY, drop_days_before, today
 from dlrfeed_testing.rule_receipts import feed_receipt
 
 # Recorded (and so ordered by dlr.messages.id) in the order of their names.
@@ -79,9 +79,9 @@ async def _store_of_five(database_url: str) -> None:
 
 
 async def _forget(db: asyncpg.Connection, cutoff: datetime) -> Forgotten:
-    """Forget as `maintain` does, after the retention's drops: no delivery older than the
-    cutoff is left."""
-    await drop_reception_days_before(db, cutoff)
+    """Forget as `maintain` does, after the retention's drops: no delivery or change older
+    than the cutoff is left."""
+    await drop_days_before(db, cutoff)
     return await forget(db, cutoff)
 
 
@@ -96,7 +96,6 @@ async def test_old_messages_go_whole_and_the_rest_stay(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     await _store_of_five(database_url)
-    changes = await db.fetchval("SELECT count(*) FROM dlr.status_changes")
     forgotten = await _forget(db, today() + 3 * DAY)
     assert forgotten == Forgotten(
         messages=3, statuses=2, events=3, closed_exceptions=1, kept_for_open_exceptions=1
@@ -111,8 +110,8 @@ async def test_old_messages_go_whole_and_the_rest_stay(
         (INVESTIGATED, True),
         (UNCORRELATED_ID, True),
     ]
-    # Forgetting is not a withdrawal: the change log is as it was.
-    assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == changes
+    # Forgetting is not a withdrawal: no change written (the retention had emptied the log).
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == 0
     # The pass holds its place just before the message it kept as recent.
     recent_id = await db.fetchval("SELECT id FROM dlr.messages WHERE message_id = $1", RECENT)
     assert await db.fetchval("SELECT after_id FROM dlr.forgetting_position") == recent_id - 1
@@ -213,9 +212,10 @@ async def test_maintain_forgets_and_says_so(database_url: str, db: asyncpg.Conne
     # As if recorded and delivered ten days ago (the status keeps its content: no change).
     await db.execute("UPDATE dlr.messages SET recorded_at = now() - interval '10 days'")
     await db.execute("UPDATE dlr.message_status SET updated_at = now() - interval '10 days'")
-    # Its delivery went with its day, as the retention drops it (the first partition, which
-    # holds everything before today, drops only once today is past the retention).
-    await drop_reception_days_before(db, today())
+    # Its delivery and its changes went with their days, as the retention drops them (the
+    # first partitions, which hold everything before today, drop once today is past the
+    # retention).
+    await drop_days_before(db, today())
     done = await asyncio.to_thread(
         dlrfeed, "maintain", "--database-url", database_url, "--retention-days", "2",
         "--redelivery-horizon-days", "1", "--forget-after-days", "3", "--json",
@@ -228,6 +228,7 @@ async def test_maintain_forgets_and_says_so(database_url: str, db: asyncpg.Conne
         "closed_exceptions": 0,
         "kept_for_open_exceptions": 0,
         "kept_for_evidence": 0,
+        "kept_for_changes": 0,
     }
     assert await db.fetchval("SELECT count(*) FROM dlr.messages") == 0
 

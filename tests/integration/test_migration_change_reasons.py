@@ -122,7 +122,10 @@ async def test_reasons_the_dictionary_does_not_take_are_kept_in_the_row(
         await store.close()
     stored = {
         r["message_id"]: (r["reason"], r["reason_id"])
-        for r in await db.fetch("SELECT message_id, reason, reason_id FROM dlr.status_change_rows")
+        for r in await db.fetch(
+            "SELECT m.message_id, c.reason, c.reason_id FROM dlr.status_change_rows AS c"
+            " JOIN dlr.messages AS m ON m.id = c.message_ref"
+        )
     }
     shown = {
         r["message_id"]: r["reason"]

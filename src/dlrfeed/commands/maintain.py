@@ -122,7 +122,8 @@ async def run(args: argparse.Namespace) -> int:
                 f"forgot {forgotten.messages} messages ({forgotten.statuses} statuses, "
                 f"{forgotten.events} events, {forgotten.closed_exceptions} resolved exceptions);"
                 f" kept {forgotten.kept_for_open_exceptions} old ones an open exception refers to"
-                f" and {forgotten.kept_for_evidence} whose deliveries are still stored"
+                f", {forgotten.kept_for_evidence} whose deliveries and"
+                f" {forgotten.kept_for_changes} whose status changes are still stored"
             )
     if report.default_partition_holds_rows:
         held = ", ".join(f"{PARTITION_SCHEMA}.{name}" for name in report.defaults_holding_rows)

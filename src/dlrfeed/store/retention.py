@@ -62,6 +62,7 @@ _UNREAD_BY = query("unread_by")
 _DROP_PARTITION = query("drop_partition")
 _COUNT_PARTITION = query("count_partition")
 _PARTITION_HOLDS_ROWS = query("partition_holds_rows")
+_PARTITIONS_OLDEST_FIRST = query("partitions_oldest_first")
 _START_FORGETTING = query("start_forgetting")
 _FORGETTING_POSITION = query("forgetting_position")
 _SAVE_FORGETTING_POSITION = query("save_forgetting_position")
@@ -179,6 +180,9 @@ class Forgotten:
     kept_for_evidence: int = 0
     """Old messages kept because a reception naming its key by one of their events is still
     stored (a day not dropped: the default partition's rows)."""
+    kept_for_changes: int = 0
+    """Old messages kept because a change of their status may still be stored (a day of the
+    change log kept for a consumer that has not read it)."""
 
 
 @dataclass
@@ -288,6 +292,7 @@ async def forget(
     again (and forgets it once it may), without reading past the forgotten ones, which are gone.
     """
     forgotten = Forgotten()
+    changes_since = await _oldest_change_kept(conn)
     after_id = int(await _FORGETTING_POSITION.fetchval(conn))
     resume_after: int | None = None  # just before the first message kept
     while True:
@@ -299,17 +304,23 @@ async def forget(
                 break
             ids = [int(r["id"]) for r in old]
             locked = [int(r["id"]) for r in await _LOCK_MESSAGES_TO_FORGET.fetch(conn, ids=ids)]
-            verdicts = await _FORGETTING_VERDICTS.fetch(conn, ids=locked, cutoff=cutoff)
+            verdicts = await _FORGETTING_VERDICTS.fetch(
+                conn, ids=locked, cutoff=cutoff, changes_since=changes_since
+            )
             gone = [
                 v
                 for v in verdicts
-                if not v["recent"] and not v["investigated"] and not v["evidence_kept"]
+                if not (v["recent"] or v["investigated"] or v["evidence_kept"])
+                and not v["changes_kept"]
             ]
             forgotten.kept_for_open_exceptions += sum(
                 1 for v in verdicts if v["investigated"] and not v["recent"]
             )
             forgotten.kept_for_evidence += sum(
                 1 for v in verdicts if v["evidence_kept"] and not v["recent"]
+            )
+            forgotten.kept_for_changes += sum(
+                1 for v in verdicts if v["changes_kept"] and not (v["recent"] or v["evidence_kept"])
             )
             if gone:
                 event_ids = [e for v in gone for e in v["event_ids"]]
@@ -337,6 +348,19 @@ async def forget(
         conn, after_id=after_id if resume_after is None else resume_after
     )
     return forgotten
+
+
+async def _oldest_change_kept(conn: asyncpg.Connection) -> datetime:
+    """The earliest time the change log may still hold a change from: the start of its oldest
+    day that holds one (the earliest time there is, for rows in the default partition or in a
+    first day unbounded below; the latest, for an empty log). A change written since migration
+    0022 names its message by the message row's id, so no message is forgotten while a change
+    of it may be kept (a day kept for a consumer that has not read it)."""
+    for row in await _PARTITIONS_OLDEST_FIRST.fetch(conn, parent_table=STATUS_CHANGES.parent):
+        holds_rows = _PARTITION_HOLDS_ROWS.naming(partition=row["partition_name"])
+        if await holds_rows.fetchval(conn):
+            return row["lower_bound"] or datetime.min.replace(tzinfo=UTC)
+    return datetime.max.replace(tzinfo=UTC)
 
 
 async def _guard_locks(conn: asyncpg.Connection) -> None:

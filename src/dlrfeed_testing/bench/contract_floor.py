@@ -73,7 +73,8 @@ class Copied:
     order: str
     index: tuple[str, str] | None = None  # an index of its own: its name, its columns
     stored_in: str | None = None
-    """dlr's table it is filled from, when not the one of its name (a view of that one)."""
+    """What it is filled from, when not dlr's table of its name (a view of that one): a
+    relation of dlr, or a subquery."""
 
 
 class StatusColumn(NamedTuple):
@@ -97,7 +98,16 @@ class Floor:
 
 # Where the change log's rows are stored (migration 0018): each reason by its id in dlr.reasons
 # where the dictionary holds it, as text where not; every floor keeps them so, the least way.
-_CHANGE_ROWS = STATUS_CHANGES.parent
+# Since migration 0022 a change names its message by the message row's id: its login and
+# message id are filled in from the message row, as dlr.status_changes does.
+_CHANGE_ROWS = f"""(
+    SELECT c.position, c.changed_at, coalesce(c.login, m.login) AS login,
+           coalesce(c.message_id, m.message_id) AS message_id, c.status, c.is_final, c.reason,
+           c.reason_id, c.supporting_event_id, c.rules_version, c.previous_status,
+           c.previous_is_final, c.previous_reason, c.previous_reason_id
+    FROM dlr.{STATUS_CHANGES.parent} AS c
+    LEFT JOIN dlr.messages AS m ON c.login IS NULL AND m.id = c.message_ref
+) AS c"""
 _STATUS_KEY = ("login", "message_id")
 _CONTRACT_STATUS = (
     StatusColumn("login", "text", "login"),
@@ -302,7 +312,7 @@ async def _copy_tables(conn: asyncpg.Connection, floor: Floor) -> None:
             await conn.execute(f"CREATE INDEX {index} ON {schema}.{name} ({indexed})")
         await conn.execute(
             f"INSERT INTO {schema}.{name} SELECT {table.source}"
-            f" FROM dlr.{table.stored_in or name}"
+            f" FROM {table.stored_in or 'dlr.' + name}"
             f" ORDER BY {table.order}"
         )
 
@@ -329,7 +339,7 @@ async def _replay_statuses(writer: asyncpg.Connection, dsn: str, floor: Floor) -
     # change log's trigger copies it so).
     changes = (
         f"SELECT {', '.join(f'{c.source} AS {c.name}' for c in columns)}"
-        f" FROM dlr.{_CHANGE_ROWS} WHERE status IS NOT NULL ORDER BY position"
+        f" FROM {_CHANGE_ROWS} WHERE status IS NOT NULL ORDER BY position"
     )
     reader = await asyncpg.connect(dsn)
     try:

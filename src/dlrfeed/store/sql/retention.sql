@@ -27,6 +27,14 @@ FROM dlr.day_partitions
 WHERE parent_table = :parent_table AND NOT is_default AND upper_bound <= :cutoff
 ORDER BY upper_bound
 
+-- name: partitions_oldest_first
+-- The partitions of :parent_table, the default partition first (its rows may be of any day),
+-- then each day from the oldest (the first one may be unbounded below: lower_bound NULL).
+SELECT partition_name, lower_bound
+FROM dlr.day_partitions
+WHERE parent_table = :parent_table
+ORDER BY is_default DESC, lower_bound NULLS FIRST
+
 -- name: table_columns
 -- The columns of :table_name in order, for an archive's manifest.
 SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type
@@ -79,12 +87,17 @@ LEFT JOIN dlr.events AS e ON (r.stat IS NULL OR r.level IS NULL) AND e.id = r.ev
 
 -- name: archived_status_changes
 -- A day of the change log as its archive holds it: dlr.status_changes' columns in their order,
--- each reason its text (migration 0018), so that an archive loaded back needs no dictionary.
-SELECT c.position, c.changed_at, c.login, c.message_id, c.status, c.is_final,
+-- each reason its text (migration 0018) and each message by its login and id (0022), so that
+-- an archive loaded back needs neither the dictionary nor the messages.
+SELECT c.position, c.changed_at,
+       coalesce(c.login, m.login) AS login,
+       coalesce(c.message_id, m.message_id) AS message_id,
+       c.status, c.is_final,
        dlr.reason_text(c.reason, c.reason_id) AS reason,
        c.supporting_event_id, c.rules_version, c.previous_status, c.previous_is_final,
        dlr.reason_text(c.previous_reason, c.previous_reason_id) AS previous_reason
 FROM dlr_partitions.{partition} AS c
+LEFT JOIN dlr.messages AS m ON c.login IS NULL AND m.id = c.message_ref
 
 -- name: count_partition
 -- The rows of a partition about to be archived.
@@ -134,7 +147,11 @@ FOR UPDATE SKIP LOCKED
 -- by one of its events is still stored (migration 0021: kept, or that reception would lose
 -- its login and message id). The drops before have taken every day older than the retention,
 -- so only a day not dropped can hold one (the default partition, whose rows wait for an
--- operator): pruned to the days before :cutoff, one probe of each one's key.
+-- operator): pruned to the days before :cutoff, one probe of each one's key. And whether a
+-- change of its status may still be stored (migration 0022: kept, or that change would lose
+-- its login and message id): every change is written at or before its status's updated_at,
+-- or, for a status withdrawn, at or before its withdrawal (found by the days' index of
+-- withdrawals), and the change log holds nothing from before :changes_since.
 SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
        (m.recorded_at >= :cutoff OR coalesce(e.newest >= :cutoff, false)
         OR coalesce(s.updated_at >= :cutoff, false)) AS recent,
@@ -146,7 +163,13 @@ SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
            AS investigated,
        EXISTS (SELECT 1 FROM dlr.reception_rows AS r
                WHERE r.received_at < :cutoff AND r.login = '' AND r.message_id = ''
-                 AND r.event_id = ANY(e.ids)) AS evidence_kept
+                 AND r.event_id = ANY(e.ids)) AS evidence_kept,
+       CASE WHEN s.updated_at IS NOT NULL THEN s.updated_at >= :changes_since
+            WHEN cardinality(e.ids) = 0 THEN false
+            ELSE coalesce((SELECT max(c.changed_at) FROM dlr.status_change_rows AS c
+                           WHERE c.login = m.login AND c.message_id = m.message_id
+                             AND c.status IS NULL) >= :changes_since, false)
+       END AS changes_kept
 FROM dlr.messages AS m
 CROSS JOIN LATERAL (
     SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest
