@@ -82,6 +82,9 @@ if TYPE_CHECKING:
 _DEADLOCK_RETRIES = 8
 # From this schema on a reception leaves its event's content to it (0016_leaner_rows).
 _LEAN_ROWS_VERSION = 16
+# From this schema on an event's last reception time is NULL while it is its first
+# (0023_last_reception_once).
+_LAST_RECEPTION_ONCE_VERSION = 23
 # Receptions per COPY piece: the server inserts a piece while the client plans the next one.
 _COPY_PIECE = 100
 # Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
@@ -175,6 +178,7 @@ class Store:
         full_rows: bool = False,
         status_writes: queries.StatusWrites = queries.STATUS_WRITES,
         receptions: queries.ReceptionStatements = queries.RECEPTION_STATEMENTS,
+        last_reception_written: bool = False,
     ) -> None:
         self._pool = pool
         self.options = options
@@ -191,6 +195,9 @@ class Store:
         self.receptions = receptions
         """Where receptions go and are read back from: dlr.reception_rows, or dlr.receptions
         with each row's key on a schema before 0021 (met only by tests, as full_rows)."""
+        self.last_reception_written = last_reception_written
+        """An event's last reception time written even when it is its first, on a schema
+        before 0023 (met only by tests, as full_rows)."""
 
     @classmethod
     async def open(
@@ -248,6 +255,7 @@ class Store:
             full_rows=full_rows,
             status_writes=queries.status_writes(version, earlier_statuses=earlier_statuses),
             receptions=queries.reception_statements(version),
+            last_reception_written=version is not None and version < _LAST_RECEPTION_ONCE_VERSION,
         )
 
     async def close(self) -> None:
@@ -455,6 +463,7 @@ class Store:
                 correlated=sorted(correlated.submitted),
                 id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
                 full_rows=self.full_rows,
+                last_reception_written=self.last_reception_written,
             ),
             lambda: copy_rows.encode_receipt_fields(
                 events, login if self.receptions.with_key else None

@@ -200,7 +200,10 @@ WITH new AS (
            CASE WHEN :full_rows::boolean THEN string_to_array(u.r->>9, ' ')
                 ELSE nullif(string_to_array(u.r->>9, ' '), '{}') END,
            :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
-           to_timestamp((u.r->>10)::float8 / 1000000)
+           -- The first delivery is the last one too: NULL (migration 0023), unless
+           -- :last_reception_written (a schema before it).
+           CASE WHEN :last_reception_written::boolean
+                THEN to_timestamp((u.r->>10)::float8 / 1000000) END
     FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
     ORDER BY u.position
     ON CONFLICT (login, message_id, level) DO NOTHING
@@ -295,7 +298,12 @@ ev AS (
     UPDATE dlr.events AS e SET
         times_received = e.times_received + c.accepted,
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
-        last_received_at = greatest(e.last_received_at, to_timestamp(c.received_at)),
+        -- NULL while no delivery came after the first (migration 0023); a row that holds
+        -- its last time (written before 0023) keeps it written.
+        last_received_at = nullif(
+            greatest(coalesce(e.last_received_at, e.first_received_at),
+                     to_timestamp(c.received_at)),
+            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
         -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
         updates = CASE WHEN c.updates = '' THEN e.updates
                        ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END

@@ -52,7 +52,9 @@ WHERE s.login = :login AND s.message_id = :message_id
 SELECT id, login, level, stat, status, err, done_date_raw, done_at, fingerprint,
        coalesce(flags, '{}') AS flags,
        times_received, conflicting_receptions, parser_version, rules_version,
-       first_received_at, last_received_at, message_id AS receipt_id
+       first_received_at,
+       coalesce(last_received_at, first_received_at) AS last_received_at,  -- 0023
+       message_id AS receipt_id
 FROM dlr.events
 WHERE login = ANY(:logins::text[])
   AND (message_id = :message_id OR (correlation_id = :message_id AND correlation_id <> message_id))

@@ -172,13 +172,15 @@ SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
        END AS changes_kept
 FROM dlr.messages AS m
 CROSS JOIN LATERAL (
-    SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest
+    SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest  -- 0023
     FROM (
-        SELECT e.id, e.last_received_at FROM dlr.events AS e
+        SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
+        FROM dlr.events AS e
         WHERE e.login = m.login AND e.message_id = m.message_id
           AND coalesce(e.correlation_id, e.message_id) = m.message_id  -- NULL: its own (0016)
         UNION ALL
-        SELECT e.id, e.last_received_at FROM dlr.events AS e
+        SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
+        FROM dlr.events AS e
         WHERE e.login = m.login AND e.correlation_id = m.message_id
           AND e.correlation_id <> e.message_id
     ) AS k
