@@ -102,6 +102,24 @@ async def apply_measured(dsn: str, version: int) -> MigrationCost:
     return MigrationCost(held, statements_ms, commit_ms, wal_bytes, rewritten)
 
 
+def assert_online(
+    cost: MigrationCost,
+    *,
+    exclusive: str,
+    read: tuple[str, ...] = (),
+    untouched: tuple[str, ...] = (),
+) -> None:
+    """The online claim of a catalog-only migration: `exclusive` held in ACCESS EXCLUSIVE
+    (named as before the commit), the relations in `read` at most read, those in `untouched`
+    not locked at all, nothing rewritten, under a megabyte of WAL."""
+    assert "AccessExclusiveLock" in cost.locks[exclusive], cost.locks
+    for relation in read:
+        assert cost.locks.get(relation, set()) <= {"AccessShareLock"}, relation
+    assert not set(untouched) & set(cost.locks)
+    assert cost.rewritten == []
+    assert cost.wal_bytes < 1024 * 1024
+
+
 async def install_before(dsn: str, version: int) -> None:
     """The empty database at `dsn` made a store as released before migration `version`."""
     conn = await asyncpg.connect(dsn)
