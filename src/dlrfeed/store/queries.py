@@ -86,9 +86,14 @@ def status_writes(version: int | None, *, earlier_statuses: bool = True) -> Stat
 # increment (migration 0006). write_batch takes it as its :id_block_size.
 RECEPTION_ID_BLOCK = 1000
 
+# From this schema on a reception leaves its event's content to it (0016_leaner_rows).
+LEAN_ROWS_VERSION = 16
 # Since this migration a reception names its event's login, message id and level by its
 # event: the table is dlr.reception_rows, behind the view dlr.receptions.
 RECEPTION_KEY_FROM_EVENT_VERSION = 21
+# From this schema on an event's last reception time is NULL while it is its first
+# (0023_last_reception_once).
+LAST_RECEPTION_ONCE_VERSION = 23
 RECEPTIONS_SCHEMA = "dlr"
 
 

@@ -80,11 +80,6 @@ if TYPE_CHECKING:
 
 
 _DEADLOCK_RETRIES = 8
-# From this schema on a reception leaves its event's content to it (0016_leaner_rows).
-_LEAN_ROWS_VERSION = 16
-# From this schema on an event's last reception time is NULL while it is its first
-# (0023_last_reception_once).
-_LAST_RECEPTION_ONCE_VERSION = 23
 # Receptions per COPY piece: the server inserts a piece while the client plans the next one.
 _COPY_PIECE = 100
 # Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
@@ -236,7 +231,7 @@ class Store:
                     conn, require_synchronous_commit=require_synchronous_commit
                 )
                 version = await readable_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
-                full_rows = version is not None and version < _LEAN_ROWS_VERSION
+                full_rows = version is not None and version < queries.LEAN_ROWS_VERSION
                 earlier_statuses = (
                     version is None
                     or version < queries.STATUSES_BY_MESSAGE_VERSION
@@ -255,7 +250,8 @@ class Store:
             full_rows=full_rows,
             status_writes=queries.status_writes(version, earlier_statuses=earlier_statuses),
             receptions=queries.reception_statements(version),
-            last_reception_written=version is not None and version < _LAST_RECEPTION_ONCE_VERSION,
+            last_reception_written=version is not None
+            and version < queries.LAST_RECEPTION_ONCE_VERSION,
         )
 
     async def close(self) -> None:
