@@ -188,11 +188,9 @@ class Store:
         """How statuses are written: by reason id, or as text on a schema before 0019 (met
         only by tests, as full_rows)."""
         self.receptions = receptions
-        """Where receptions go and are read back from: dlr.reception_rows, or dlr.receptions
-        with each row's key on a schema before 0021 (met only by tests, as full_rows)."""
+        """Where receptions go and are read from (dlr.receptions before 0021: tests only)."""
         self.last_reception_written = last_reception_written
-        """An event's last reception time written even when it is its first, on a schema
-        before 0023 (met only by tests, as full_rows)."""
+        """An event's last reception time written when it is its first (before 0023: tests)."""
 
     @classmethod
     async def open(
