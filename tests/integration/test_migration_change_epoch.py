@@ -45,6 +45,30 @@ SELECT sum(pg_stat_get_xact_blocks_fetched(oid)) FROM pg_class
 WHERE oid = $day OR oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = $day)
 """
 _UPDATE = "UPDATE dlr.message_status SET status = $2, reason = $2 WHERE message_id = $1"
+# The first partition (every day before the first one created, empty here) made to end a day
+# earlier, and that day a partition of its own: so that a day ended long before the migration
+# exists at any time of day (the first day created starts at midnight UTC, which an hour or
+# two after it is not yet past).
+_A_DAY_LONG_PAST = """
+DO $days$
+DECLARE
+    first text;
+    bound timestamptz;
+BEGIN
+    SET LOCAL timezone = 'UTC';
+    SELECT partition_name, upper_bound INTO first, bound FROM dlr.day_partitions
+    WHERE parent_table = 'status_changes' AND NOT is_default ORDER BY upper_bound LIMIT 1;
+    EXECUTE format('ALTER TABLE dlr.status_changes DETACH PARTITION dlr_partitions.%I', first);
+    EXECUTE format('DROP TABLE dlr_partitions.%I', first);
+    EXECUTE format('CREATE TABLE dlr_partitions.%I PARTITION OF dlr.status_changes'
+                   ' FOR VALUES FROM (MINVALUE) TO (%L)', first, bound - interval '1 day');
+    EXECUTE format('CREATE TABLE dlr_partitions.%I PARTITION OF dlr.status_changes'
+                   ' FOR VALUES FROM (%L) TO (%L)',
+                   'status_changes_' || to_char(bound - interval '1 day', 'YYYYMMDD'),
+                   bound - interval '1 day', bound);
+END
+$days$
+"""
 
 
 @pytest.fixture
@@ -53,7 +77,15 @@ async def installed_store(pg_cluster: PgCluster) -> AsyncIterator[str]:
     statuses and changes."""
     name = f"change_epoch_{os.getpid()}"
     dsn = await pg_cluster.create_database(name)
-    await install_with_traffic(dsn, CHANGE_EPOCH)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await install_with_traffic(dsn, CHANGE_EPOCH)
+        assert not await conn.fetchval(
+            "SELECT count(*) FROM dlr.status_changes WHERE changed_at < date_trunc('day', now())"
+        )
+        await conn.execute(_A_DAY_LONG_PAST)
+    finally:
+        await conn.close()
     yield dsn
     await pg_cluster.drop_database(name)
 
