@@ -87,14 +87,18 @@ async def test_each_floor_keeps_its_columns_of_every_row(
     # are indexed by message id (the store's days and the required floor's by event), so its
     # receptions compare without that index.
     # dlrfeed's change log names each message by its row id (migration 0022), the floors' by
-    # the login and message id the public schema names: the store's takes less.
-    named_by_reference = {"receptions", "status_changes"}
+    # the login and message id the public schema names: the store's takes less. So do the
+    # events of a recorded message, kept under its row's id (migration 0024).
+    named_by_reference = {"receptions", "status_changes", "events"}
     for table, by_table in figures["by_table"].items():
         if table not in named_by_reference:
             assert 0 < by_table[contract] <= by_table[required] < by_table["dlrfeed"], table
     changes = figures["by_table"]["status_changes"]
     assert 0 < changes[contract] <= changes[required]
     assert changes["dlrfeed"] < changes[required]
+    events = figures["by_table"]["events"]
+    assert 0 < events[contract] <= events[required]
+    assert events["dlrfeed"] < events[required]
     receptions = figures["by_table"]["receptions"]
     contract_receptions = figures["relations"][contract]["receptions"]["(table)"]
     assert 0 < contract_receptions < receptions[required]

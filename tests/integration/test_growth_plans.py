@@ -46,7 +46,8 @@ async def _rows_read(db: asyncpg.Connection, other_backend: int) -> int:
         await db.fetchval(
             "SELECT coalesce(sum(seq_tup_read + coalesce(idx_tup_fetch, 0)), 0)"
             " FROM pg_stat_user_tables"
-            " WHERE schemaname = 'dlr' AND relname IN ('events', 'exceptions')"
+            " WHERE schemaname = 'dlr'"
+            " AND relname IN ('event_rows', 'message_events', 'exceptions')"
         )
     )
 
@@ -54,7 +55,7 @@ async def _rows_read(db: asyncpg.Connection, other_backend: int) -> int:
 async def test_late_correlation_after_a_bulk_drain_probes_the_index(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    for table in ("events", "exceptions"):
+    for table in ("event_rows", "message_events", "exceptions"):
         await db.execute(f"ALTER TABLE dlr.{table} SET (autovacuum_enabled = false)")
     store = await Store.open(database_url, pool_size=1)
     try:
@@ -72,7 +73,7 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
         await db.execute(
             """
             WITH e AS (
-                INSERT INTO dlr.events (login, message_id, correlation_id, level, stat, status,
+                INSERT INTO dlr.event_rows (login, message_id, correlation_id, level, stat, status,
                     fingerprint, parser_version, rules_version, first_received_at,
                     last_received_at)
                 SELECT $1, md5(g::text), md5(g::text), 1 + g % 2, 'DELIVRD', 'DELIVERED',

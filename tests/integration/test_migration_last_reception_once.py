@@ -35,7 +35,7 @@ SELECT e.id, e.last_received_at IS NULL AS once,
        coalesce(e.last_received_at, e.first_received_at) AS shown, max(r.received_at) AS newest
 FROM dlr.events AS e
 JOIN dlr.receptions AS r ON r.event_id = e.id
-GROUP BY e.id
+GROUP BY e.id, e.last_received_at, e.first_received_at  -- a view's: no key to group by (0024)
 """
 
 

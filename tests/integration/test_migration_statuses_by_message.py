@@ -200,7 +200,7 @@ async def test_only_a_store_migrated_with_messages_writes_both_tables(
     for dsn, both in ((databases[0], True), (database_url, False)):
         store = await Store.open(dsn, pool_size=1)
         try:
-            writes_both = store.status_writes is queries.STATUS_WRITES
+            writes_both = store.writes.statuses is queries.STATUS_WRITES
         finally:
             await store.close()
         assert writes_both == both, dsn

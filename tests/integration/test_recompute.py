@@ -48,7 +48,11 @@ async def _prepare(database_url: str) -> asyncpg.Record | None:
     db = await asyncpg.connect(database_url)
     try:
         await _stale(db, "a", 1, status="DELIVERED", is_final=True, conflicts=1)
-        await db.execute("DELETE FROM dlr.events WHERE message_id = 'b' AND level = 2")
+        for table in ("event_rows", "message_events"):  # whichever keeps it (0024)
+            await db.execute(
+                f"DELETE FROM dlr.{table} WHERE id IN"
+                " (SELECT id FROM dlr.events WHERE message_id = 'b' AND level = 2)"
+            )
         await _stale(db, "b", 0, status="DELIVERED", is_final=True, conflicts=0)
         return await db.fetchrow("SELECT * FROM dlr.message_status WHERE message_id = 'c'")
     finally:

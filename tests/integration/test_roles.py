@@ -38,7 +38,8 @@ from gateway.receipts.v1 import feed_pb2
 ROLES_SQL = Path(__file__).resolve().parents[2] / "sql" / "roles.sql"
 TABLES = (
     "messages",
-    "events",
+    "event_rows",  # the events' tables, behind the view dlr.events (0024)
+    "message_events",
     "reception_rows",  # the receptions' table, behind the view dlr.receptions (0021)
     "statuses",  # the statuses' tables, behind the view dlr.message_status (0019, 0020)
     "earlier_statuses",
@@ -219,14 +220,17 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "SELECT payload FROM dlr.receptions",
         "UPDATE dlr.messages SET destination = '+1'",
         "DELETE FROM dlr.messages",
-        "UPDATE dlr.events SET stat = 'DELIVRD'",
-        "DELETE FROM dlr.events",
+        "UPDATE dlr.event_rows SET stat = 'DELIVRD'",
+        "UPDATE dlr.message_events SET stat = 'DELIVRD'",
+        "DELETE FROM dlr.event_rows",
+        "DELETE FROM dlr.message_events",
         "DELETE FROM dlr.message_status",
         "DELETE FROM dlr.statuses",
         "DELETE FROM dlr.earlier_statuses",
         "UPDATE dlr.exceptions SET kind = 'conflict'",
         "DELETE FROM dlr.exceptions",
-        "TRUNCATE dlr.events, dlr.exceptions, dlr.statuses, dlr.messages",
+        "TRUNCATE dlr.event_rows, dlr.exceptions, dlr.statuses, dlr.messages",
+        "TRUNCATE dlr.message_events",
         "INSERT INTO dlr.schema_version (version, name) VALUES (99, 'x')",
         "ALTER TABLE dlr.reception_rows DISABLE TRIGGER receptions_append_only",
         "DROP TABLE dlr.reception_rows",
@@ -319,7 +323,8 @@ async def test_reader_runs_the_operator_reports(roles_db: RoleDatabase) -> None:
         "destination_raw, destination_is_e164) VALUES ('a', 'b', 'c', 'd', 'd', false)",
         "UPDATE dlr.message_status SET status = 'DELIVERED'",
         "UPDATE dlr.exceptions SET resolved_at = now(), resolution = 'x'",
-        "UPDATE dlr.events SET times_received = 1",
+        "UPDATE dlr.event_rows SET times_received = 1",
+        "UPDATE dlr.message_events SET times_received = 1",
         "SELECT nextval('dlr.receptions_id_seq')",
         "CREATE TABLE dlr.shadow (x int)",
     ],

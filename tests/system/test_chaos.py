@@ -38,6 +38,13 @@ from gateway.receipts.v1 import feed_pb2, feed_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 
+# A message's events, from whichever table keeps each (migration 0024).
+_DELETE_EVENTS = (
+    "DELETE FROM dlr.event_rows WHERE message_id = '{message_id}';"
+    " DELETE FROM dlr.message_events WHERE message_ref IN"
+    " (SELECT id FROM dlr.messages WHERE message_id = '{message_id}')"
+)
+
 
 def failover_acks(report: dict[str, Any]) -> tuple[int, int]:
     """From the failover scenario's note: receipts acked when the primary died, and how many
@@ -148,7 +155,7 @@ async def test_checker_detects_lost_double_applied_and_acked_but_missing(
                 "DELETE FROM dlr.reception_rows"
                 " WHERE event_id IN (SELECT id FROM dlr.events WHERE message_id = 'c0000002')"
             )
-            await conn.execute("DELETE FROM dlr.events WHERE message_id = 'c0000003'")
+            await conn.execute(_DELETE_EVENTS.format(message_id="c0000003"))
         finally:
             await conn.close()
         broken = compare(ledger, await store_rows(database_url, LOGIN))
@@ -211,7 +218,7 @@ async def test_checker_detects_callbacks_lost_or_answered_but_missing(database_u
         )
         await conn.execute(  # its uncorrelated exceptions first: they name the events
             "DELETE FROM dlr.exceptions WHERE message_id = 'w0000003';"
-            " DELETE FROM dlr.events WHERE message_id = 'w0000003'"
+            + _DELETE_EVENTS.format(message_id="w0000003")
         )
     finally:
         await conn.close()

@@ -16,14 +16,13 @@ from dlrfeed.store.sql import Query, query
 
 LOCK_MESSAGES = query("lock_messages")
 LOCK_CORRELATION_IDS = query("lock_correlation_ids")
-INSERT_EVENTS_READ_STATUSES = query("insert_events_read_statuses")
-LOCK_EXISTING_EVENTS = query("lock_existing_events")
 OPEN_UNSTORABLE = query("open_unstorable")
 RECORD_UNSTORABLE_REDELIVERY = query("record_unstorable_redelivery")
 INSERT_MESSAGES = query("insert_messages")
 RECORDED_MESSAGES = query("recorded_messages")
 OPEN_SECOND_RECORDS = query("open_second_records")
 IDS_WITH_WAITING_EVENTS = query("ids_with_waiting_events")
+MOVE_EVENTS_TO_MESSAGES = query("move_events_to_messages")
 LOCK_OPEN_UNCORRELATED = query("lock_open_uncorrelated")
 COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
 STALE_STATUSES = query("stale_statuses")
@@ -53,14 +52,6 @@ _EARLIER_UPSERTS = (
     (20, "upsert_statuses_by_key"),
 )
 _NO_EARLIER = {"upsert_earlier_statuses": "no_earlier_statuses"}
-_EARLIER_STATUS_WRITES = {
-    upsert: StatusWrites(
-        *(query(q.name, upsert_statuses=upsert, **_NO_EARLIER) for q in STATUS_WRITES)
-    )
-    for _, upsert in _EARLIER_UPSERTS
-}
-# A store created at 0020 or later keeps no status in dlr.earlier_statuses.
-_STATUS_WRITES_BY_MESSAGE = StatusWrites(*(query(q.name, **_NO_EARLIER) for q in STATUS_WRITES))
 
 # Since this migration each status is kept under its message row's id (dlr.statuses), behind
 # the view dlr.message_status with those recorded before it (dlr.earlier_statuses).
@@ -70,16 +61,55 @@ STATUSES_BY_MESSAGE_VERSION = 20
 HAS_EARLIER_STATUSES = query("has_earlier_statuses")
 STATUSES_TABLE = "statuses"
 EARLIER_STATUSES_TABLE = "earlier_statuses"
+# Since this migration the events of a message recorded after it are kept under its row's id
+# (dlr.message_events), the others in dlr.event_rows, behind the view dlr.events.
+EVENTS_BY_MESSAGE_VERSION = 24
 
 
 def status_writes(version: int | None, *, earlier_statuses: bool = True) -> StatusWrites:
     """The status writes of a store at schema `version` (None: a schema as new as the code);
     `earlier_statuses`: whether it may keep statuses in dlr.earlier_statuses (it was migrated
     to 0020 with messages recorded)."""
-    for before, upsert in _EARLIER_UPSERTS:
-        if version is not None and version < before:
-            return _EARLIER_STATUS_WRITES[upsert]
-    return STATUS_WRITES if earlier_statuses else _STATUS_WRITES_BY_MESSAGE
+    instead: dict[str, str] = {}
+    earlier = [u for before, u in _EARLIER_UPSERTS if version is not None and version < before]
+    if earlier:
+        instead = {"upsert_statuses": earlier[0], **_NO_EARLIER}
+    elif not earlier_statuses:
+        instead = dict(_NO_EARLIER)
+    if version is not None and version < EVENTS_BY_MESSAGE_VERSION:
+        instead["count_deliveries"] = "count_deliveries_by_key"
+    if not instead:
+        return STATUS_WRITES
+    return StatusWrites(*(query(q.name, **instead) for q in STATUS_WRITES))
+
+
+class EventStatements(NamedTuple):
+    """The ingest's statements that write events, as one schema takes them."""
+
+    insert: Query
+    """insert_events_read_statuses."""
+    lock_existing: Query
+    """lock_existing_events."""
+    by_message: bool
+    """Whether the events of a recorded message are kept under its row's id (migration 0024):
+    the writers then lock the message of each event's own id too, and pass its row's id."""
+
+
+EVENT_STATEMENTS = EventStatements(
+    query("insert_events_read_statuses"), query("lock_existing_events"), True
+)
+_EARLIER_EVENT_STATEMENTS = EventStatements(
+    query("insert_events_read_statuses", insert_events="insert_events_by_key"),
+    query("lock_existing_events_by_key"),
+    False,
+)
+
+
+def event_statements(version: int | None) -> EventStatements:
+    """The event statements of a store at schema `version` (None: as new as the code)."""
+    if version is not None and version < EVENTS_BY_MESSAGE_VERSION:
+        return _EARLIER_EVENT_STATEMENTS
+    return EVENT_STATEMENTS
 
 
 # Reception ids come in blocks of this many consecutive ids, one nextval each: the sequence's
@@ -131,3 +161,43 @@ def reception_statements(version: int | None) -> ReceptionStatements:
     if version is not None and version < RECEPTION_KEY_FROM_EVENT_VERSION:
         return _EARLIER_RECEPTION_STATEMENTS
     return RECEPTION_STATEMENTS
+
+
+class SchemaWrites(NamedTuple):
+    """How the Store writes to a store at one schema version: as the code's schema, or as an
+    older one's (met only by tests that migrate an old store: the services refuse a schema
+    behind the code)."""
+
+    statuses: StatusWrites
+    """By reason id and message row, or as an older schema kept them (0019, 0020)."""
+    receptions: ReceptionStatements
+    """Where receptions go and are read from (dlr.receptions before 0021)."""
+    events: EventStatements
+    """Where events go (all by key before 0024)."""
+    full_rows: bool = False
+    """Rows written whole, as before migration 0016."""
+    last_reception_written: bool = False
+    """An event's last reception time written when it is its first (before 0023)."""
+
+    def insert_arguments(self, own_refs: dict[str, int]) -> dict[str, object]:
+        """The arguments of `events.insert` this schema takes besides the batch's: the row id
+        of each message named by an event's own id (`own_refs`, 0024), or how rows are written
+        before it."""
+        if self.events.by_message:
+            return {"own_ids": list(own_refs), "own_refs": list(own_refs.values())}
+        return {"full_rows": self.full_rows, "last_reception_written": self.last_reception_written}
+
+
+SCHEMA_WRITES = SchemaWrites(STATUS_WRITES, RECEPTION_STATEMENTS, EVENT_STATEMENTS)
+
+
+def schema_writes(version: int | None, *, earlier_statuses: bool) -> SchemaWrites:
+    """The writes of a store at schema `version` (None: as new as the code); see
+    `status_writes` for `earlier_statuses`."""
+    return SchemaWrites(
+        status_writes(version, earlier_statuses=earlier_statuses),
+        reception_statements(version),
+        event_statements(version),
+        full_rows=version is not None and version < LEAN_ROWS_VERSION,
+        last_reception_written=version is not None and version < LAST_RECEPTION_ONCE_VERSION,
+    )

@@ -170,10 +170,7 @@ class Store:
         *,
         through_pooler: bool = False,
         server: ServerFacts | None = None,
-        full_rows: bool = False,
-        status_writes: queries.StatusWrites = queries.STATUS_WRITES,
-        receptions: queries.ReceptionStatements = queries.RECEPTION_STATEMENTS,
-        last_reception_written: bool = False,
+        writes: queries.SchemaWrites = queries.SCHEMA_WRITES,
     ) -> None:
         self._pool = pool
         self.options = options
@@ -181,16 +178,8 @@ class Store:
         """Whether the pool does without named prepared statements (a transaction pooler)."""
         self.server = server
         """What `open` found of the server (its synchronous commit settings)."""
-        self.full_rows = full_rows
-        """Rows written whole, as before migration 0016, on an older schema (met only by tests
-        that migrate an old store: the services refuse a schema behind the code)."""
-        self.status_writes = status_writes
-        """How statuses are written: by reason id, or as text on a schema before 0019 (met
-        only by tests, as full_rows)."""
-        self.receptions = receptions
-        """Where receptions go and are read from (dlr.receptions before 0021: tests only)."""
-        self.last_reception_written = last_reception_written
-        """An event's last reception time written when it is its first (before 0023: tests)."""
+        self.writes = writes
+        """How this store's schema is written (an older one's: tests only)."""
 
     @classmethod
     async def open(
@@ -229,7 +218,6 @@ class Store:
                     conn, require_synchronous_commit=require_synchronous_commit
                 )
                 version = await readable_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
-                full_rows = version is not None and version < queries.LEAN_ROWS_VERSION
                 earlier_statuses = (
                     version is None
                     or version < queries.STATUSES_BY_MESSAGE_VERSION
@@ -245,11 +233,7 @@ class Store:
             options or IntegrationOptions(),
             through_pooler=through_pooler,
             server=facts,
-            full_rows=full_rows,
-            status_writes=queries.status_writes(version, earlier_statuses=earlier_statuses),
-            receptions=queries.reception_statements(version),
-            last_reception_written=version is not None
-            and version < queries.LAST_RECEPTION_ONCE_VERSION,
+            writes=queries.schema_writes(version, earlier_statuses=earlier_statuses),
         )
 
     async def close(self) -> None:
@@ -439,28 +423,36 @@ class Store:
         self, conn: Connection, login: str, events: list[LogicalEvent]
     ) -> list[Outcome]:
         # P10: correlation and the message locks first (sorted), then held statuses. Meanwhile
-        # the client prepares the events insert (it depends on the receipts alone).
+        # the client prepares the events insert (it depends on the receipts alone). Since
+        # migration 0024 the message of each event's own id is locked too (the same as its
+        # correlation id but with receipt_ids_hex): it decides the table the event is kept in.
         correlation_ids = sorted({e.correlation_id for e in events})
+        locked_ids = correlation_ids
+        if self.writes.events.by_message:
+            locked_ids = sorted({*correlation_ids, *(e.message_id for e in events)})
         correlated, (firsts, events_json) = await _overlapped(
-            correlate(conn, login, correlation_ids), lambda: first_events(events)
+            correlate(conn, login, locked_ids), lambda: first_events(events)
+        )
+        own_refs = {e.message_id: correlated.refs.get(e.message_id) for e in firsts}
+        schema_arguments = self.writes.insert_arguments(
+            {i: ref for i, ref in own_refs.items() if ref is not None}
         )
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
         # the held statuses and the batch's reception id blocks, in one statement, while the
         # client encodes the receptions.
         returned, receipt_fields = await _overlapped(
-            queries.INSERT_EVENTS_READ_STATUSES.fetch(
+            self.writes.events.insert.fetch(
                 conn,
                 login=login,
                 parser_version=PARSER_VERSION,
                 rules_version=RULES_VERSION,
                 events=events_json,
-                correlated=sorted(correlated.submitted),
+                correlated=[i for i in correlation_ids if i in correlated.submitted],
                 id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
-                full_rows=self.full_rows,
-                last_reception_written=self.last_reception_written,
+                **schema_arguments,
             ),
             lambda: copy_rows.encode_receipt_fields(
-                events, login if self.receptions.with_key else None
+                events, login if self.writes.receptions.with_key else None
             ),
         )
         inserted: dict[tuple[str, int], int] = {}
@@ -478,11 +470,13 @@ class Store:
         existing_rows: list[asyncpg.Record] = []
         if len(inserted) < len(firsts):
             existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
-            existing_rows = await queries.LOCK_EXISTING_EVENTS.fetch(
+            refs = {"refs": [own_refs[e.message_id] for e in existing]}
+            existing_rows = await self.writes.events.lock_existing.fetch(
                 conn,
                 login=login,
                 message_ids=[e.message_id for e in existing],
                 levels=[e.level for e in existing],
+                **(refs if self.writes.events.by_message else {}),
             )
             for r in existing_rows:
                 stored[(r[1], r[2])] = r[0]
@@ -499,7 +493,9 @@ class Store:
             inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
         ]
         # A delivery whose parsed content is its event's leaves it to the event (0016).
-        firsts_held = None if self.full_rows else event_contents(firsts, inserted, existing_rows)
+        firsts_held = (
+            None if self.writes.full_rows else event_contents(firsts, inserted, existing_rows)
+        )
         receipt_contents = copy_rows.contents(events, event_ids, firsts_held)
 
         async def planned_receptions() -> AsyncIterator[bytes]:
@@ -517,9 +513,9 @@ class Store:
             yield copy_rows.TRAILER
 
         await conn.copy_to_table(
-            self.receptions.table,
+            self.writes.receptions.table,
             schema_name=queries.RECEPTIONS_SCHEMA,
-            columns=self.receptions.columns,
+            columns=self.writes.receptions.columns,
             source=planned_receptions(),
             format="binary",
         )
@@ -529,7 +525,7 @@ class Store:
         kinds, message_ids, details, exception_event_ids, positions = column_arrays(
             plan.exceptions, 5
         )
-        await self.status_writes.batch.execute(
+        await self.writes.statuses.batch.execute(
             conn,
             login=login,
             rules_version=RULES_VERSION,
@@ -564,7 +560,12 @@ class Store:
         try:
             async with self._pool.acquire() as conn:
                 return await recording.record_submissions(
-                    conn, self.options, submissions, self.status_writes, self.receptions.waiting
+                    conn,
+                    self.options,
+                    submissions,
+                    self.writes.statuses,
+                    self.writes.receptions.waiting,
+                    events_by_message=self.writes.events.by_message,
                 )
         except DATA_ERRORS as exc:
             # Chunks already committed stay, durable once the server flushes its WAL (within
@@ -592,8 +593,8 @@ class Store:
                     self.options,
                     every=every,
                     chunk=chunk,
-                    writes=self.status_writes,
-                    waiting=self.receptions.waiting,
+                    writes=self.writes.statuses,
+                    waiting=self.writes.receptions.waiting,
                 )
         except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc

@@ -44,8 +44,11 @@ GROWING_TABLES = (
 # sizes and row profiles are the stored table's. The statuses of messages recorded before
 # migration 0020 stay in a table of their own (none on a store created since): counted in the
 # sizes, not sampled for the row profile.
-STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED} | {"message_status": STATUSES_TABLE}
-ALSO_STORED_IN = {"message_status": EARLIER_STATUSES_TABLE}
+STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED} | {
+    "message_status": STATUSES_TABLE,
+    "events": "message_events",
+}
+ALSO_STORED_IN = {"message_status": EARLIER_STATUSES_TABLE, "events": "event_rows"}
 # A partition's name is its table's with the day (or "_default") after it.
 _PARTITION_DAY = re.compile(r"_(before_)?[0-9]{8}|_default")
 LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself

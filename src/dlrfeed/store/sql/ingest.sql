@@ -164,6 +164,84 @@ ORDER BY k.position
 SELECT count(pg_advisory_xact_lock(6581362, hashtext(:login || chr(31) || k)))
 FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 
+-- fragment: insert_events
+-- P14: the batch's new events (the WITH items of insert_events_read_statuses, ending with `new`:
+-- id, message_id and level of each event inserted). An event whose own id names a message
+-- recorded since migration 0024 (:own_ids, each with its row's id in :own_refs, found and locked
+-- by correlate) goes into dlr.message_events under that row's id; every other one into
+-- dlr.event_rows, keyed by login, gateway id and level. Its message decides which, and recording
+-- a message moves its events there (dlr.move_events_to_messages), so a key is in one table only
+-- and each insert detects its repeats by that table's key. The ids are drawn first, in :events
+-- order, one per key as a single insert draws them, so that event ids follow arrival whichever
+-- table keeps each.
+keyed AS (
+    SELECT k.r, k.ref, nextval('dlr.events_id_seq') AS id
+    FROM (
+        SELECT u.r, o.ref
+        FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
+        LEFT JOIN unnest(:own_ids::text[], :own_refs::bigint[]) AS o(message_id, ref)
+            ON o.message_id = u.r->>0 AND o.ref >= dlr.message_events_first_message()
+        ORDER BY u.position
+    ) AS k
+),
+new_by_message AS (
+    INSERT INTO dlr.message_events (
+        id, message_ref, correlation_id, level, stat, status, err, done_date_raw, done_at,
+        fingerprint, flags, parser_version, rules_version, first_received_at)
+    SELECT u.id, u.ref, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5, u.r->>6,
+           (u.r->>7)::timestamptz, u.r->>8, nullif(string_to_array(u.r->>9, ' '), '{}'),
+           :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000)
+    FROM keyed AS u
+    WHERE u.ref IS NOT NULL
+    ON CONFLICT (message_ref, level) DO NOTHING
+    RETURNING id
+),
+new_rows AS (
+    INSERT INTO dlr.event_rows (
+        id, login, message_id, correlation_id, level, stat, status, err, done_date_raw,
+        done_at, fingerprint, flags, parser_version, rules_version, first_received_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT u.id, :login, u.r->>0, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5,
+           u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
+           nullif(string_to_array(u.r->>9, ' '), '{}'), :parser_version, :rules_version,
+           to_timestamp((u.r->>10)::float8 / 1000000)
+    FROM keyed AS u
+    WHERE u.ref IS NULL
+    ON CONFLICT (login, message_id, level) DO NOTHING
+    RETURNING id
+),
+new AS (
+    SELECT u.id, u.r->>0 AS message_id, (u.r->>2)::bigint AS level
+    FROM keyed AS u
+    WHERE u.id IN (SELECT id FROM new_by_message UNION ALL SELECT id FROM new_rows)
+)
+
+-- fragment: insert_events_by_key
+-- insert_events as a store before migration 0024 takes it: every event into dlr.events, keyed
+-- by login, gateway id and level.
+new AS (
+    INSERT INTO dlr.events (
+        login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
+        fingerprint, flags, parser_version, rules_version, first_received_at,
+        last_received_at)
+    SELECT :login, u.r->>0,
+           CASE WHEN :full_rows::boolean THEN coalesce(u.r->>1, u.r->>0) ELSE u.r->>1 END,
+           (u.r->>2)::bigint, u.r->>3, u.r->>4,
+           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
+           -- No flags: NULL, not an empty array (migration 0016), unless :full_rows.
+           CASE WHEN :full_rows::boolean THEN string_to_array(u.r->>9, ' ')
+                ELSE nullif(string_to_array(u.r->>9, ' '), '{}') END,
+           :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
+           -- The first delivery is the last one too: NULL (migration 0023), unless
+           -- :last_reception_written (a schema before it).
+           CASE WHEN :last_reception_written::boolean
+                THEN to_timestamp((u.r->>10)::float8 / 1000000) END
+    FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
+    ORDER BY u.position
+    ON CONFLICT (login, message_id, level) DO NOTHING
+    RETURNING id, message_id, level
+)
+
 -- name: insert_events_read_statuses
 -- One round trip after the message locks, three parts:
 -- - P14: insert-or-detect of logical events, one row per distinct key of the batch in :events
@@ -187,28 +265,8 @@ FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 -- - The id blocks of the batch's receptions (migration 0006), drawn here, under the locks, so
 --   that reception ids follow the arrival order of each id's deliveries (P19) and the
 --   receptions can be copied in as soon as the planner decides each one's outcome.
-WITH new AS (
-    INSERT INTO dlr.events (
-        login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
-        fingerprint, flags, parser_version, rules_version, first_received_at,
-        last_received_at)
-    SELECT :login, u.r->>0,
-           CASE WHEN :full_rows::boolean THEN coalesce(u.r->>1, u.r->>0) ELSE u.r->>1 END,
-           (u.r->>2)::bigint, u.r->>3, u.r->>4,
-           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
-           -- No flags: NULL, not an empty array (migration 0016), unless :full_rows.
-           CASE WHEN :full_rows::boolean THEN string_to_array(u.r->>9, ' ')
-                ELSE nullif(string_to_array(u.r->>9, ' '), '{}') END,
-           :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
-           -- The first delivery is the last one too: NULL (migration 0023), unless
-           -- :last_reception_written (a schema before it).
-           CASE WHEN :last_reception_written::boolean
-                THEN to_timestamp((u.r->>10)::float8 / 1000000) END
-    FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
-    ORDER BY u.position
-    ON CONFLICT (login, message_id, level) DO NOTHING
-    RETURNING id, message_id, level
-)
+WITH
+-- include: insert_events
 SELECT n.id, n.message_id, n.level,
        NULL::text AS status, NULL::bigint AS supporting_event_id, NULL::int AS repeats,
        NULL::int AS conflicts, NULL::int AS progress_events,
@@ -262,9 +320,40 @@ FROM generate_series(1, :id_blocks::int)
 
 -- name: lock_existing_events
 -- Keys that were already stored: the contents they hold (P14: the first content's fingerprint
--- and status, the further accepted fingerprints), rows locked in key order (their counters are
--- updated at the end of the transaction); and the first content's parsed fields, which a
--- reception of the same content leaves to its event (migration 0016).
+-- and status, the further accepted fingerprints), rows locked (their counters are updated at
+-- the end of the transaction; every writer of a key holds its message's lock first, so the
+-- order they are locked in cannot make a cycle); and the first content's parsed fields, which a
+-- reception of the same content leaves to its event (migration 0016). Each key from the table
+-- its message decides (insert_events): under :refs, its own id's message row id where that
+-- message was recorded since migration 0024 (NULL otherwise).
+WITH k AS (
+    SELECT k.message_id, k.level, k.ref
+    FROM unnest(:message_ids::text[], :levels::bigint[], :refs::bigint[])
+         AS k(message_id, level, ref)
+),
+by_message AS (
+    SELECT e.id, k.message_id, e.level, e.fingerprint, e.status, e.updates, e.stat, e.err,
+           e.done_date_raw, e.done_at, e.flags, e.parser_version
+    FROM k JOIN dlr.message_events AS e ON e.message_ref = k.ref AND e.level = k.level
+    WHERE k.ref >= dlr.message_events_first_message()
+    FOR NO KEY UPDATE OF e
+),
+by_key AS (
+    SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, e.updates, e.stat, e.err,
+           e.done_date_raw, e.done_at, e.flags, e.parser_version
+    FROM k JOIN dlr.event_rows AS e
+        ON e.login = :login AND e.message_id = k.message_id AND e.level = k.level
+    WHERE k.ref IS NULL OR k.ref < dlr.message_events_first_message()
+    FOR NO KEY UPDATE OF e
+)
+SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
+       e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
+       e.parser_version
+FROM (SELECT * FROM by_message UNION ALL SELECT * FROM by_key) AS e
+ORDER BY e.message_id, e.level
+
+-- name: lock_existing_events_by_key
+-- lock_existing_events as a store before migration 0024 takes it: every event in dlr.events.
 SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
        e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
        e.parser_version
@@ -274,6 +363,68 @@ JOIN unnest(:message_ids::text[], :levels::bigint[]) AS k(message_id, level)
 WHERE e.login = :login
 ORDER BY e.message_id, e.level
 FOR NO KEY UPDATE OF e
+
+-- fragment: count_deliveries
+-- The events' counters and accepted contents (:event_ids with :event_accepted,
+-- :event_conflicts, :event_received_at and :event_updates), in whichever table holds each
+-- (insert_events), as WITH items of write_batch.
+ev_rows AS (
+    UPDATE dlr.event_rows AS e SET
+        times_received = e.times_received + c.accepted,
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+        -- NULL while no delivery came after the first (migration 0023); a row that holds
+        -- its last time (written before 0023) keeps it written.
+        last_received_at = nullif(
+            greatest(coalesce(e.last_received_at, e.first_received_at),
+                     to_timestamp(c.received_at)),
+            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
+        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
+        updates = CASE WHEN c.updates = '' THEN e.updates
+                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
+    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
+                :event_received_at::float8[], :event_updates::text[])
+         AS c(id, accepted, conflicts, received_at, updates)
+    WHERE e.id = c.id
+),
+ev_by_message AS (
+    UPDATE dlr.message_events AS e SET
+        times_received = e.times_received + c.accepted,
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+        -- NULL while no delivery came after the first (migration 0023); a row that holds
+        -- its last time (written before 0023) keeps it written.
+        last_received_at = nullif(
+            greatest(coalesce(e.last_received_at, e.first_received_at),
+                     to_timestamp(c.received_at)),
+            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
+        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
+        updates = CASE WHEN c.updates = '' THEN e.updates
+                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
+    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
+                :event_received_at::float8[], :event_updates::text[])
+         AS c(id, accepted, conflicts, received_at, updates)
+    WHERE e.id = c.id
+)
+
+-- fragment: count_deliveries_by_key
+-- count_deliveries as a store before migration 0024 takes it: every event in dlr.events.
+ev AS (
+    UPDATE dlr.events AS e SET
+        times_received = e.times_received + c.accepted,
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+        -- NULL while no delivery came after the first (migration 0023); a row that holds
+        -- its last time (written before 0023) keeps it written.
+        last_received_at = nullif(
+            greatest(coalesce(e.last_received_at, e.first_received_at),
+                     to_timestamp(c.received_at)),
+            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
+        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
+        updates = CASE WHEN c.updates = '' THEN e.updates
+                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
+    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
+                :event_received_at::float8[], :event_updates::text[])
+         AS c(id, accepted, conflicts, received_at, updates)
+    WHERE e.id = c.id
+)
 
 -- name: write_batch
 -- Everything of the batch but the receptions themselves (copied in by binary COPY, P6/P13):
@@ -294,24 +445,7 @@ WITH exc AS (
 ),
 -- include: upsert_statuses
 -- include: upsert_earlier_statuses
-ev AS (
-    UPDATE dlr.events AS e SET
-        times_received = e.times_received + c.accepted,
-        conflicting_receptions = e.conflicting_receptions + c.conflicts,
-        -- NULL while no delivery came after the first (migration 0023); a row that holds
-        -- its last time (written before 0023) keeps it written.
-        last_received_at = nullif(
-            greatest(coalesce(e.last_received_at, e.first_received_at),
-                     to_timestamp(c.received_at)),
-            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
-        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
-        updates = CASE WHEN c.updates = '' THEN e.updates
-                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
-    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
-                :event_received_at::float8[], :event_updates::text[])
-         AS c(id, accepted, conflicts, received_at, updates)
-    WHERE e.id = c.id
-)
+-- include: count_deliveries
 SELECT 1
 
 -- name: open_unstorable

@@ -145,7 +145,8 @@ FOR UPDATE SKIP LOCKED
 -- exception refers to it or to one of its events (kept for the operator: the investigation
 -- queue never loses what it still investigates), and whether a reception that names its key
 -- by one of its events is still stored (migration 0021: kept, or that reception would lose
--- its login and message id). The drops before have taken every day older than the retention,
+-- its login and message id), or an event kept under its row but correlated to another id. The
+-- drops before have taken every day older than the retention,
 -- so only a day not dropped can hold one (the default partition, whose rows wait for an
 -- operator): pruned to the days before :cutoff, one probe of each one's key. And whether a
 -- change of its status may still be stored (migration 0022: kept, or that change would lose
@@ -161,9 +162,14 @@ SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
         OR EXISTS (SELECT 1 FROM dlr.exceptions AS x
                    WHERE x.event_id = ANY(e.ids) AND x.resolved_at IS NULL))
            AS investigated,
-       EXISTS (SELECT 1 FROM dlr.reception_rows AS r
-               WHERE r.received_at < :cutoff AND r.login = '' AND r.message_id = ''
-                 AND r.event_id = ANY(e.ids)) AS evidence_kept,
+       (EXISTS (SELECT 1 FROM dlr.reception_rows AS r
+                WHERE r.received_at < :cutoff AND r.login = '' AND r.message_id = ''
+                  AND r.event_id = ANY(e.ids))
+        -- An event kept under the message's row (migration 0024) but correlated to another
+        -- id (receipt_ids_hex): it is that id's, and needs this row for its own id.
+        OR EXISTS (SELECT 1 FROM dlr.message_events AS x
+                   WHERE x.message_ref = m.id AND x.correlation_id <> m.message_id))
+           AS evidence_kept,
        CASE WHEN s.updated_at IS NOT NULL THEN s.updated_at >= :changes_since
             WHEN cardinality(e.ids) = 0 THEN false
             ELSE coalesce((SELECT max(c.changed_at) FROM dlr.status_change_rows AS c
@@ -213,7 +219,9 @@ SELECT count(*) FROM closed_gone
 -- whichever table keeps each (by message row id, or by login and gateway id for a message
 -- recorded before migration 0020), their records. Returns how many of each went.
 WITH events_gone AS (
-    DELETE FROM dlr.events WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
+    DELETE FROM dlr.event_rows WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
+), message_events_gone AS (  -- migration 0024
+    DELETE FROM dlr.message_events WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
 ), statuses_gone AS (
     DELETE FROM dlr.statuses WHERE message_ref = ANY(:ids::bigint[]) RETURNING 1
 ), earlier_statuses_gone AS (
@@ -227,4 +235,5 @@ WITH events_gone AS (
 SELECT (SELECT count(*) FROM messages_gone) AS messages,
        (SELECT count(*) FROM statuses_gone)
        + (SELECT count(*) FROM earlier_statuses_gone) AS statuses,
-       (SELECT count(*) FROM events_gone) AS events
+       (SELECT count(*) FROM events_gone)
+       + (SELECT count(*) FROM message_events_gone) AS events

@@ -1,0 +1,150 @@
+"""Migration 0024: the events of a message recorded after it are kept under its row's id, and
+every reader reads the same answers.
+
+- On an installed store it is catalog changes only: a brief lock on the events and the
+  exceptions, nothing rewritten, a few kB of WAL; every stored event stays where it was.
+- One traffic goes to two stores at the schema before it: one migrated halfway, one at the end.
+  Every event, reception, status and `dlrfeed show` reads the same in both (the same event ids
+  too: they are drawn in arrival order whichever table keeps each), though the first keeps its
+  events in both tables.
+- An event that arrives before its message is kept by its key, and recording the message moves
+  it - the same row, the same id - under the message, where its redelivery is a repeat.
+- An exception still names a stored event only (the trigger that replaced the foreign key).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dlrfeed.store import Store, Submission
+from dlrfeed.store.migrate import current_version
+from dlrfeed_testing.local_login import LOGIN
+from dlrfeed_testing.migration_probe import (
+    apply_measured,
+    assert_online,
+    install_migrating_halfway,
+    install_with_traffic,
+    receptions_read,
+    shown_read,
+    statuses_read,
+)
+from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_testing.retention_support import receipt
+
+EVENTS_BY_MESSAGE = 24
+# The events kept in each table.
+_KINDS = """
+SELECT (SELECT count(*) FROM dlr.event_rows) AS by_key,
+       (SELECT count(*) FROM dlr.message_events) AS by_message
+"""
+# The times a store takes from its clock differ between any two stores.
+_CLOCK_TIMES = {"first_received_at", "last_received_at"}
+
+
+@pytest.fixture
+async def databases(pg_cluster: PgCluster) -> AsyncIterator[list[str]]:
+    names = [f"events_by_message_{os.getpid()}_{n}" for n in range(2)]
+    dsns = [await pg_cluster.create_database(name) for name in names]
+    yield dsns
+    for name in names:
+        await pg_cluster.drop_database(name)
+
+
+async def _kinds(dsn: str) -> tuple[int, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(_KINDS)
+    finally:
+        await conn.close()
+    assert row is not None
+    return int(row["by_key"]), int(row["by_message"])
+
+
+async def _events_read(dsn: str) -> list[dict[str, Any]]:
+    """Every event as dlr.events shows it, in id order, without its clock times."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT * FROM dlr.events ORDER BY id")
+    finally:
+        await conn.close()
+    return [{k: v for k, v in r.items() if k not in _CLOCK_TIMES} for r in rows]
+
+
+async def test_it_changes_the_catalog_only_under_a_brief_lock(databases: list[str]) -> None:
+    dsn = databases[0]
+    await install_with_traffic(dsn, EVENTS_BY_MESSAGE)
+    before = await _events_read(dsn)
+    cost = await apply_measured(dsn, EVENTS_BY_MESSAGE)
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await current_version(conn) == EVENTS_BY_MESSAGE
+    finally:
+        await conn.close()
+    assert len(before) > 1_000
+    assert await _kinds(dsn) == (len(before), 0)
+    assert await _events_read(dsn) == before
+    assert_online(
+        cost,
+        exclusive="dlr.events",
+        read=("dlr.messages", "dlr.reception_rows"),  # the views of both are made anew
+        untouched=("dlr.statuses", "dlr.status_change_rows"),
+    )
+    assert "AccessExclusiveLock" in cost.locks["dlr.exceptions"]
+
+
+async def test_a_store_migrated_halfway_reads_the_same_answers(databases: list[str]) -> None:
+    halfway, at_the_end = databases
+    await install_migrating_halfway(halfway, EVENTS_BY_MESSAGE)
+    await install_migrating_halfway(at_the_end, EVENTS_BY_MESSAGE, migrate_at=None)
+    events = await _events_read(halfway)
+    assert len(events) > 1_000
+    assert events == await _events_read(at_the_end)
+    assert await receptions_read(halfway) == await receptions_read(at_the_end)
+    statuses = await statuses_read(halfway)
+    assert statuses == await statuses_read(at_the_end)
+    sample = [s["message_id"] for s in statuses[:: len(statuses) // 20]]
+    assert await shown_read(halfway, sample) == await shown_read(at_the_end, sample)
+    by_key, by_message = await _kinds(halfway)
+    assert by_key > 0
+    assert by_message > 0
+    assert by_key + by_message == len(events)
+    assert await _kinds(at_the_end) == (len(events), 0)
+
+
+async def test_recording_a_message_moves_its_early_event_under_it(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    now = datetime.now(UTC).timestamp()
+    await store.ingest(LOGIN, [receipt("early", now)])
+    event_id = await db.fetchval("SELECT id FROM dlr.event_rows WHERE message_id = 'early'")
+
+    result = await store.record_submissions([Submission(LOGIN, "early", "+34600000001")])
+    await store.ingest(LOGIN, [receipt("early", now + 1)])  # its redelivery
+
+    assert result.late_correlated_events == 1
+    assert await db.fetchval("SELECT count(*) FROM dlr.event_rows") == 0
+    moved = await db.fetchrow(
+        "SELECT e.id, e.times_received, m.message_id FROM dlr.message_events AS e"
+        " JOIN dlr.messages AS m ON m.id = e.message_ref"
+    )
+    assert moved is not None
+    assert tuple(moved) == (event_id, 2, "early")
+    outcomes = await db.fetch("SELECT outcome FROM dlr.receptions ORDER BY id")
+    assert [r[0] for r in outcomes][-1] == "repeat"
+    status = await db.fetchval("SELECT status FROM dlr.message_status WHERE message_id = 'early'")
+    assert status == "DELIVERED"
+
+
+async def test_an_exception_names_a_stored_event_only(db: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.exceptions.ForeignKeyViolationError):
+        await db.execute(
+            "INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id)"
+            " VALUES ('conflict', $1, 'nowhere', '{}', 424242)",
+            LOGIN,
+        )
