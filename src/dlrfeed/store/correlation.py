@@ -6,12 +6,14 @@ sorted order before they read or write a status.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
 from dlrfeed.store import queries
 
 if TYPE_CHECKING:
+    from dlrfeed.domain.parse import LogicalEvent
     from dlrfeed.store.rows import Connection
 
 
@@ -22,6 +24,20 @@ class Correlated(NamedTuple):
     """Each one's submission time (the planner checks reported times against it, P19)."""
     refs: dict[str, int]
     """Each one's row id, which its status is kept under (migration 0020)."""
+
+    def of(self, ids: Iterable[str]) -> dict[str, int]:
+        """The row ids of those of `ids` found, in their order."""
+        return {i: self.refs[i] for i in ids if i in self.refs}
+
+
+def ids_to_lock(events: Iterable[LogicalEvent], *, own_ids: bool) -> list[str]:
+    """The ids whose messages a batch locks, sorted: each event's correlation id and, with
+    `own_ids` (since migration 0024), its own id too - the same but with receipt_ids_hex - whose
+    message decides the table the event is kept in (sql/ingest.sql, insert_events)."""
+    ids = {e.correlation_id for e in events}
+    if own_ids:
+        ids.update(e.message_id for e in events)
+    return sorted(ids)
 
 
 async def correlate(conn: Connection, login: str, ids: list[str]) -> Correlated:

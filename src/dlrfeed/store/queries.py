@@ -99,7 +99,11 @@ EVENT_STATEMENTS = EventStatements(
     query("insert_events_read_statuses"), query("lock_existing_events"), True
 )
 _EARLIER_EVENT_STATEMENTS = EventStatements(
-    query("insert_events_read_statuses", insert_events="insert_events_by_key"),
+    query(
+        "insert_events_read_statuses",
+        insert_events="insert_events_by_key",
+        earlier_events="earlier_events_by_key",
+    ),
     query("lock_existing_events_by_key"),
     False,
 )
@@ -186,6 +190,11 @@ class SchemaWrites(NamedTuple):
         if self.events.by_message:
             return {"own_ids": list(own_refs), "own_refs": list(own_refs.values())}
         return {"full_rows": self.full_rows, "last_reception_written": self.last_reception_written}
+
+    def lock_arguments(self, refs: list[int | None]) -> dict[str, object]:
+        """The arguments of `events.lock_existing` this schema takes besides the keys': the row
+        id of the message named by each key's own id (None: not found), since 0024."""
+        return {"refs": refs} if self.events.by_message else {}
 
 
 SCHEMA_WRITES = SchemaWrites(STATUS_WRITES, RECEPTION_STATEMENTS, EVENT_STATEMENTS)

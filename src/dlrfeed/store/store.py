@@ -45,7 +45,7 @@ from dlrfeed.errors import (
     StoreUnavailableError,
 )
 from dlrfeed.store import copy_rows, queries, recompute, recording
-from dlrfeed.store.correlation import correlate
+from dlrfeed.store.correlation import correlate, ids_to_lock
 from dlrfeed.store.migrate import ensure_current, readable_version
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
 from dlrfeed.store.rows import (
@@ -423,20 +423,14 @@ class Store:
         self, conn: Connection, login: str, events: list[LogicalEvent]
     ) -> list[Outcome]:
         # P10: correlation and the message locks first (sorted), then held statuses. Meanwhile
-        # the client prepares the events insert (it depends on the receipts alone). Since
-        # migration 0024 the message of each event's own id is locked too (the same as its
-        # correlation id but with receipt_ids_hex): it decides the table the event is kept in.
+        # the client prepares the events insert (it depends on the receipts alone).
         correlation_ids = sorted({e.correlation_id for e in events})
-        locked_ids = correlation_ids
-        if self.writes.events.by_message:
-            locked_ids = sorted({*correlation_ids, *(e.message_id for e in events)})
         correlated, (firsts, events_json) = await _overlapped(
-            correlate(conn, login, locked_ids), lambda: first_events(events)
+            correlate(conn, login, ids_to_lock(events, own_ids=self.writes.events.by_message)),
+            lambda: first_events(events),
         )
-        own_refs = {e.message_id: correlated.refs.get(e.message_id) for e in firsts}
-        schema_arguments = self.writes.insert_arguments(
-            {i: ref for i, ref in own_refs.items() if ref is not None}
-        )
+        found = correlated.of(correlation_ids)
+        own_refs = correlated.of(e.message_id for e in firsts)
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
         # the held statuses and the batch's reception id blocks, in one statement, while the
         # client encodes the receptions.
@@ -447,9 +441,10 @@ class Store:
                 parser_version=PARSER_VERSION,
                 rules_version=RULES_VERSION,
                 events=events_json,
-                correlated=[i for i in correlation_ids if i in correlated.submitted],
+                correlated=list(found),
+                correlated_refs=list(found.values()),
                 id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
-                **schema_arguments,
+                **self.writes.insert_arguments(own_refs),
             ),
             lambda: copy_rows.encode_receipt_fields(
                 events, login if self.writes.receptions.with_key else None
@@ -458,11 +453,14 @@ class Store:
         inserted: dict[tuple[str, int], int] = {}
         held: dict[str, MessageState] = {}
         id_blocks: list[int] = []
+        by_message: set[int] = set()  # the events kept under their message (0024)
         for row in returned:
             if row["message_id"] is None:  # only the id block rows have none
                 id_blocks.append(row["id"])
             elif row["id"] is not None:
                 inserted[(row["message_id"], row["level"])] = row["id"]
+                if row["by_message"]:
+                    by_message.add(row["id"])
             else:
                 held[row["message_id"]] = state_from_row(row)
         stored: dict[tuple[str, int], int] = {}
@@ -470,16 +468,17 @@ class Store:
         existing_rows: list[asyncpg.Record] = []
         if len(inserted) < len(firsts):
             existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
-            refs = {"refs": [own_refs[e.message_id] for e in existing]}
             existing_rows = await self.writes.events.lock_existing.fetch(
                 conn,
                 login=login,
                 message_ids=[e.message_id for e in existing],
                 levels=[e.level for e in existing],
-                **(refs if self.writes.events.by_message else {}),
+                **self.writes.lock_arguments([own_refs.get(e.message_id) for e in existing]),
             )
             for r in existing_rows:
                 stored[(r[1], r[2])] = r[0]
+                if r["by_message"]:
+                    by_message.add(r[0])
                 keys[(r[1], r[2])] = KeyContents(Status(r[4]), (r[3], *r[5]))
 
         # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
@@ -542,6 +541,7 @@ class Store:
             event_conflicts=[planner.event_conflicts.get(i, 0) for i in counted],
             event_received_at=[planner.event_last[i] for i in counted],
             event_updates=[" ".join(planner.key_updates.get(i, ())) for i in counted],
+            event_by_message=[i in by_message for i in counted],
         )
         return plan.outcomes
 

@@ -211,7 +211,8 @@ new_rows AS (
     RETURNING id
 ),
 new AS (
-    SELECT u.id, u.r->>0 AS message_id, (u.r->>2)::bigint AS level
+    SELECT u.id, u.r->>0 AS message_id, (u.r->>2)::bigint AS level,
+           u.ref IS NOT NULL AS by_message
     FROM keyed AS u
     WHERE u.id IN (SELECT id FROM new_by_message UNION ALL SELECT id FROM new_rows)
 )
@@ -239,8 +240,51 @@ new AS (
     FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
     ORDER BY u.position
     ON CONFLICT (login, message_id, level) DO NOTHING
-    RETURNING id, message_id, level
+    RETURNING id, message_id, level, false AS by_message
 )
+
+-- fragment: earlier_events
+-- The counters of the events stored for correlated id k.message_id (its message row's id in
+-- k.ref) while it has no status (s.status IS NULL), each found by a plain equality probe of an
+-- index's leading columns: those whose own id it is under its message's row id where its
+-- message was recorded since migration 0024 (dlr.message_events), by the key of
+-- dlr.event_rows where not; those correlated to it from another own id (receipt_ids_hex) by
+-- the partial correlation index of each table (migration 0005).
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.message_events AS x
+        WHERE s.status IS NULL AND k.ref >= dlr.message_events_first_message()
+          AND x.message_ref = k.ref AND x.correlation_id IS NULL
+        UNION ALL
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.event_rows AS x
+        WHERE s.status IS NULL AND NOT k.ref >= dlr.message_events_first_message()
+          AND x.login = :login AND x.message_id = k.message_id
+          AND coalesce(x.correlation_id, x.message_id) = k.message_id
+        UNION ALL
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.event_rows AS x
+        WHERE s.status IS NULL AND x.login = :login AND x.correlation_id = k.message_id
+          AND x.correlation_id <> x.message_id
+        UNION ALL
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.message_events AS x
+        JOIN dlr.messages AS m ON m.id = x.message_ref
+        WHERE s.status IS NULL AND x.correlation_id = k.message_id
+          AND m.login = :login AND m.message_id <> k.message_id
+
+-- fragment: earlier_events_by_key
+-- earlier_events as a store before migration 0024 takes it: every event in dlr.events, by the
+-- unique key those whose correlation id is their own id (NULL since migration 0016, written out
+-- before it), by the partial correlation index the others (k.ref unused).
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.events AS x
+        WHERE s.status IS NULL AND x.login = :login AND x.message_id = k.message_id
+          AND coalesce(x.correlation_id, x.message_id) = k.message_id
+        UNION ALL
+        SELECT x.times_received, x.updates, x.conflicting_receptions
+        FROM dlr.events AS x
+        WHERE s.status IS NULL AND x.login = :login AND x.correlation_id = k.message_id
+          AND x.correlation_id <> x.message_id
 
 -- name: insert_events_read_statuses
 -- One round trip after the message locks, three parts:
@@ -273,15 +317,15 @@ SELECT n.id, n.message_id, n.level,
        NULL::boolean AS deadline_superseded, NULL::bigint AS supporting_reception_id,
        NULL::bigint AS basis_level, NULL::text AS basis_stat, NULL::text AS basis_err,
        NULL::timestamptz AS basis_done_at, NULL::text[] AS status_flags,
-       NULL::int AS orphan_repeats, NULL::int AS orphan_conflicts
+       NULL::int AS orphan_repeats, NULL::int AS orphan_conflicts, n.by_message
 FROM new AS n
 UNION ALL
 SELECT NULL, k.message_id, NULL,
        s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
        s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
        s.basis_err, s.basis_done_at, s.flags,
-       o.repeats, o.conflicts
-FROM unnest(:correlated::text[]) AS k(message_id)
+       o.repeats, o.conflicts, NULL
+FROM unnest(:correlated::text[], :correlated_refs::bigint[]) AS k(message_id, ref)
 -- LATERAL ... OFFSET 0: one primary-key probe per id, whatever the table statistics say (a
 -- young table's stale statistics otherwise invite a scan of every status of the login).
 LEFT JOIN LATERAL (
@@ -292,30 +336,20 @@ LEFT JOIN LATERAL (
     WHERE s.login = :login AND s.message_id = k.message_id
     OFFSET 0
 ) AS s ON true
--- The events of the id: by the unique key those whose correlation id is their own id (NULL
--- since migration 0016, written out before it), by the partial correlation index the others,
--- each a plain equality probe (as waiting_receptions reads them).
+-- The events of the id, as earlier_events finds them.
 LEFT JOIN LATERAL (
     SELECT coalesce(sum(x.times_received - 1 - coalesce(cardinality(x.updates), 0)), 0)::int
                AS repeats,
            coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
     FROM (
-        SELECT x.times_received, x.updates, x.conflicting_receptions
-        FROM dlr.events AS x
-        WHERE s.status IS NULL AND x.login = :login AND x.message_id = k.message_id
-          AND coalesce(x.correlation_id, x.message_id) = k.message_id
-        UNION ALL
-        SELECT x.times_received, x.updates, x.conflicting_receptions
-        FROM dlr.events AS x
-        WHERE s.status IS NULL AND x.login = :login AND x.correlation_id = k.message_id
-          AND x.correlation_id <> x.message_id
+-- include: earlier_events
     ) AS x
 ) AS o ON true
 UNION ALL
 -- The batch's reception id blocks (queries.RECEPTION_ID_BLOCK ids each), :id_blocks of them:
 -- rows with a NULL message_id and the block's first id as `id`.
 SELECT nextval('dlr.receptions_id_seq'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM generate_series(1, :id_blocks::int)
 
 -- name: lock_existing_events
@@ -333,14 +367,14 @@ WITH k AS (
 ),
 by_message AS (
     SELECT e.id, k.message_id, e.level, e.fingerprint, e.status, e.updates, e.stat, e.err,
-           e.done_date_raw, e.done_at, e.flags, e.parser_version
+           e.done_date_raw, e.done_at, e.flags, e.parser_version, true AS by_message
     FROM k JOIN dlr.message_events AS e ON e.message_ref = k.ref AND e.level = k.level
     WHERE k.ref >= dlr.message_events_first_message()
     FOR NO KEY UPDATE OF e
 ),
 by_key AS (
     SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, e.updates, e.stat, e.err,
-           e.done_date_raw, e.done_at, e.flags, e.parser_version
+           e.done_date_raw, e.done_at, e.flags, e.parser_version, false AS by_message
     FROM k JOIN dlr.event_rows AS e
         ON e.login = :login AND e.message_id = k.message_id AND e.level = k.level
     WHERE k.ref IS NULL OR k.ref < dlr.message_events_first_message()
@@ -348,7 +382,7 @@ by_key AS (
 )
 SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
        e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
-       e.parser_version
+       e.parser_version, e.by_message
 FROM (SELECT * FROM by_message UNION ALL SELECT * FROM by_key) AS e
 ORDER BY e.message_id, e.level
 
@@ -356,7 +390,7 @@ ORDER BY e.message_id, e.level
 -- lock_existing_events as a store before migration 0024 takes it: every event in dlr.events.
 SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
        e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
-       e.parser_version
+       e.parser_version, false AS by_message
 FROM dlr.events AS e
 JOIN unnest(:message_ids::text[], :levels::bigint[]) AS k(message_id, level)
   ON e.message_id = k.message_id AND e.level = k.level
@@ -366,8 +400,9 @@ FOR NO KEY UPDATE OF e
 
 -- fragment: count_deliveries
 -- The events' counters and accepted contents (:event_ids with :event_accepted,
--- :event_conflicts, :event_received_at and :event_updates), in whichever table holds each
--- (insert_events), as WITH items of write_batch.
+-- :event_conflicts, :event_received_at and :event_updates), in the table that holds each
+-- (:event_by_message, as insert_events and lock_existing_events found it), as WITH items of
+-- write_batch: each event probed in its own table only.
 ev_rows AS (
     UPDATE dlr.event_rows AS e SET
         times_received = e.times_received + c.accepted,
@@ -382,9 +417,10 @@ ev_rows AS (
         updates = CASE WHEN c.updates = '' THEN e.updates
                        ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
-                :event_received_at::float8[], :event_updates::text[])
-         AS c(id, accepted, conflicts, received_at, updates)
-    WHERE e.id = c.id
+                :event_received_at::float8[], :event_updates::text[],
+                :event_by_message::boolean[])
+         AS c(id, accepted, conflicts, received_at, updates, by_message)
+    WHERE e.id = c.id AND NOT c.by_message
 ),
 ev_by_message AS (
     UPDATE dlr.message_events AS e SET
@@ -400,9 +436,10 @@ ev_by_message AS (
         updates = CASE WHEN c.updates = '' THEN e.updates
                        ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
-                :event_received_at::float8[], :event_updates::text[])
-         AS c(id, accepted, conflicts, received_at, updates)
-    WHERE e.id = c.id
+                :event_received_at::float8[], :event_updates::text[],
+                :event_by_message::boolean[])
+         AS c(id, accepted, conflicts, received_at, updates, by_message)
+    WHERE e.id = c.id AND c.by_message
 )
 
 -- fragment: count_deliveries_by_key
@@ -421,8 +458,9 @@ ev AS (
         updates = CASE WHEN c.updates = '' THEN e.updates
                        ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
-                :event_received_at::float8[], :event_updates::text[])
-         AS c(id, accepted, conflicts, received_at, updates)
+                :event_received_at::float8[], :event_updates::text[],
+                :event_by_message::boolean[])
+         AS c(id, accepted, conflicts, received_at, updates, by_message)
     WHERE e.id = c.id
 )
 
