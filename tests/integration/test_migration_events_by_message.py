@@ -8,7 +8,8 @@ every reader reads the same answers.
   too: they are drawn in arrival order whichever table keeps each), though the first keeps its
   events in both tables.
 - An event that arrives before its message is kept by its key, and recording the message moves
-  it - the same row, the same id - under the message, where its redelivery is a repeat.
+  it - the same row, the same id - under the message, where its redelivery is a repeat; a
+  message recorded by a plain INSERT does the same (the move is a trigger's).
 - An exception still names a stored event only (the trigger that replaced the foreign key).
 """
 
@@ -92,10 +93,12 @@ async def test_it_changes_the_catalog_only_under_a_brief_lock(databases: list[st
     assert_online(
         cost,
         exclusive="dlr.events",
-        read=("dlr.messages", "dlr.reception_rows"),  # the views of both are made anew
+        read=("dlr.reception_rows",),  # its views are made anew
         untouched=("dlr.statuses", "dlr.status_change_rows"),
     )
     assert "AccessExclusiveLock" in cost.locks["dlr.exceptions"]
+    # Recording waits (the messages' new trigger); the ingest's row locks do not.
+    assert cost.locks["dlr.messages"] <= {"ShareRowExclusiveLock", "AccessShareLock"}
 
 
 async def test_a_store_migrated_halfway_reads_the_same_answers(databases: list[str]) -> None:
@@ -139,6 +142,25 @@ async def test_recording_a_message_moves_its_early_event_under_it(
     assert [r[0] for r in outcomes][-1] == "repeat"
     status = await db.fetchval("SELECT status FROM dlr.message_status WHERE message_id = 'early'")
     assert status == "DELIVERED"
+
+
+async def test_a_message_recorded_by_any_writer_takes_its_early_events(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """The move is the database's (a trigger of dlr.messages), not only this Store's: a message
+    recorded by a plain INSERT - a dlrfeed from before the migration, an operator - takes its
+    early events as well, so a later redelivery still finds its event."""
+    now = datetime.now(UTC).timestamp()
+    await store.ingest(LOGIN, [receipt("by-hand", now)])
+    await db.execute(
+        "INSERT INTO dlr.messages (login, message_id, internal_id, destination,"
+        " destination_raw, destination_is_e164) VALUES ($1, 'by-hand', 'i', '+1', '+1', true)",
+        LOGIN,
+    )
+    await store.ingest(LOGIN, [receipt("by-hand", now + 1)])
+    rows = await db.fetch("SELECT times_received FROM dlr.events WHERE message_id = 'by-hand'")
+    assert [r[0] for r in rows] == [2]
+    assert await db.fetchval("SELECT count(*) FROM dlr.message_events") == 1
 
 
 async def test_an_exception_names_a_stored_event_only(db: asyncpg.Connection) -> None:

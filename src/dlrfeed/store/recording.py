@@ -52,8 +52,6 @@ async def record_submissions(
     submissions: Sequence[Submission],
     writes: queries.StatusWrites,
     waiting: Query,
-    *,
-    events_by_message: bool = True,
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
     transaction, and correlate the receipts that were waiting for them (read back with
@@ -74,9 +72,7 @@ async def record_submissions(
         async with write_transaction(conn):
             if number < len(chunks):
                 await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
-            new, applied = await _record_chunk(
-                conn, options, login, chunk, writes, waiting, events_by_message
-            )
+            new, applied = await _record_chunk(conn, options, login, chunk, writes, waiting)
         recorded += new
         late += applied
     return SubmissionResult(
@@ -93,7 +89,6 @@ async def _record_chunk(
     chunk: list[Submission],
     writes: queries.StatusWrites,
     waiting_receptions: Query,
-    events_by_message: bool,
 ) -> tuple[int, int]:
     """Record one chunk of `login`'s submissions in the caller's transaction: the number newly
     recorded and the number of events correlated late."""
@@ -117,13 +112,6 @@ async def _record_chunk(
     new_ids = sorted(inserted)
     if not new_ids:
         return 0, 0
-    if events_by_message:
-        # Migration 0024: the events that arrived before their message go under it now, where
-        # its later ones go (sql/submissions.sql).
-        refs = {r[0]: r[2] for r in new_rows}
-        await queries.MOVE_EVENTS_TO_MESSAGES.fetchval(
-            conn, login=login, message_ids=new_ids, refs=[refs[i] for i in new_ids]
-        )
     waiting_ids = [
         r[0] for r in await queries.IDS_WITH_WAITING_EVENTS.fetch(conn, login=login, ids=new_ids)
     ]

@@ -565,7 +565,6 @@ class Store:
                     submissions,
                     self.writes.statuses,
                     self.writes.receptions.waiting,
-                    events_by_message=self.writes.events.by_message,
                 )
         except DATA_ERRORS as exc:
             # Chunks already committed stay, durable once the server flushes its WAL (within

@@ -13,22 +13,28 @@
 -- - Every other event - stored before this migration, or whose message is not recorded (yet),
 --   or recorded before it - is kept where it was, in the table renamed dlr.event_rows (keyed by
 --   login, gateway id and level as before; its key, identity, indexes and privileges go with
---   it). When a message is recorded after its events arrived, recording it moves them (the same
---   ids) to dlr.message_events, under the same advisory lock that serialises their writers.
+--   it). When a message is recorded after its events arrived, a trigger of dlr.messages moves
+--   them (the same ids) to dlr.message_events, under the advisory lock that serialises their
+--   writers, whatever records it.
 --   So each event key is in exactly one of the two tables, which its message decides.
 -- - dlr.events is the view of both, with the same columns in the same order: every reader
 --   (`dlrfeed show`, reports, recompute, SQL consumers) reads the same answers as before.
 -- - dlr.exceptions.event_id now names an event of either table, so its foreign key to the
 --   renamed table gives way to a trigger that checks each exception written names a stored
 --   event (P12: an exception never points at nothing).
--- Locks: ACCESS EXCLUSIVE on dlr.events (the rename) and dlr.exceptions (the key), held to the
--- commit. Every step is a catalog change (a rename, an empty table, views, functions,
+-- Locks: SHARE ROW EXCLUSIVE on dlr.messages (its trigger: recording waits, the ingest's row
+-- locks do not), ACCESS EXCLUSIVE on dlr.events (the rename) and dlr.exceptions (the key), held
+-- to the commit. Every step is a catalog change (a rename, an empty table, views, functions,
 -- triggers), so they are held for milliseconds whatever the tables' size. A dlrfeed process
 -- from before it that is still running fails its next event write (the view takes none), with
 -- nothing of that batch committed or acked; restarted, it refuses the newer schema (exit 78).
 
 SET LOCAL lock_timeout = '5s';
 
+-- The messages first, as 0020 did: recording waits from here (so no message is recorded between
+-- the boundary below and the trigger that moves its events), the ingest's row locks do not; an
+-- ingest holding the events is waited for next.
+LOCK TABLE dlr.messages IN SHARE ROW EXCLUSIVE MODE;
 LOCK TABLE dlr.events, dlr.exceptions IN ACCESS EXCLUSIVE MODE;
 
 ALTER TABLE dlr.events RENAME TO event_rows;
@@ -179,28 +185,33 @@ CREATE TRIGGER exceptions_event_stored
 
 -- Recording a message moves the events that arrived before it (dlr.event_rows) to where its
 -- later events go (dlr.message_events): the same rows, the same ids, each event still stored
--- once. The writer may not delete an event (P13 keeps DELETE for the owner), so the move is
--- this function's, which moves only the events of the message each row id names, and only
--- under a row id since the migration.
-CREATE FUNCTION dlr.move_events_to_messages(of_login text, message_ids text[], refs bigint[])
-RETURNS bigint
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-WITH recorded AS (
-    SELECT k.message_id, k.ref
-    FROM unnest(message_ids, refs) AS k(message_id, ref)
-    -- One probe of the message row per id (OFFSET 0: whatever the statistics say).
-    CROSS JOIN LATERAL (
-        SELECT 1 FROM dlr.messages AS m
-        WHERE m.id = k.ref AND m.login = of_login AND m.message_id = k.message_id
-        OFFSET 0
-    ) AS m
-    WHERE k.ref >= dlr.message_events_first_message()
-), moved AS (
-    DELETE FROM dlr.event_rows AS e
-    USING recorded AS k
-    WHERE e.login = of_login AND e.message_id = k.message_id
-    RETURNING e.*, k.ref
-), kept AS (
+-- once. A trigger of dlr.messages does it, in the statement that records the message, so that
+-- whatever records one - this dlrfeed, one from before this migration still running, an
+-- operator - moves its events: no key is ever left in the table its message does not decide.
+-- Every writer of an id's events holds that id's advisory lock or its message row's lock, and
+-- recording takes the advisory lock first, so no event of it is written meanwhile. The writer
+-- may not delete an event (P13 keeps DELETE for the owner): the function is the owner's. Each
+-- message probes the key of dlr.event_rows once (OFFSET 0: whatever the statistics say), and
+-- each statement is planned for the rows it is given.
+CREATE FUNCTION dlr.move_events_to_messages() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan AS $$
+BEGIN
+    WITH moved AS (
+        DELETE FROM dlr.event_rows AS e
+        USING (
+            SELECT x.id, m.id AS ref
+            FROM recorded AS m
+            CROSS JOIN LATERAL (
+                SELECT x.id FROM dlr.event_rows AS x
+                WHERE x.login = m.login AND x.message_id = m.message_id
+                OFFSET 0
+            ) AS x
+            WHERE m.id >= dlr.message_events_first_message()
+        ) AS k
+        WHERE e.id = k.id
+        RETURNING e.*, k.ref
+    )
     INSERT INTO dlr.message_events (
         id, message_ref, level, first_received_at, last_received_at, done_at, times_received,
         conflicting_receptions, stat, status, err, done_date_raw, fingerprint, correlation_id,
@@ -211,15 +222,18 @@ WITH recorded AS (
            -- Its own id, written out before migration 0016: NULL, as it is written now.
            nullif(m.correlation_id, m.message_id), m.flags, m.updates, m.parser_version,
            m.rules_version
-    FROM moved AS m
-    RETURNING 1
-)
-SELECT count(*) FROM kept
+    FROM moved AS m;
+    RETURN NULL;
+END;
 $$;
-REVOKE ALL ON FUNCTION dlr.move_events_to_messages(text, text[], bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dlr.move_events_to_messages() FROM PUBLIC;
+CREATE TRIGGER messages_take_their_events
+    AFTER INSERT ON dlr.messages
+    REFERENCING NEW TABLE AS recorded
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.move_events_to_messages();
 
--- The writer inserts events (their ids drawn in arrival order from the one sequence), has the
--- function move them, and updates their delivery counters (P14); the reader reads.
+-- The writer inserts events (their ids drawn in arrival order from the one sequence) and
+-- updates their delivery counters (P14); the reader reads.
 REVOKE ALL ON dlr.message_events, dlr.events FROM PUBLIC;
 DO $grants$
 BEGIN
@@ -228,8 +242,6 @@ BEGIN
               UPDATE (times_received, conflicting_receptions, last_received_at, updates)
               ON dlr.message_events TO dlrfeed_writer;
         GRANT USAGE ON SEQUENCE dlr.events_id_seq TO dlrfeed_writer;
-        GRANT EXECUTE ON FUNCTION dlr.move_events_to_messages(text, text[], bigint[])
-              TO dlrfeed_writer;
         GRANT SELECT ON dlr.events TO dlrfeed_writer;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN

@@ -170,7 +170,7 @@ FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 -- recorded since migration 0024 (:own_ids, each with its row's id in :own_refs, found and locked
 -- by correlate) goes into dlr.message_events under that row's id; every other one into
 -- dlr.event_rows, keyed by login, gateway id and level. Its message decides which, and recording
--- a message moves its events there (dlr.move_events_to_messages), so a key is in one table only
+-- a message moves its events there (the trigger dlr.move_events_to_messages), so a key is in one table only
 -- and each insert detects its repeats by that table's key. The ids are drawn first, in :events
 -- order, one per key as a single insert draws them, so that event ids follow arrival whichever
 -- table keeps each.

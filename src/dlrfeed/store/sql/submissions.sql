@@ -42,17 +42,6 @@ WHERE NOT EXISTS (
     WHERE x.login = :login AND x.message_id = n.message_id AND x.kind = 'second_record'
       AND x.evidence_key = n.evidence_key)
 
--- name: move_events_to_messages
--- Migration 0024: the events whose own id names a message just recorded (:message_ids, each
--- with its new row's id in :refs) and that arrived before it, moved - the same rows, the same
--- ids - from dlr.event_rows to dlr.message_events under that row's id, where its later events
--- go (insert_events), by the owner's function (the writer deletes nothing, P13). Under the
--- advisory locks of those ids, which every writer of their events takes or waits behind before
--- it reads either table, so no key is ever in both. One probe of the key of dlr.event_rows per
--- id: that table holds only the events of messages not recorded (or recorded before 0024), so
--- on a store created at 0024 it stays small. Returns how many moved.
-SELECT dlr.move_events_to_messages(:login, :message_ids::text[], :refs::bigint[])
-
 -- name: ids_with_waiting_events
 -- Late correlation's first cut: of the ids just recorded, those that may have events waiting.
 -- An event waits for its message only if its first delivery found no message, and that
