@@ -16,6 +16,7 @@ import time
 import asyncpg
 
 from dlrfeed.store import Store, Submission
+from dlrfeed_testing.retention_support import receipt
 
 LOGIN = "acme"
 BACKLOG = 400_000
@@ -65,6 +66,10 @@ async def test_late_correlation_after_a_bulk_drain_probes_the_index(
             await store.record_submissions(
                 [Submission(LOGIN, f"warm-{n}-{i}", "+34600000001") for i in range(3)]
             )
+        # ...and analyzed while they held a few events waiting for their messages (a young
+        # store's statistics: three ids, so that an id seems to match a third of the rows).
+        await store.ingest(LOGIN, [receipt(f"young-{i}", time.time()) for i in range(3)])
+        await db.execute("ANALYZE dlr.event_rows, dlr.message_events, dlr.exceptions")
         backend = await store._pool.fetchval("SELECT pg_backend_pid()")
         # The drain: BACKLOG events whose messages are not recorded yet (ids like a gateway's,
         # random-looking), each with the delivery that late correlation replays and the

@@ -98,7 +98,7 @@ async def test_a_chunk_holds_its_ids_locks_and_a_few_more_whatever_the_call(
                 IntegrationOptions(),
                 _submissions("l", CHUNK),
                 STATUS_WRITES,
-                RECEPTION_STATEMENTS.waiting,
+                RECEPTION_STATEMENTS,
             )
             locks = await conn.fetch(
                 "SELECT locktype, count(*) AS n FROM pg_locks"

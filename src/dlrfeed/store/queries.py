@@ -21,7 +21,6 @@ RECORD_UNSTORABLE_REDELIVERY = query("record_unstorable_redelivery")
 INSERT_MESSAGES = query("insert_messages")
 RECORDED_MESSAGES = query("recorded_messages")
 OPEN_SECOND_RECORDS = query("open_second_records")
-IDS_WITH_WAITING_EVENTS = query("ids_with_waiting_events")
 LOCK_OPEN_UNCORRELATED = query("lock_open_uncorrelated")
 COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
 STALE_STATUSES = query("stale_statuses")
@@ -143,6 +142,8 @@ class ReceptionStatements(NamedTuple):
     encodes them): only before migration 0021."""
     waiting: Query
     """waiting_receptions on that table."""
+    waiting_ids: Query
+    """ids_with_waiting_events."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -151,11 +152,26 @@ class ReceptionStatements(NamedTuple):
 
 
 _WAITING_RECEPTIONS = query("waiting_receptions")
+# Before migration 0024 every event is in the table dlr.events.
+_WAITING_BY_KEY = query("waiting_receptions", waiting_events="waiting_events_by_key")
+_WAITING_IDS = query("ids_with_waiting_events")
+_WAITING_IDS_BY_KEY = query(
+    "ids_with_waiting_events", correlated_from_other_ids="correlated_from_other_ids_by_key"
+)
 RECEPTION_STATEMENTS = ReceptionStatements(
-    "reception_rows", False, _WAITING_RECEPTIONS.naming(receptions="reception_rows")
+    "reception_rows",
+    False,
+    _WAITING_RECEPTIONS.naming(receptions="reception_rows"),
+    _WAITING_IDS,
+)
+_RECEPTION_STATEMENTS_BY_KEY = ReceptionStatements(
+    "reception_rows",
+    False,
+    _WAITING_BY_KEY.naming(receptions="reception_rows"),
+    _WAITING_IDS_BY_KEY,
 )
 _EARLIER_RECEPTION_STATEMENTS = ReceptionStatements(
-    "receptions", True, _WAITING_RECEPTIONS.naming(receptions="receptions")
+    "receptions", True, _WAITING_BY_KEY.naming(receptions="receptions"), _WAITING_IDS_BY_KEY
 )
 
 
@@ -163,6 +179,8 @@ def reception_statements(version: int | None) -> ReceptionStatements:
     """The reception statements of a store at schema `version` (None: as new as the code)."""
     if version is not None and version < RECEPTION_KEY_FROM_EVENT_VERSION:
         return _EARLIER_RECEPTION_STATEMENTS
+    if version is not None and version < EVENTS_BY_MESSAGE_VERSION:
+        return _RECEPTION_STATEMENTS_BY_KEY
     return RECEPTION_STATEMENTS
 
 

@@ -23,7 +23,6 @@ from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
-    from dlrfeed.store.sql import Query
 
 # The parameters of queries.INSERT_MESSAGES that take the columns of Submission.normalised,
 # in its order.
@@ -51,7 +50,7 @@ async def record_submissions(
     options: IntegrationOptions,
     submissions: Sequence[Submission],
     writes: queries.StatusWrites,
-    waiting: Query,
+    waiting: queries.ReceptionStatements,
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
     transaction, and correlate the receipts that were waiting for them (read back with
@@ -88,7 +87,7 @@ async def _record_chunk(
     login: str,
     chunk: list[Submission],
     writes: queries.StatusWrites,
-    waiting_receptions: Query,
+    waiting: queries.ReceptionStatements,
 ) -> tuple[int, int]:
     """Record one chunk of `login`'s submissions in the caller's transaction: the number newly
     recorded and the number of events correlated late."""
@@ -112,20 +111,20 @@ async def _record_chunk(
     new_ids = sorted(inserted)
     if not new_ids:
         return 0, 0
-    waiting_ids = [
-        r[0] for r in await queries.IDS_WITH_WAITING_EVENTS.fetch(conn, login=login, ids=new_ids)
-    ]
+    waiting_ids = [r[0] for r in await waiting.waiting_ids.fetch(conn, login=login, ids=new_ids)]
     if not waiting_ids:
         return len(new_ids), 0
-    waiting = await waiting_receptions.fetch(conn, login=login, correlation_ids=waiting_ids)
-    if not waiting:
+    replayed_receptions = await waiting.waiting.fetch(
+        conn, login=login, correlation_ids=waiting_ids
+    )
+    if not replayed_receptions:
         return len(new_ids), 0
     # Late correlation: every delivery that arrived before the message was recorded,
     # replayed through the planner in its recorded arrival order (P19), from no state.
     planner = Planner(options, {}, dict.fromkeys(new_ids, EMPTY_STATE), inserted)
     resolutions: dict[int, str] = {}
     exceptions: list[tuple[str, str, str, int | None, int | None]] = []
-    for reception in waiting:
+    for reception in replayed_receptions:
         delivery, event_id, reception_id = replayed(reception)
         outcome, planned = planner.decide(delivery, event_id, reception_id)
         resolutions.setdefault(

@@ -564,7 +564,7 @@ class Store:
                     self.options,
                     submissions,
                     self.writes.statuses,
-                    self.writes.receptions.waiting,
+                    self.writes.receptions,
                 )
         except DATA_ERRORS as exc:
             # Chunks already committed stay, durable once the server flushes its WAL (within

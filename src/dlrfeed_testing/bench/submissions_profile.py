@@ -108,7 +108,7 @@ async def profile(dsn: str, login: str, ids: int, late: int, settings: dict[str,
                 IntegrationOptions(),
                 submissions,
                 queries.STATUS_WRITES,
-                queries.RECEPTION_STATEMENTS.waiting,
+                queries.RECEPTION_STATEMENTS,
             )
             total_ms = 1000 * (time.perf_counter() - wall)
             total_cpu_ms = 1000 * (_cpu_seconds(timed.backend) - cpu)

@@ -42,6 +42,22 @@ WHERE NOT EXISTS (
     WHERE x.login = :login AND x.message_id = n.message_id AND x.kind = 'second_record'
       AND x.evidence_key = n.evidence_key)
 
+-- fragment: correlated_from_other_ids
+-- Whether events correlated to k.id from another own id (receipt_ids_hex) are stored: by the
+-- partial correlation index of each table (migrations 0005, 0024), as waiting_events reads them.
+    SELECT 1 FROM dlr.event_rows AS e
+    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
+    UNION ALL
+    SELECT 1 FROM dlr.message_events AS e
+    CROSS JOIN LATERAL (SELECT m.message_id FROM dlr.messages AS m
+                        WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
+    WHERE e.correlation_id = k.id AND e.correlation_id <> m.message_id
+
+-- fragment: correlated_from_other_ids_by_key
+-- correlated_from_other_ids as a store before migration 0024 takes it (dlr.events).
+    SELECT 1 FROM dlr.events AS e
+    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
+
 -- name: ids_with_waiting_events
 -- Late correlation's first cut: of the ids just recorded, those that may have events waiting.
 -- An event waits for its message only if its first delivery found no message, and that
@@ -59,10 +75,63 @@ CROSS JOIN LATERAL (
     SELECT 1 FROM dlr.exceptions AS x
     WHERE x.login = :login AND x.message_id = k.id AND x.kind = 'uncorrelated'
     UNION ALL
-    SELECT 1 FROM dlr.events AS e
-    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
+-- include: correlated_from_other_ids
     LIMIT 1
 ) AS waiting
+
+-- fragment: waiting_events
+-- The events of correlation id k.correlation_id, each table read by plain equality probes on
+-- its index's leading columns, in an order no plan can change (LATERAL ... OFFSET 0): a view
+-- of both tables left the planner a scan of dlr.message_events per id, which a generic plan
+-- made while the table was young kept once it had grown. Those whose own id it is: under its
+-- message's row id (the message row found by its key first) where that message was recorded
+-- since migration 0024, by the key of dlr.event_rows otherwise; those correlated to it from
+-- another own id (receipt_ids_hex), by each table's partial correlation index.
+    SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
+    FROM (SELECT m.id, m.message_id FROM dlr.messages AS m
+          WHERE m.login = :login AND m.message_id = k.correlation_id
+            AND m.id >= dlr.message_events_first_message()
+          OFFSET 0) AS m
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.level, e.stat, e.err, e.done_date_raw, e.done_at, e.fingerprint, e.flags
+        FROM dlr.message_events AS e
+        WHERE e.message_ref = m.id AND e.correlation_id IS NULL
+        OFFSET 0
+    ) AS e
+    UNION ALL
+    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
+    FROM dlr.event_rows AS e
+    WHERE e.login = :login AND e.message_id = k.correlation_id
+      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
+    UNION ALL
+    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
+    FROM dlr.event_rows AS e
+    WHERE e.login = :login AND e.correlation_id = k.correlation_id
+      AND e.correlation_id <> e.message_id
+    UNION ALL
+    SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
+    FROM dlr.message_events AS e
+    CROSS JOIN LATERAL (SELECT m.message_id FROM dlr.messages AS m
+                        WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
+    WHERE e.correlation_id = k.correlation_id AND e.correlation_id <> m.message_id
+
+-- fragment: waiting_events_by_key
+-- waiting_events as a store before migration 0024 takes it: every event in dlr.events.
+    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
+    FROM dlr.events AS e
+    WHERE e.login = :login AND e.message_id = k.correlation_id
+      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
+    UNION ALL
+    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
+           e.done_at, e.fingerprint, e.flags
+    FROM dlr.events AS e
+    WHERE e.login = :login AND e.correlation_id = k.correlation_id
+      AND e.correlation_id <> e.message_id
 
 -- name: waiting_receptions
 -- Late correlation and recompute: every delivery of the events of each correlation id in
@@ -93,17 +162,7 @@ SELECT r.id, r.event_id, e.message_id, e.correlation_id, coalesce(r.level, e.lev
        CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags
 FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
 CROSS JOIN LATERAL (
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
-    FROM dlr.events AS e
-    WHERE e.login = :login AND e.message_id = k.correlation_id
-      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
-    UNION ALL
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
-    FROM dlr.events AS e
-    WHERE e.login = :login AND e.correlation_id = k.correlation_id
-      AND e.correlation_id <> e.message_id
+-- include: waiting_events
 ) AS e
 JOIN dlr.{receptions} AS r
   ON r.event_id = e.id AND r.login IN (:login, '') AND r.message_id IN (e.message_id, '')
