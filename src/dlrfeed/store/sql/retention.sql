@@ -180,15 +180,28 @@ FROM dlr.messages AS m
 CROSS JOIN LATERAL (
     SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest  -- 0023
     FROM (
+        -- Each table by probes of its own keys (migration 0024): under the message's row id,
         SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
-        FROM dlr.events AS e
+        FROM dlr.message_events AS e
+        WHERE e.message_ref = m.id AND e.correlation_id IS NULL
+        UNION ALL
+        -- by login and id,
+        SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
+        FROM dlr.event_rows AS e
         WHERE e.login = m.login AND e.message_id = m.message_id
           AND coalesce(e.correlation_id, e.message_id) = m.message_id  -- NULL: its own (0016)
         UNION ALL
+        -- and by the partial correlation indexes.
         SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
-        FROM dlr.events AS e
+        FROM dlr.event_rows AS e
         WHERE e.login = m.login AND e.correlation_id = m.message_id
           AND e.correlation_id <> e.message_id
+        UNION ALL
+        SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
+        FROM dlr.message_events AS e
+        CROSS JOIN LATERAL (SELECT o.message_id FROM dlr.messages AS o
+                            WHERE o.id = e.message_ref AND o.login = m.login OFFSET 0) AS o
+        WHERE e.correlation_id = m.message_id AND e.correlation_id <> o.message_id
     ) AS k
 ) AS e
 -- LATERAL ... OFFSET 0: one probe of the view per message (by the message row's id, or the key
