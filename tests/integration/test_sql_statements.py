@@ -119,6 +119,28 @@ async def test_the_write_transactions_plan_without_jit_and_leave_the_session_as_
         await conn.close()
 
 
+async def test_the_write_transactions_probe_a_table_of_few_rows_by_its_key(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """A table whose live rows stay few (dlr.event_rows on a store created at 0024) looks
+    cheaper to scan than to probe; inside a write transaction its key is probed all the same,
+    and the session's own setting comes back after."""
+    probe = "EXPLAIN SELECT id FROM dlr.event_rows WHERE login = 'a' AND message_id = 'b'"
+    await db.execute("ANALYZE dlr.event_rows")
+    conn = await asyncpg.connect(database_url)
+    try:
+        outside = "\n".join(r[0] for r in await conn.fetch(probe))
+        async with write_transaction(conn):
+            inside = "\n".join(r[0] for r in await conn.fetch(probe))
+        after = "\n".join(r[0] for r in await conn.fetch(probe))
+    finally:
+        await conn.close()
+    assert "Seq Scan" in outside
+    assert "Seq Scan" not in inside
+    assert "events_login_message_id_level_key" in inside
+    assert after == outside
+
+
 async def test_through_a_transaction_pooler_no_jit_setting_is_left_behind(
     bouncer: PgBouncer, database_url: str
 ) -> None:

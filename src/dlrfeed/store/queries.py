@@ -26,7 +26,7 @@ COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
 STALE_STATUSES = query("stale_statuses")
 STATUSES_BEFORE_RECOMPUTE = query("statuses_before_recompute")
 RECORD_RECOMPUTE_AUDIT = query("record_recompute_audit")
-PLAN_WITHOUT_JIT = query("plan_without_jit")
+PLAN_AS_PROBES = query("plan_as_probes")
 
 
 class StatusWrites(NamedTuple):

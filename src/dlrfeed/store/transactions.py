@@ -1,8 +1,9 @@
 """The store's write transactions: ingest, the sending side's chunks, recompute.
 
-Each plans its statements without JIT (`sql/server.sql`, plan_without_jit): they are short
-index probes, and a compilation triggered by estimates that grew with the tables costs more
-than the statement.
+Each plans its statements as the short index probes they are (`sql/server.sql`,
+plan_as_probes): without JIT, whose compilation triggered by estimates that grew with the
+tables costs more than the statement, and without sequential scans where an index answers,
+which a table with few live rows invites.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 @asynccontextmanager
 async def write_transaction(conn: Connection) -> AsyncIterator[None]:
-    """A transaction on `conn` (a savepoint inside one) whose statements run without JIT."""
+    """A transaction on `conn` (a savepoint inside one) whose statements are planned as
+    probes: no JIT, no sequential scan where an index answers."""
     async with conn.transaction():
-        await queries.PLAN_WITHOUT_JIT.fetchval(conn)
+        await queries.PLAN_AS_PROBES.fetchval(conn)
         yield
