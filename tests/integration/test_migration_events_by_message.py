@@ -25,6 +25,7 @@ import pytest
 
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import current_version
+from dlrfeed.store.transactions import write_transaction
 from dlrfeed_testing.local_login import LOGIN
 from dlrfeed_testing.migration_probe import (
     apply_measured,
@@ -161,6 +162,38 @@ async def test_a_message_recorded_by_any_writer_takes_its_early_events(
     rows = await db.fetch("SELECT times_received FROM dlr.events WHERE message_id = 'by-hand'")
     assert [r[0] for r in rows] == [2]
     assert await db.fetchval("SELECT count(*) FROM dlr.message_events") == 1
+
+
+async def test_recording_probes_the_early_events_once_per_message_whatever_the_statistics(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """dlr.event_rows churns (each early event is inserted, then moved), so its statistics can
+    say it is nearly empty while it holds many waiting events. Recording a chunk of messages
+    still probes its key once per message (migration 0025), not once per message and waiting
+    event, and moves exactly the early events of the messages recorded."""
+    now = datetime.now(UTC).timestamp()
+    await store.ingest(LOGIN, [receipt(f"gone-{n}", now) for n in range(300)])
+    await store.record_submissions(
+        [Submission(LOGIN, f"gone-{n}", "+34600000001") for n in range(300)]
+    )
+    await db.execute("ANALYZE dlr.event_rows")  # every row it held was moved: "empty"
+    await store.ingest(LOGIN, [receipt(f"early-{n}", now) for n in range(200)])
+    recorded = [f"early-{n}" for n in range(0, 200, 2)] + [f"new-{n}" for n in range(400)]
+    async with write_transaction(db):
+        await db.execute(
+            "INSERT INTO dlr.messages (login, message_id, internal_id, destination,"
+            " destination_raw, destination_is_e164)"
+            " SELECT $1, m, m, '+1', '+1', true FROM unnest($2::text[]) AS m",
+            LOGIN,
+            recorded,
+        )
+        probes = await db.fetchval(
+            "SELECT pg_stat_get_xact_numscans('dlr.events_login_message_id_level_key'::regclass)"
+        )
+    assert probes == len(recorded)
+    kinds = await db.fetchrow(_KINDS)
+    assert kinds is not None
+    assert tuple(kinds) == (100, 300 + 100)
 
 
 async def test_an_exception_names_a_stored_event_only(db: asyncpg.Connection) -> None:

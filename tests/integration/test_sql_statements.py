@@ -15,13 +15,14 @@ import pytest
 from dlrfeed.cli import main
 from dlrfeed.config import Pooler
 from dlrfeed.errors import ConfigError, FatalError
-from dlrfeed.store import retention
+from dlrfeed.store import queries, retention
 from dlrfeed.store.retention import RetentionPolicy, maintain
 from dlrfeed.store.server import behind_transaction_pooler
 from dlrfeed.store.sql import STATEMENTS
 from dlrfeed.store.transactions import write_transaction
 from dlrfeed_testing.pgbouncer import PgBouncer
 from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory
+from dlrfeed_testing.retention_support import plan_of
 
 # A day partition that exists in every migrated database, for the statements that name one: of
 # the change log, the only table whose partitions unread_by reads; of the evidence for the
@@ -139,6 +140,29 @@ async def test_the_write_transactions_probe_a_table_of_few_rows_by_its_key(
     assert "Seq Scan" not in inside
     assert "events_login_message_id_level_key" in inside
     assert after == outside
+
+
+async def test_late_correlation_probes_each_events_receptions_whatever_the_estimates(
+    database_url: str,
+) -> None:
+    """The receptions of the waiting events are read by their day's key, one probe per event:
+    with estimates that favour a hash (here enable_nestloop off, in production a day partition
+    growing faster than autovacuum analyzes it), no day of receptions is read whole."""
+    waiting = queries.RECEPTION_STATEMENTS.waiting
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("SET enable_nestloop = off")
+        async with write_transaction(conn):
+            plan = await plan_of(
+                conn, waiting.text, *waiting.bind(login="acme", correlation_ids=["m-1", "m-2"])
+            )
+    finally:
+        await conn.close()
+    scans = [line for line in plan.splitlines() if " on receptions_" in line]
+    assert scans, plan
+    assert "Hash" not in plan, plan
+    conditions = plan.count("Index Cond: (event_id = ")
+    assert conditions == len(scans), plan
 
 
 async def test_through_a_transaction_pooler_no_jit_setting_is_left_behind(
