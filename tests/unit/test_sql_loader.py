@@ -77,6 +77,20 @@ def test_a_fragment_is_spliced_where_included_and_is_no_statement() -> None:
         parse({"a.sql": "-- name: q\nSELECT\n-- include: g\n"})
 
 
+def test_a_fragment_may_include_another_but_never_itself() -> None:
+    files = {
+        "a.sql": "-- fragment: inner\n  x = :x\n-- fragment: outer\n  (\n-- include: inner\n  )\n"
+        "-- name: q\nSELECT 1 WHERE\n-- include: outer\n"
+    }
+    assert parse(files)["q"].text == "SELECT 1 WHERE\n  (\n  x = $1\n  )"
+    cycle = {
+        "a.sql": "-- fragment: f\n-- include: g\n-- fragment: g\n-- include: f\n"
+        "-- name: q\nSELECT\n-- include: f\n"
+    }
+    with pytest.raises(SqlFileError, match="includes itself"):
+        parse(cycle)
+
+
 def test_another_fragment_is_spliced_instead_when_asked_and_each_named_must_exist() -> None:
     files = {
         "a.sql": "-- fragment: f\n  x = :x\n-- fragment: g\n  z = :z\n"

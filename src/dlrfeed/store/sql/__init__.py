@@ -13,8 +13,9 @@ Two things cannot be bind parameters in PostgreSQL, and are handled here without
 values into SQL:
 - a fragment shared word for word by several statements (the status upsert) is a
   `-- fragment: <name>` block, spliced at load time where a statement has a line
-  `-- include: <name>` (composition of fixed text, never of values); `query(name, include=
-  other)` splices another fragment there, for a store at an older schema;
+  `-- include: <name>` (composition of fixed text, never of values; a fragment may include
+  another); `query(name, include=other)` splices another fragment there, for a store at an
+  older schema;
 - a table name that is only known at run time (a day partition) is written `{partition}` and
   filled by `query.naming(partition=…)`, which quotes it as an identifier.
 Every name is unique across all files (a duplicate refuses to load), and every statement is
@@ -198,16 +199,26 @@ def _statement_lines(name: str, lines: list[str]) -> list[str]:
     return body
 
 
-def _spliced(name: str, lines: Iterable[str], fragments: Mapping[str, list[str]]) -> list[str]:
+def _spliced(
+    name: str,
+    lines: Iterable[str],
+    fragments: Mapping[str, list[str]],
+    within: tuple[str, ...] = (),
+) -> list[str]:
+    """`lines` with every include replaced by its fragment, itself spliced (a fragment may
+    include another; `within`: the fragments being spliced, so that a cycle is refused)."""
     spliced: list[str] = []
     for line in lines:
         include = _INCLUDE.match(line)
         if include is None:
             spliced.append(line)
-        elif include.group("name") in fragments:
-            spliced += fragments[include.group("name")]
-        else:
-            raise SqlFileError(f"{name}: includes unknown fragment {include.group('name')!r}")
+            continue
+        fragment = include.group("name")
+        if fragment not in fragments:
+            raise SqlFileError(f"{name}: includes unknown fragment {fragment!r}")
+        if fragment in within:
+            raise SqlFileError(f"{name}: fragment {fragment!r} includes itself")
+        spliced += _spliced(name, fragments[fragment], fragments, (*within, fragment))
     return spliced
 
 

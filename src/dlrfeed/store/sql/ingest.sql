@@ -398,6 +398,25 @@ WHERE e.login = :login
 ORDER BY e.message_id, e.level
 FOR NO KEY UPDATE OF e
 
+-- fragment: event_counters
+-- What count_deliveries and count_deliveries_by_key set on an event (e) from its line (c) of
+-- the batch's counters, in whichever table holds it: one text for every table.
+        times_received = e.times_received + c.accepted,
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+        -- NULL while no delivery came after the first (migration 0023); a row that holds
+        -- its last time (written before 0023) keeps it written.
+        last_received_at = nullif(
+            greatest(coalesce(e.last_received_at, e.first_received_at),
+                     to_timestamp(c.received_at)),
+            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
+        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
+        updates = CASE WHEN c.updates = '' THEN e.updates
+                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
+    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
+                :event_received_at::float8[], :event_updates::text[],
+                :event_by_message::boolean[])
+         AS c(id, accepted, conflicts, received_at, updates, by_message)
+
 -- fragment: count_deliveries
 -- The events' counters and accepted contents (:event_ids with :event_accepted,
 -- :event_conflicts, :event_received_at and :event_updates), in the table that holds each
@@ -405,40 +424,12 @@ FOR NO KEY UPDATE OF e
 -- write_batch: each event probed in its own table only.
 ev_rows AS (
     UPDATE dlr.event_rows AS e SET
-        times_received = e.times_received + c.accepted,
-        conflicting_receptions = e.conflicting_receptions + c.conflicts,
-        -- NULL while no delivery came after the first (migration 0023); a row that holds
-        -- its last time (written before 0023) keeps it written.
-        last_received_at = nullif(
-            greatest(coalesce(e.last_received_at, e.first_received_at),
-                     to_timestamp(c.received_at)),
-            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
-        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
-        updates = CASE WHEN c.updates = '' THEN e.updates
-                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
-    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
-                :event_received_at::float8[], :event_updates::text[],
-                :event_by_message::boolean[])
-         AS c(id, accepted, conflicts, received_at, updates, by_message)
+-- include: event_counters
     WHERE e.id = c.id AND NOT c.by_message
 ),
 ev_by_message AS (
     UPDATE dlr.message_events AS e SET
-        times_received = e.times_received + c.accepted,
-        conflicting_receptions = e.conflicting_receptions + c.conflicts,
-        -- NULL while no delivery came after the first (migration 0023); a row that holds
-        -- its last time (written before 0023) keeps it written.
-        last_received_at = nullif(
-            greatest(coalesce(e.last_received_at, e.first_received_at),
-                     to_timestamp(c.received_at)),
-            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
-        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
-        updates = CASE WHEN c.updates = '' THEN e.updates
-                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
-    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
-                :event_received_at::float8[], :event_updates::text[],
-                :event_by_message::boolean[])
-         AS c(id, accepted, conflicts, received_at, updates, by_message)
+-- include: event_counters
     WHERE e.id = c.id AND c.by_message
 )
 
@@ -446,21 +437,7 @@ ev_by_message AS (
 -- count_deliveries as a store before migration 0024 takes it: every event in dlr.events.
 ev AS (
     UPDATE dlr.events AS e SET
-        times_received = e.times_received + c.accepted,
-        conflicting_receptions = e.conflicting_receptions + c.conflicts,
-        -- NULL while no delivery came after the first (migration 0023); a row that holds
-        -- its last time (written before 0023) keeps it written.
-        last_received_at = nullif(
-            greatest(coalesce(e.last_received_at, e.first_received_at),
-                     to_timestamp(c.received_at)),
-            CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
-        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
-        updates = CASE WHEN c.updates = '' THEN e.updates
-                       ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
-    FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
-                :event_received_at::float8[], :event_updates::text[],
-                :event_by_message::boolean[])
-         AS c(id, accepted, conflicts, received_at, updates, by_message)
+-- include: event_counters
     WHERE e.id = c.id
 )
 
