@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@# The tools (benchmarks, chaos, the demo, throwaway clusters) run from the checkout and
+	@# are never in the wheel: the venv finds them through a .pth file.
+	@echo "$(CURDIR)/tools" \
+	  > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/dlrfeed-checkout.pth"
 	@touch $(STAMP)
 
 install: $(STAMP) system-packages
@@ -39,8 +43,8 @@ proto: $(STAMP)
 	  --python_out=src --grpc_python_out=src --mypy_out=src --mypy_grpc_out=src $(PROTO)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src scripts tests
-	$(VENV)/bin/ruff format --check src scripts tests
+	$(VENV)/bin/ruff check src tools scripts tests
+	$(VENV)/bin/ruff format --check src tools scripts tests
 	$(VENV)/bin/mypy
 
 test: install lint

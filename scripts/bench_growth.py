@@ -1,11 +1,11 @@
 """Growth benchmark: one long-lived Store fed gateway-shaped traffic until the store is large.
 
-The entry point only; the options and the logic are in `dlrfeed_testing.bench.growth`.
+The entry point only; the options and the logic are in `dlrfeed_tools.bench.growth`.
 """
 
 import sys
 
-from dlrfeed_testing.bench.growth import main
+from dlrfeed_tools.bench.growth import main
 
 if __name__ == "__main__":
     sys.exit(main())

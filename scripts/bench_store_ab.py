@@ -1,11 +1,11 @@
 """A/B of Store.ingest between two source trees, in one run (see the module's docstring).
 
-The entry point only; the logic is in `dlrfeed_testing.bench.store_ab`.
+The entry point only; the logic is in `dlrfeed_tools.bench.store_ab`.
 """
 
 import sys
 
-from dlrfeed_testing.bench.store_ab import main
+from dlrfeed_tools.bench.store_ab import main
 
 if __name__ == "__main__":
     sys.exit(main())

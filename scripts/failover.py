@@ -1,11 +1,11 @@
 """Failover drills, measured: the failover scenario, synchronous and asynchronous, and the loss.
 
-The entry point only; the options and the logic are in `dlrfeed_testing.chaos.failover`.
+The entry point only; the options and the logic are in `dlrfeed_tools.chaos.failover`.
 """
 
 import sys
 
-from dlrfeed_testing.chaos.failover import main
+from dlrfeed_tools.chaos.failover import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,11 +1,11 @@
 """The consumer most teams write first, as a benchmark baseline (`make bench`'s (d)).
 
-The entry point only; the options and the logic are in `dlrfeed_testing.bench.naive_consumer`.
+The entry point only; the options and the logic are in `dlrfeed_tools.bench.naive_consumer`.
 """
 
 import sys
 
-from dlrfeed_testing.bench.naive_consumer import main
+from dlrfeed_tools.bench.naive_consumer import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,7 @@ import pytest
 import structlog
 from hypothesis import HealthCheck, settings
 
-from dlrfeed_testing.pgcluster import PgCluster, scratch_directory, start_on_a_free_port
+from dlrfeed_tools.pgcluster import PgCluster, scratch_directory, start_on_a_free_port
 
 # Hypothesis profiles. `make test` ("default") draws the same examples on every run: derandomized
 # (a seed from each test's name), no example database, so a commit always gets one verdict.

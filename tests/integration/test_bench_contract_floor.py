@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from dlrfeed.store import Store
-from dlrfeed_testing.bench.contract_floor import (
+from dlrfeed_tools.bench.contract_floor import (
     CONTRACT_FLOOR,
     FLOORS,
     LEAN_FLOOR,
@@ -16,8 +16,8 @@ from dlrfeed_testing.bench.contract_floor import (
     compare,
     floor_sizes,
 )
-from dlrfeed_testing.bench.growth_profile import STORED_IN, table_sizes
-from dlrfeed_testing.bench.growth_traffic import Traffic, ingest_rounds
+from dlrfeed_tools.bench.growth_profile import STORED_IN, table_sizes
+from dlrfeed_tools.bench.growth_traffic import Traffic, ingest_rounds
 
 # The statuses as stored (migration 0020: under their message row's id), with the key the
 # floors keep them by.

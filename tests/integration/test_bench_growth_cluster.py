@@ -7,7 +7,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dlrfeed_testing.bench.growth_configs import CONFIGS, check_settings, config_cluster
+from dlrfeed_tools.bench.growth_configs import CONFIGS, check_settings, config_cluster
 
 
 async def test_the_recommended_cluster_runs_with_every_recommended_setting(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ import asyncpg
 import pytest
 
 from dlrfeed.store import Store, Submission
-from dlrfeed_testing.bench.growth import grow
-from dlrfeed_testing.bench.growth_traffic import BATCHES_PER_ROUND, MESSAGES_PER_BATCH
-from dlrfeed_testing.bench.sender_time import SenderClock, sender_dsn
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.bench.growth import grow
+from dlrfeed_tools.bench.growth_traffic import BATCHES_PER_ROUND, MESSAGES_PER_BATCH
+from dlrfeed_tools.bench.sender_time import SenderClock, sender_dsn
+from dlrfeed_tools.pgcluster import PgCluster
 
 ROUND = 2 * MESSAGES_PER_BATCH * BATCHES_PER_ROUND  # about a round's receptions, without repeats
 

@@ -28,15 +28,15 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import read_changes, save_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from dlrfeed_testing.console import dlrfeed
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import (
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import (
     DAY,
     install_schema_before,
     plan_of,
     receipt,
     today,
 )
+from support.console import dlrfeed
 
 LOGIN = "acme"
 PARTITIONING = 11  # the migration under test

@@ -29,9 +29,9 @@ from dlrfeed.store.changes import (
     read_changes,
     save_cursor,
 )
-from dlrfeed_testing.pgbouncer import PgBouncer
-from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory
-from dlrfeed_testing.rule_receipts import feed_receipt
+from dlrfeed_tools.pgbouncer import PgBouncer
+from dlrfeed_tools.pgcluster import PgCluster, free_port, scratch_directory
+from dlrfeed_tools.rule_receipts import feed_receipt
 
 LOGIN = "acme"
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
 from dlrfeed.domain.status import Outcome, Status
 from dlrfeed.store import copy_rows
-from dlrfeed_testing.receipt_strategies import examples
+from support.receipt_strategies import examples
 
 # Storable text: parse() has escaped NUL already, and the encoding refuses lone surrogates.
 _TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.daemon.sdnotify import SystemdNotifier
 from dlrfeed.errors import AuthenticationError
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     PASSWORD,
     drained,
@@ -21,7 +21,7 @@ from dlrfeed_testing.daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.pgcluster import PgCluster
 from fakegw.server import FakeGateway
 
 METRIC_NAMES = [

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.errors import SchemaOutOfDateError
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
     drained,
@@ -20,7 +20,7 @@ from dlrfeed_testing.daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.pgcluster import PgCluster
 
 
 async def test_database_outage_stops_reading_releases_and_resumes(

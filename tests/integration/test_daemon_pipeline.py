@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from dlrfeed.daemon.app import Daemon
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
     drained,

@@ -16,9 +16,9 @@ import pytest
 
 from dlrfeed.commands.migrate import CHECK_BEHIND_EXIT
 from dlrfeed.store.migrate import available_migrations, expected_version
-from dlrfeed_testing.console import dlrfeed
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.schema import describe
+from dlrfeed_tools.pgcluster import PgCluster
+from support.console import dlrfeed
+from support.schema import describe
 
 EXPECTED = Path(__file__).with_name("test_migrations_schema.txt")
 _numbers = itertools.count(1)

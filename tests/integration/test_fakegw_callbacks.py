@@ -24,8 +24,13 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from dlrfeed_testing.callback_receiver import CallbackReceiver, Reply, replies
-from dlrfeed_testing.fakegw_support import (
+from fakegw.admin_client import AdminClient
+from fakegw.callbacks import CallbackSettings
+from fakegw.faults import Faults
+from fakegw.server import FakeGateway
+from fakegw.wire import RECEIPT_FIELDS
+from support.callback_receiver import CallbackReceiver, Reply, replies
+from support.fakegw_support import (
     FAST_CALLBACKS,
     LOGIN,
     LOGINS,
@@ -38,11 +43,6 @@ from dlrfeed_testing.fakegw_support import (
     stop_fakegw_process,
     wait_until,
 )
-from fakegw.admin_client import AdminClient
-from fakegw.callbacks import CallbackSettings
-from fakegw.faults import Faults
-from fakegw.server import FakeGateway
-from fakegw.wire import RECEIPT_FIELDS
 
 FULL_RECEIPT = {
     "id": "m1",

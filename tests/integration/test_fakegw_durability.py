@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dlrfeed_testing.fakegw_support import (
+from fakegw.admin_client import AdminClient
+from support.fakegw_support import (
     LOGIN,
     PASSWORD,
     feed_client,
@@ -17,7 +18,6 @@ from dlrfeed_testing.fakegw_support import (
     start_fakegw_process,
     stop_fakegw_process,
 )
-from fakegw.admin_client import AdminClient
 
 
 async def test_f1_queue_acks_and_tokens_survive_kill_9_and_a_new_process(tmp_path: Path) -> None:

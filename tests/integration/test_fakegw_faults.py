@@ -7,7 +7,10 @@ import time
 import grpc
 import pytest
 
-from dlrfeed_testing.fakegw_support import (
+from fakegw.admin_client import AdminClient
+from fakegw.faults import Faults
+from fakegw.server import FakeGateway
+from support.fakegw_support import (
     LOGIN,
     LOGINS,
     PASSWORD,
@@ -15,9 +18,6 @@ from dlrfeed_testing.fakegw_support import (
     feed_client,
     receipt_body,
 )
-from fakegw.admin_client import AdminClient
-from fakegw.faults import Faults
-from fakegw.server import FakeGateway
 
 
 async def test_duplicate_fault_enqueues_the_same_id_and_level_again() -> None:

@@ -14,7 +14,10 @@ from typing import Any
 import grpc
 import pytest
 
-from dlrfeed_testing.fakegw_support import (
+from fakegw.admin_client import AdminClient, loopback_login_metadata
+from fakegw.server import FakeGateway
+from gateway.receipts.v1 import feed_pb2
+from support.fakegw_support import (
     LOGIN,
     LOGINS,
     OTHER_LOGIN,
@@ -26,9 +29,6 @@ from dlrfeed_testing.fakegw_support import (
     receipt_body,
     wait_until,
 )
-from fakegw.admin_client import AdminClient, loopback_login_metadata
-from fakegw.server import FakeGateway
-from gateway.receipts.v1 import feed_pb2
 
 GatewayFactory = Callable[..., AbstractAsyncContextManager[FakeGateway]]
 

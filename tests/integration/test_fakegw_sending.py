@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from dlrfeed_testing.callback_receiver import CallbackReceiver
-from dlrfeed_testing.fakegw_support import LOGIN, LOGINS, OTHER_LOGIN, PASSWORD, feed_client
 from fakegw.admin_client import AdminClient
 from fakegw.server import FakeGateway
+from support.callback_receiver import CallbackReceiver
+from support.fakegw_support import LOGIN, LOGINS, OTHER_LOGIN, PASSWORD, feed_client
 
 
 def _progress(message_id: str) -> dict[str, object]:

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dlrfeed_testing.fakegw_support import (
+from fakegw import FakeGateway
+from fakegw.admin_client import AdminClient
+from gateway.receipts.v1 import feed_pb2
+from support.fakegw_support import (
     LOGIN,
     LOGINS,
     OTHER_LOGIN,
@@ -28,9 +31,6 @@ from dlrfeed_testing.fakegw_support import (
     stop_fakegw_process,
     wait_until,
 )
-from fakegw import FakeGateway
-from fakegw.admin_client import AdminClient
-from gateway.receipts.v1 import feed_pb2
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import ConfigError, FeedUnavailableError
 from dlrfeed.feed.channel import TlsSettings, open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient, FeedTlsError
-from dlrfeed_testing.daemon_harness import LOGIN, PASSWORD, receipt_bodies, settings_for, wait_until
+from dlrfeed_tools.daemon_harness import LOGIN, PASSWORD, receipt_bodies, settings_for, wait_until
 from fakegw.server import FakeGateway
 
 

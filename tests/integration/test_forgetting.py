@@ -20,16 +20,16 @@ from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import ConfigError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.retention import Forgotten, RetentionPolicy, forget
-from dlrfeed_testing.console import dlrfeed
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     receipt_bodies,
     running_gateway,
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.retention_support import DAY, drop_days_before, today
-from dlrfeed_testing.rule_receipts import feed_receipt
+from dlrfeed_tools.retention_support import DAY, drop_days_before, today
+from dlrfeed_tools.rule_receipts import feed_receipt
+from support.console import dlrfeed
 
 # Recorded (and so ordered by dlr.messages.id) in the order of their names.
 OLD, RECENT, INVESTIGATED, SILENT = "a-old", "b-recent", "c-investigated", "d-silent"

@@ -28,7 +28,8 @@ from dlrfeed.domain.status import STAT_TO_STATUS, Outcome
 from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient
 from dlrfeed.store import Store, Submission
-from dlrfeed_testing.receipt_strategies import (
+from gateway.receipts.v1 import feed_pb2
+from support.receipt_strategies import (
     OPTIONAL_FIELDS,
     DamagedPayload,
     ReceiptRecipe,
@@ -37,7 +38,6 @@ from dlrfeed_testing.receipt_strategies import (
     receipts_from_payloads,
     wire_receipts,
 )
-from gateway.receipts.v1 import feed_pb2
 
 LIMIT = IntegrationOptions().max_field_chars
 _logins = itertools.count(1)

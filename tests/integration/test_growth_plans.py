@@ -16,7 +16,7 @@ import time
 import asyncpg
 
 from dlrfeed.store import Store, Submission
-from dlrfeed_testing.retention_support import receipt
+from dlrfeed_tools.retention_support import receipt
 
 LOGIN = "acme"
 BACKLOG = 400_000

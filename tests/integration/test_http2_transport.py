@@ -23,8 +23,9 @@ import pytest
 from dlrfeed.errors import FatalError, FeedUnavailableError
 from dlrfeed.feed.client import FeedClient, FeedUnimplementedError
 from dlrfeed.feed.http2 import STREAM_WINDOW, StreamChannel
-from dlrfeed_testing.fakegw_support import receipt_body
-from dlrfeed_testing.http2_frames import (
+from gateway.receipts.v1 import feed_pb2
+from support.fakegw_support import receipt_body
+from support.http2_frames import (
     ACK,
     CONTINUATION,
     DATA,
@@ -40,7 +41,6 @@ from dlrfeed_testing.http2_frames import (
     frame,
     message,
 )
-from gateway.receipts.v1 import feed_pb2
 
 RESPONSE_HEADERS = [(":status", "200"), ("content-type", "application/grpc")]
 

@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.feed.channel import DEFAULT_MAX_MESSAGE_BYTES
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     receipt_bodies,
     run_until_drained,

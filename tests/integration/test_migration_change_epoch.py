@@ -22,9 +22,9 @@ import asyncpg
 import pytest
 
 from dlrfeed.store.migrate import current_version
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import apply_measured, install_with_traffic
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import apply_measured, install_with_traffic
+from dlrfeed_tools.pgcluster import PgCluster
 
 CHANGE_EPOCH = 17
 

@@ -21,16 +21,16 @@ import pytest
 
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import current_version
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import (
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import (
     apply_measured,
     by_message,
     changes_read,
     install_migrating_halfway,
     install_with_traffic,
 )
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.rule_receipts import receipt
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.rule_receipts import receipt
 
 CHANGE_REASONS = 18
 _BY_ID = "SELECT count(*) FROM dlr.status_change_rows WHERE reason IS NULL AND reason_id > 0"

@@ -23,8 +23,8 @@ import pytest
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import current_version
 from dlrfeed.store.retention import forget
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import (
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import (
     apply_measured,
     assert_online,
     by_message,
@@ -34,8 +34,8 @@ from dlrfeed_testing.migration_probe import (
     shown_read,
     statuses_read,
 )
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import DAY, drop_days_before, receipt, today
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import DAY, drop_days_before, receipt, today
 
 CHANGES_BY_MESSAGE = 22
 # The changes of each kind: naming their message by its login and id, or by its row.

@@ -26,8 +26,8 @@ import pytest
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import current_version
 from dlrfeed.store.transactions import write_transaction
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import (
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import (
     apply_measured,
     assert_online,
     install_migrating_halfway,
@@ -36,8 +36,8 @@ from dlrfeed_testing.migration_probe import (
     shown_read,
     statuses_read,
 )
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import receipt
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import receipt
 
 EVENTS_BY_MESSAGE = 24
 # The events kept in each table.

@@ -17,15 +17,15 @@ import pytest
 
 from dlrfeed.store import Store
 from dlrfeed.store.reports import message_reports
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import (
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import (
     apply_measured,
     assert_online,
     install_migrating_halfway,
     install_with_traffic,
 )
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import receipt
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import receipt
 
 LAST_RECEPTION_ONCE = 23
 _ROUNDING = timedelta(microseconds=1)

@@ -26,9 +26,9 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.reports import list_exceptions, message_reports, statistics
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import install_schema_before
-from dlrfeed_testing.rule_receipts import LOGIN, SUBMITTED, feed_receipt
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import install_schema_before
+from dlrfeed_tools.rule_receipts import LOGIN, SUBMITTED, feed_receipt
 
 LEANER_ROWS = 16  # the migration under test
 HEX_LOGIN = "hexco"

@@ -24,10 +24,10 @@ import pytest
 
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
-from dlrfeed_testing.bench.growth_traffic import Traffic
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import apply_measured, install_with_traffic
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.bench.growth_traffic import Traffic
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import apply_measured, install_with_traffic
+from dlrfeed_tools.pgcluster import PgCluster
 
 LEANER_ROWS = 16
 

@@ -19,8 +19,8 @@ import pytest
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.sql import query
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import install_schema_before, plan_of, receipt
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import install_schema_before, plan_of, receipt
 
 PARTITIONING = 10  # the migration under test
 RECEPTIONS = 1_000_000

@@ -22,9 +22,9 @@ from dlrfeed.store import Store, Submission, queries
 from dlrfeed.store.migrate import available_migrations, migrate
 from dlrfeed.store.reports import message_reports
 from dlrfeed.store.sql import query
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import DAY, install_schema_before, plan_of
-from dlrfeed_testing.rule_receipts import feed_receipt
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import DAY, install_schema_before, plan_of
+from dlrfeed_tools.rule_receipts import feed_receipt
 
 REKEYING = 13  # the migration under test
 LATER_COLUMNS_ADDED = (

@@ -25,8 +25,8 @@ from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import current_version
 from dlrfeed.store.retention import forget
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import (
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import (
     apply_measured,
     assert_online,
     by_message,
@@ -38,8 +38,8 @@ from dlrfeed_testing.migration_probe import (
     shown_read,
     statuses_read,
 )
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.retention_support import receipt
+from dlrfeed_tools.pgcluster import PgCluster
+from dlrfeed_tools.retention_support import receipt
 
 RECEPTION_KEY_FROM_EVENT = 21
 # The rows of each kind: holding their own key, or naming it by their event.

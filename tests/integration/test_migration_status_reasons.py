@@ -22,9 +22,9 @@ import pytest
 from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import current_version
-from dlrfeed_testing.bench.growth_traffic import Traffic
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import (
+from dlrfeed_tools.bench.growth_traffic import Traffic
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import (
     apply_measured,
     by_message,
     changes_read,
@@ -34,7 +34,7 @@ from dlrfeed_testing.migration_probe import (
     shown_read,
     statuses_read,
 )
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.pgcluster import PgCluster
 
 STATUS_REASONS = 19
 # Every status row, in whichever table migration 0020 keeps it.

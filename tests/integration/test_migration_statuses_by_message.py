@@ -24,9 +24,9 @@ import pytest
 from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store, queries
 from dlrfeed.store.migrate import current_version, migrate
-from dlrfeed_testing.bench.growth_traffic import Traffic
-from dlrfeed_testing.local_login import LOGIN
-from dlrfeed_testing.migration_probe import (
+from dlrfeed_tools.bench.growth_traffic import Traffic
+from dlrfeed_tools.local_login import LOGIN
+from dlrfeed_tools.migration_probe import (
     apply_measured,
     by_message,
     changes_read,
@@ -36,7 +36,7 @@ from dlrfeed_testing.migration_probe import (
     shown_read,
     statuses_read,
 )
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.pgcluster import PgCluster
 
 STATUSES_BY_MESSAGE = 20
 # Each table's statuses by message, with the message row's id.

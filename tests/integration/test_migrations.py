@@ -19,8 +19,8 @@ import pytest
 from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.schema import describe
+from dlrfeed_tools.pgcluster import PgCluster
+from support.schema import describe
 
 EXPECTED = Path(__file__).with_name("test_migrations_schema.txt")
 _numbers = itertools.count(1)

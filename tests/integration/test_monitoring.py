@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.relay import Relay, RelaySettings
 from dlrfeed.store import Store, Submission
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     drained,
     receipt_bodies,
@@ -36,8 +36,8 @@ from dlrfeed_testing.daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.pgcluster import PgCluster, free_port
-from dlrfeed_testing.webhook_receiver import read_log
+from dlrfeed_tools.pgcluster import PgCluster, free_port
+from dlrfeed_tools.webhook_receiver import read_log
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,7 +30,7 @@ from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import load_cursor
 from dlrfeed.store.migrate import available_migrations, current_version, expected_version
 from dlrfeed.store.server import behind_transaction_pooler
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
     receipt_bodies,
@@ -39,10 +39,10 @@ from dlrfeed_testing.daemon_harness import (
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.pgbouncer import PgBouncer
-from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory, server_bindir
-from dlrfeed_testing.retention_support import receipt
-from dlrfeed_testing.webhook_receiver import Receiver, read_log
+from dlrfeed_tools.pgbouncer import PgBouncer
+from dlrfeed_tools.pgcluster import PgCluster, free_port, scratch_directory, server_bindir
+from dlrfeed_tools.retention_support import receipt
+from dlrfeed_tools.webhook_receiver import Receiver, read_log
 
 WRITER = "dlrfeed_bouncer_writer"  # a role that is no PgBouncer admin
 

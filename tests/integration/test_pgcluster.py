@@ -9,8 +9,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dlrfeed_testing import pgcluster
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools import pgcluster
+from dlrfeed_tools.pgcluster import PgCluster
 
 
 async def test_cluster_answers_sql(pg_cluster: PgCluster) -> None:

@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dlrfeed_testing.receipt_strategies import (
+from gateway.receipts.v1 import feed_pb2
+from support.receipt_strategies import (
     FUZZING,
     OPTIONAL_FIELDS,
     DamagedPayload,
@@ -32,7 +33,6 @@ from dlrfeed_testing.receipt_strategies import (
     hostile_payloads,
     wire_receipts,
 )
-from gateway.receipts.v1 import feed_pb2
 
 # Every string field of Receipt, by name and number: protobuf refuses the whole receipt when
 # any of them is not UTF-8, ack_token included (read, never shown).

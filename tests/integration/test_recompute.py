@@ -13,7 +13,7 @@ from dlrfeed.cli import main
 from dlrfeed.domain.rules import RULES_VERSION
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import StatusChange, follow_changes
-from dlrfeed_testing.rule_receipts import LOGIN, SUBMITTED, receipt
+from dlrfeed_tools.rule_receipts import LOGIN, SUBMITTED, receipt
 
 
 async def _stale(db: asyncpg.Connection, message_id: str, level: int, **columns: object) -> None:

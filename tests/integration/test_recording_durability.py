@@ -22,7 +22,7 @@ from dlrfeed.store.migrate import migrate
 from dlrfeed.store.queries import RECEPTION_STATEMENTS, STATUS_WRITES
 from dlrfeed.store.recording import record_submissions
 from dlrfeed.store.submission import SubmissionResult
-from dlrfeed_testing.pgcluster import PgCluster, free_port
+from dlrfeed_tools.pgcluster import PgCluster, free_port
 
 CHUNKS = 6
 CHUNK = 500

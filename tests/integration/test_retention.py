@@ -26,14 +26,14 @@ from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import message_reports, statistics
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     receipt_bodies,
     running_gateway,
     settings_for,
     wait_until,
 )
-from dlrfeed_testing.retention_support import DAY, receipt, today
+from dlrfeed_tools.retention_support import DAY, receipt, today
 
 # The content of every reception, in id order (to compare an archive with its source).
 ROW_TEXT = "SELECT md5(string_agg(r::text, ',' ORDER BY r.id)) FROM {table} AS r"

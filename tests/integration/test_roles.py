@@ -32,7 +32,7 @@ from dlrfeed.store import queries as store_queries
 from dlrfeed.store.changes import load_cursor, read_changes, save_cursor
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.reports import list_exceptions, message_reports, resolve_exception, statistics
-from dlrfeed_testing.pgcluster import PgCluster
+from dlrfeed_tools.pgcluster import PgCluster
 from gateway.receipts.v1 import feed_pb2
 
 ROLES_SQL = Path(__file__).resolve().parents[2] / "sql" / "roles.sql"

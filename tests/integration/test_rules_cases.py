@@ -17,7 +17,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import connect, message_reports, statistics
-from dlrfeed_testing.rule_receipts import LOGIN, SUBMITTED, receipt
+from dlrfeed_tools.rule_receipts import LOGIN, SUBMITTED, receipt
 
 
 async def record(store: Store, *message_ids: str) -> None:

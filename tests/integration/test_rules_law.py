@@ -3,7 +3,7 @@
 For any deliveries of a message, any split into batches, any moment the sent message is
 recorded (before, between, after the batches), a poison receipt that makes the batch bisect,
 and any number of concurrent writers, what PostgreSQL holds - the projection, its counters, the
-exceptions, each delivery's outcome - equals the independent reference `dlrfeed_testing.oracle`
+exceptions, each delivery's outcome - equals the independent reference `dlrfeed_tools.oracle`
 over
 the arrival order the store recorded; and a message without incompatible results or ties gets
 the same status in any order. `make test` runs a short form, `make fuzz` 50,000 examples each.
@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import MessageId, Receipt
 from dlrfeed.store import Store, Submission
-from dlrfeed_testing.oracle import Expected, Sent, expect
-from dlrfeed_testing.receipt_strategies import FUZZING
-from dlrfeed_testing.rule_receipts import RECEIVED, SUBMITTED, feed_receipt
+from dlrfeed_tools.oracle import Expected, Sent, expect
+from dlrfeed_tools.rule_receipts import RECEIVED, SUBMITTED, feed_receipt
+from support.receipt_strategies import FUZZING
 
 pytestmark = pytest.mark.fuzz
 LOGINS = itertools.count(1)

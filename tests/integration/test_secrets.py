@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from dlrfeed_testing.daemon_harness import LOGIN, drained, receipt_bodies, run_args, wait_until
-from dlrfeed_testing.ports import logged_metrics_address
+from dlrfeed_tools.daemon_harness import LOGIN, drained, receipt_bodies, run_args, wait_until
+from dlrfeed_tools.ports import logged_metrics_address
 from fakegw.server import FakeGateway
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from dlrfeed.cli import main
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.errors import ConfigError, StoreUnavailableError
 from dlrfeed.store import Store
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     assert_ledger_matches_store,
     receipt_bodies,

@@ -20,9 +20,9 @@ from dlrfeed.store.retention import RetentionPolicy, maintain
 from dlrfeed.store.server import behind_transaction_pooler
 from dlrfeed.store.sql import STATEMENTS
 from dlrfeed.store.transactions import write_transaction
-from dlrfeed_testing.pgbouncer import PgBouncer
-from dlrfeed_testing.pgcluster import PgCluster, free_port, scratch_directory
-from dlrfeed_testing.retention_support import plan_of
+from dlrfeed_tools.pgbouncer import PgBouncer
+from dlrfeed_tools.pgcluster import PgCluster, free_port, scratch_directory
+from dlrfeed_tools.retention_support import plan_of
 
 # A day partition that exists in every migrated database, for the statements that name one: of
 # the change log, the only table whose partitions unread_by reads; of the evidence for the

@@ -14,7 +14,7 @@ from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import SchemaOutOfDateError, StoreUnavailableError
 from dlrfeed.store import Store, Submission, queries
-from dlrfeed_testing.rule_receipts import feed_receipt
+from dlrfeed_tools.rule_receipts import feed_receipt
 from gateway.receipts.v1 import feed_pb2
 
 LOGIN = "acme"

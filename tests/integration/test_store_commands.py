@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from dlrfeed.cli import main
-from dlrfeed_testing.bench import submissions_profile
+from dlrfeed_tools.bench import submissions_profile
 
 
 def query(dsn: str, sql: str) -> list[asyncpg.Record]:

@@ -13,8 +13,8 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import AuthenticationError, FeedUnavailableError
 from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient, SubscribeStream
-from dlrfeed_testing.fakegw_support import LOGIN, LOGINS, PASSWORD, receipt_body, wait_until
 from fakegw.server import FakeGateway
+from support.fakegw_support import LOGIN, LOGINS, PASSWORD, receipt_body, wait_until
 
 
 @asynccontextmanager

@@ -12,7 +12,7 @@ import asyncio
 import sys
 
 from dlrfeed.daemon.supervisor import Supervisor
-from dlrfeed_testing.daemon_harness import settings_for
+from dlrfeed_tools.daemon_harness import settings_for
 
 # A worker that has not set its handler yet: SIGTERM ends it (-15), anything else waits.
 _STARTING_WORKER = "import time; time.sleep(60)"

@@ -21,9 +21,9 @@ from dlrfeed.store.store import IngestResult
 from dlrfeed.webhook.app import WebhookService, WebhookStore
 from dlrfeed.webhook.formats import CallbackFormat, evidence
 from dlrfeed.webhook.settings import WebhookSettings
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.webhook_fixtures import FIXTURE_NAMES, expected, load_fixture
-from dlrfeed_testing.webhook_harness import (
+from dlrfeed_tools.pgcluster import PgCluster
+from support.webhook_fixtures import FIXTURE_NAMES, expected, load_fixture
+from support.webhook_harness import (
     LOGIN,
     SECRET,
     running_webhook,

@@ -16,8 +16,8 @@ import asyncpg
 import httpx
 import pytest
 
-from dlrfeed_testing.pgcluster import free_port
-from dlrfeed_testing.webhook_harness import running_webhook, webhook_settings
+from dlrfeed_tools.pgcluster import free_port
+from support.webhook_harness import running_webhook, webhook_settings
 
 DOCUMENTED = Path(__file__).resolve().parents[2] / "docs" / "deploy" / "nginx-dlrfeed-webhook.conf"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"

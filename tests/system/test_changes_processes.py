@@ -18,7 +18,7 @@ import pytest
 
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     PASSWORD,
     drained,
@@ -26,11 +26,11 @@ from dlrfeed_testing.daemon_harness import (
     run_args,
     running_gateway,
 )
-from dlrfeed_testing.daemon_harness import wait_until as _wait_until
-from dlrfeed_testing.ports import logged_metrics_address, logged_receiver_port
-from dlrfeed_testing.receipt_strategies import receipts_from_payloads
-from dlrfeed_testing.webhook_receiver import read_log
+from dlrfeed_tools.daemon_harness import wait_until as _wait_until
+from dlrfeed_tools.ports import logged_metrics_address, logged_receiver_port
+from dlrfeed_tools.webhook_receiver import read_log
 from gateway.receipts.v1 import feed_pb2
+from support.receipt_strategies import receipts_from_payloads
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = b"relay-Secret-0f9e"  # a distinctive value, so the leak check can search for it

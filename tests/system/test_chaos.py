@@ -18,23 +18,23 @@ import pytest
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
-from dlrfeed_testing.chaos.run import run_scenario
-from dlrfeed_testing.chaos.scenarios import BY_NAME, SCENARIOS
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.chaos.run import run_scenario
+from dlrfeed_tools.chaos.scenarios import BY_NAME, SCENARIOS
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     PASSWORD,
     receipt_bodies,
     running_gateway,
     wait_until,
 )
-from dlrfeed_testing.fakegw_support import FAST_CALLBACKS
-from dlrfeed_testing.invariants import compare, store_rows
-from dlrfeed_testing.pgcluster import PgCluster
-from dlrfeed_testing.webhook_harness import running_webhook, webhook_settings
-from dlrfeed_testing.webhook_harness import url as webhook_url
+from dlrfeed_tools.invariants import compare, store_rows
+from dlrfeed_tools.pgcluster import PgCluster
 from fakegw.admin_client import basic_auth_metadata
 from fakegw.server import FakeGateway
 from gateway.receipts.v1 import feed_pb2, feed_pb2_grpc
+from support.fakegw_support import FAST_CALLBACKS
+from support.webhook_harness import running_webhook, webhook_settings
+from support.webhook_harness import url as webhook_url
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dlrfeed.store.store import Store
 from dlrfeed.store.submission import Submission
-from dlrfeed_testing.daemon_harness import (
+from dlrfeed_tools.daemon_harness import (
     LOGIN,
     PASSWORD,
     acked_tokens,
@@ -33,7 +33,7 @@ from dlrfeed_testing.daemon_harness import (
     stored_tokens,
     wait_until,
 )
-from dlrfeed_testing.oracle import Sent, expect
+from dlrfeed_tools.oracle import Sent, expect
 from fakegw.server import FakeGateway
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,7 +194,7 @@ async def _crash_then_recover(
 
 
 def _status_rows_expected(receptions: list[asyncpg.Record]) -> dict[str, tuple[str, bool]]:
-    """What the reference (dlrfeed_testing.oracle) gives for each message's stored deliveries,
+    """What the reference (dlrfeed_tools.oracle) gives for each message's stored deliveries,
     in the arrival order the store recorded (P16-P19)."""
     by_message: dict[str, list[Sent]] = {}
     for row in receptions:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrfeed_testing.metrics import histogram_quantile
+from dlrfeed_tools.metrics import histogram_quantile
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"

@@ -16,8 +16,8 @@ import pytest
 from dlrfeed.errors import ConfigError
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import migrate
-from dlrfeed_testing.daemon_harness import PASSWORD, run_args
-from dlrfeed_testing.pgcluster import ReplicatedPair, scratch_directory
+from dlrfeed_tools.daemon_harness import PASSWORD, run_args
+from dlrfeed_tools.pgcluster import ReplicatedPair, scratch_directory
 
 REPO = Path(__file__).resolve().parents[2]
 MONITOR = "dlrfeed_failover_monitor"

@@ -23,7 +23,7 @@ from dlrfeed.daemon.store_gate import StoreGate
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.feed.reader import StreamReleased
-from dlrfeed_testing.frozen_clock import FrozenClock
+from support.frozen_clock import FrozenClock
 
 WITHIN = 5.0
 """Generous bound for something that must happen (the machine is shared and slow)."""

@@ -12,20 +12,20 @@ from typing import Any
 
 import pytest
 
-from dlrfeed_testing.bench.growth_configs import config_sizes
-from dlrfeed_testing.bench.growth_report import (
+from dlrfeed_tools.bench.growth_configs import config_sizes
+from dlrfeed_tools.bench.growth_report import (
     config_result,
     markdown,
     merged_reports,
     report_key,
 )
-from dlrfeed_testing.bench.growth_traffic import (
+from dlrfeed_tools.bench.growth_traffic import (
     BATCHES_PER_ROUND,
     LATE_SHARE,
     MESSAGES_PER_BATCH,
     Traffic,
 )
-from dlrfeed_testing.bench.sender_time import Reading, SenderClock
+from dlrfeed_tools.bench.sender_time import Reading, SenderClock
 
 
 def test_traffic_is_gateway_shaped() -> None:

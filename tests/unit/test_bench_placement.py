@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dlrfeed_testing.bench import placement
+from dlrfeed_tools.bench import placement
 
 pytestmark = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="a split needs two CPUs (CI has two)"

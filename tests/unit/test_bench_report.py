@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from dlrfeed_testing.bench.latency import latency_id, received_by_mode
-from dlrfeed_testing.bench.profile import summarise_profile
-from dlrfeed_testing.bench.report import hand_written_section, ratios, render_report
-from dlrfeed_testing.bench.run import quantile, summary
-from dlrfeed_testing.metrics import histogram_quantile
+from dlrfeed_tools.bench.latency import latency_id, received_by_mode
+from dlrfeed_tools.bench.profile import summarise_profile
+from dlrfeed_tools.bench.report import hand_written_section, ratios, render_report
+from dlrfeed_tools.bench.run import quantile, summary
+from dlrfeed_tools.metrics import histogram_quantile
 
 
 def _figures(feed: list[float], store: list[float], e2e: list[float]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from dlrfeed.buffer import TimedBuffer
-from dlrfeed_testing.frozen_clock import FrozenClock
+from support.frozen_clock import FrozenClock
 
 WITHIN = 5.0
 """Generous bound for something that must happen (the machine is shared and slow)."""

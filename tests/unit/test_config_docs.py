@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlrfeed_testing.config_docs import render
+from dlrfeed_tools.config_docs import render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -15,7 +15,7 @@ from dlrfeed.daemon.sdnotify import SystemdNotifier
 from dlrfeed.daemon.settings import DaemonSettings, check_window, redact_url
 from dlrfeed.errors import ConfigError
 from dlrfeed.feed.client import FeedClient
-from dlrfeed_testing.daemon_harness import PASSWORD, settings_for
+from dlrfeed_tools.daemon_harness import PASSWORD, settings_for
 
 GW = "127.0.0.1:1"
 DB = "postgresql://app:dbsecret@127.0.0.1:5/x"

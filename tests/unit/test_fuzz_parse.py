@@ -17,7 +17,8 @@ from dlrfeed.domain.parse import MAX_ID_CHARS, parse
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
 from dlrfeed.domain.wire_format import evidence_key
 from dlrfeed.feed.wire import pull_receipts, receipt_by_hand, receipt_from_wire
-from dlrfeed_testing.receipt_strategies import (
+from gateway.receipts.v1 import feed_pb2
+from support.receipt_strategies import (
     OPTIONAL_FIELDS,
     DamagedPayload,
     ReceiptRecipe,
@@ -25,7 +26,6 @@ from dlrfeed_testing.receipt_strategies import (
     hostile_payloads,
     wire_receipts,
 )
-from gateway.receipts.v1 import feed_pb2
 
 OPTIONS = IntegrationOptions()
 LIMIT = OPTIONS.max_field_chars

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dlrfeed.feed.http2 import STREAM_WINDOW, Connection, StreamCall
-from dlrfeed_testing.http2_frames import (
+from support.http2_frames import (
     ACK,
     CONTINUATION,
     DATA,

@@ -4,7 +4,7 @@
 - `dlrfeed.store` knows nothing of gRPC, `dlrfeed.feed` nothing of PostgreSQL;
 - `dlrfeed.webhook` (the HTTP callbacks) knows nothing of gRPC or of the feed, its peer;
 - dlrfeed and fakegw share nothing but the generated proto;
-- neither runtime package imports the test support (`dlrfeed_testing`).
+- neither runtime package imports the tools or the tests' support (`dlrfeed_tools`, `support`).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def imported_modules(package: str) -> dict[str, set[str]]:
         # The callback receiver is a peer of the feed over the same Store.ingest: no gRPC, and
         # no driver of its own (the store adapter is opened by its composition root).
         ("dlrfeed/webhook", ("grpc", "gateway", "asyncpg", "dlrfeed.feed", "fakegw")),
-        ("dlrfeed", ("fakegw", "dlrfeed_testing")),
-        ("fakegw", ("dlrfeed", "dlrfeed_testing")),
+        ("dlrfeed", ("fakegw", "dlrfeed_tools", "support")),
+        ("fakegw", ("dlrfeed", "dlrfeed_tools", "support")),
     ],
 )
 def test_no_import_crosses_a_layer(package: str, forbidden: tuple[str, ...]) -> None:

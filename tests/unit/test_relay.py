@@ -17,7 +17,7 @@ from dlrfeed.commands.relay import RELAY_SECRET
 from dlrfeed.errors import ConfigError
 from dlrfeed.relay import encode_batch, sign
 from dlrfeed.store.changes import StatusChange
-from dlrfeed_testing.webhook_receiver import delivery_problems
+from dlrfeed_tools.webhook_receiver import delivery_problems
 
 
 def _change(

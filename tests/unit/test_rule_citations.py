@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE = ROOT / "docs" / "spec"
-CITING_TREES = ("src", "scripts", "tests", "docs")
+CITING_TREES = ("src", "tools", "scripts", "tests", "docs")
 CITING_FILES = ("README.md",)
 # Also read for tracker references: text a user reads beside the code.
 PROSE_TREES = ("monitoring", "systemd")

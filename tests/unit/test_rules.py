@@ -21,7 +21,7 @@ from dlrfeed.domain.rules import (
 from dlrfeed.domain.sent_records import record_differences
 from dlrfeed.domain.status import STAT_TO_STATUS, Outcome, Status
 from dlrfeed.domain.transitions import TRANSITIONS, Kind, kind_of
-from dlrfeed_testing.oracle import Sent, expect
+from dlrfeed_tools.oracle import Sent, expect
 
 DEFAULT = IntegrationOptions()
 SUPERSEDING = IntegrationOptions(deadline_unknown_superseded=True)
@@ -87,7 +87,7 @@ def run(
 @given(order=arrivals(), superseding=st.booleans())
 def test_the_planner_is_the_reference(order: list[Content], superseding: bool) -> None:
     """Any deliveries (two receipt ids, levels 0-3, repeats, any order): the planner's status,
-    basis, counters, flags and outcomes are the reference's (dlrfeed_testing.oracle)."""
+    basis, counters, flags and outcomes are the reference's (dlrfeed_tools.oracle)."""
     options = SUPERSEDING if superseding else DEFAULT
     state, outcomes = run(order, options)
     expected = expect(

@@ -16,7 +16,7 @@ import pytest
 from dlrfeed.backoff import Backoff
 from dlrfeed.daemon.store_gate import StoreGate
 from dlrfeed.errors import StoreUnavailableError
-from dlrfeed_testing.frozen_clock import FrozenClock
+from support.frozen_clock import FrozenClock
 
 WITHIN = 5.0
 DOWN = StoreUnavailableError("connection refused")

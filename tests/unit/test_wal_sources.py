@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlrfeed_testing.bench.wal_sources import WalShares
+from dlrfeed_tools.bench.wal_sources import WalShares
 
 NAMES = {"16400": "dlr.events", "16500": "dlr_partitions.status_changes_20261203_message_hash"}
 

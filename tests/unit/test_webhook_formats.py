@@ -25,9 +25,9 @@ from dlrfeed.webhook.formats import (
     evidence,
     read_callback,
 )
-from dlrfeed_testing.receipt_strategies import examples
-from dlrfeed_testing.webhook_fixtures import FIXTURE_NAMES, FIXTURES, expected, load_fixture
 from gateway.receipts.v1 import feed_pb2
+from support.receipt_strategies import examples
+from support.webhook_fixtures import FIXTURE_NAMES, FIXTURES, expected, load_fixture
 
 RECEIPT_NAMES = frozenset(ReceiptFields.__annotations__)
 GATEWAY, JASMIN, KANNEL = CallbackFormat.GATEWAY, CallbackFormat.JASMIN, CallbackFormat.KANNEL

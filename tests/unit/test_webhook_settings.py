@@ -10,7 +10,7 @@ import pytest
 from dlrfeed.errors import ConfigError
 from dlrfeed.webhook.formats import CallbackFormat
 from dlrfeed.webhook.settings import WEBHOOK_SECRET, is_loopback
-from dlrfeed_testing.webhook_harness import SECRET, webhook_settings
+from support.webhook_harness import SECRET, webhook_settings
 
 DB = "postgresql://127.0.0.1:1/x"
 

@@ -1,0 +1,3 @@
+"""What only the tests use: harnesses for fakegw and the webhook receiver, fixtures, the
+hypothesis strategies of receipts, a frozen clock, a callback receiver and the schema reader.
+The tools the tests share with the benchmarks and the demo are in tools/dlrfeed_tools."""
