@@ -31,11 +31,11 @@ from twisted.internet import defer, task
 from twisted.web.client import Agent
 
 ACK = "ACK/Jasmin"
-# As throwers.py sends them, for a GET too; "dlr-thrower" is its service's name.
+# As throwers.py sends them, for a GET too; "DLRThrower" is its service's name.
 HEADERS = {
     "Content-Type": "application/x-www-form-urlencoded",
     "Accept": "text/plain",
-    "User-Agent": "Jasmin gateway/1.0 dlr-thrower",
+    "User-Agent": "Jasmin gateway/1.0 DLRThrower",
 }
 
 

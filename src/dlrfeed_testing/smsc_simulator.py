@@ -109,6 +109,10 @@ class SmscSimulator:
     answer: Callable[[Submit], Answer]
     system_id: str = "kannel"
     password: str = "smpp-pw"
+    receipt_delay: float = 0.0
+    """Seconds between accepting a submit and sending its receipt: 0 sends it at once (Kannel
+    stores the id before it reads on); a real network takes seconds, and Jasmin relies on that
+    (it maps the SMSC's id to its own in Redis after the submit_sm_resp, asynchronously)."""
     port: int = 0
     submits: list[tuple[str, Submit]] = field(default_factory=list)
     """(message id given, submit), in arrival order; the id is "" for a refused submit."""
@@ -199,7 +203,10 @@ class SmscSimulator:
             # Queued after the submit_sm_resp is written: the ESME learns the id first.
             text = _receipt_text(message_id, answer.receipt)
             self.receipts[message_id] = text
-            self._receipts.put_nowait(_deliver_sm_body(message_id, submit, answer.receipt, text))
+            body = _deliver_sm_body(message_id, submit, answer.receipt, text)
+            asyncio.get_running_loop().call_later(
+                self.receipt_delay, self._receipts.put_nowait, body
+            )
 
     async def _send_receipts(self, link: _Link) -> None:
         while True:

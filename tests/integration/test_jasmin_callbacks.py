@@ -1,6 +1,7 @@
 """Jasmin's DLR callbacks, thrown exactly as Jasmin throws them (treq on Twisted, the versions
 Jasmin pins: src/dlrfeed_testing/jasmin_thrower.py), at `dlrfeed webhook --format jasmin`
-running as its own process.
+running as its own process. The arguments are those a real Jasmin 0.11.0 sent for the same
+outcomes (docs/webhook-formats.md, "Proven against the gateways").
 
 Jasmin keeps a callback until the answer is `ACK/Jasmin` and throws it again otherwise, so the
 receiver must never say `ACK/Jasmin` for a receipt it has not committed, and must say it for
@@ -40,15 +41,16 @@ def level_1(message_id: str, status: str = "ESME_ROK") -> dict[str, Any]:
     return {"id": message_id, "level": 1, "message_status": status, "connector": CONNECTOR}
 
 
-def level_2(message_id: str, smsc_id: str, stat: str, err: str, text: str) -> dict[str, Any]:
+def level_2(message_id: str, receipt_id: str, stat: str, err: str, text: str) -> dict[str, Any]:
     """The handset receipt (dlr.py, deliver_sm_dlr_callback): `connector` holds the receipt's
-    own id there, `id_smsc` the SMSC's id, the dates as the receipt wrote them."""
+    own id as the SMSC wrote it, `id_smsc` Jasmin's coding of it (upper case, no leading
+    zeros), the dates as the receipt wrote them."""
     return {
         "id": message_id,
         "level": 2,
         "message_status": stat,
-        "connector": smsc_id,
-        "id_smsc": smsc_id,
+        "connector": receipt_id,
+        "id_smsc": receipt_id.upper().lstrip("0"),
         "sub": "001",
         "dlvrd": "001" if stat == "DELIVRD" else "000",
         "subdate": "2612050810",
@@ -60,11 +62,11 @@ def level_2(message_id: str, smsc_id: str, stat: str, err: str, text: str) -> di
 
 CALLBACKS = [
     level_1(DELIVERED_ID),
-    level_2(DELIVERED_ID, "5E000000", "DELIVRD", "000", "Café crème"),
+    level_2(DELIVERED_ID, "5e000000", "DELIVRD", "000", "Café crème"),
     level_1(FAILED_ID),
-    level_2(FAILED_ID, "5E000001", "UNDELIV", "001", "hello"),
+    level_2(FAILED_ID, "5e000001", "UNDELIV", "001", "hello"),
     level_1(EXPIRED_ID),
-    level_2(EXPIRED_ID, "5E000002", "EXPIRED", "000", "hello"),
+    level_2(EXPIRED_ID, "5e000002", "EXPIRED", "000", "hello"),
 ]
 
 
