@@ -17,7 +17,7 @@ import contextlib
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +78,11 @@ class Kannel:
         answer.raise_for_status()
         return answer.text
 
+    def smsbox_log(self) -> str:
+        """smsbox's log so far."""
+        path = self.directory / "smsbox.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def logs(self) -> str:
         """The tail of both boxes' logs, for a failure message."""
         return "\n".join(
@@ -87,8 +92,17 @@ class Kannel:
         )
 
 
-def kannel_conf(directory: Path, smsc_port: int, admin: int, boxes: int, sendsms: int) -> str:
-    """The configuration the tests run (docs/webhook-formats.md shows its essentials)."""
+def kannel_conf(
+    directory: Path,
+    smsc_port: int,
+    ports: tuple[int, int, int],
+    smsbox: Mapping[str, str],
+) -> str:
+    """The configuration the tests run (docs/webhook-formats.md shows its essentials): `ports`
+    are bearerbox's admin and box ports and smsbox's sendsms port; `smsbox` adds settings to
+    the smsbox group."""
+    admin, boxes, sendsms = ports
+    extra = "".join(f"{name} = {value}\n" for name, value in smsbox.items())
     return f"""\
 group = core
 admin-port = {admin}
@@ -120,7 +134,7 @@ sendsms-port = {sendsms}
 sendsms-interface = 127.0.0.1
 log-file = "{directory}/smsbox.log"
 log-level = 0
-
+{extra}
 group = sendsms-user
 username = {SENDSMS_USER}
 password = {SENDSMS_PASSWORD}
@@ -128,13 +142,18 @@ password = {SENDSMS_PASSWORD}
 
 
 @contextlib.asynccontextmanager
-async def running_kannel(smsc_port: int, directory: Path) -> AsyncIterator[Kannel]:
-    """bearerbox and smsbox, configured in `directory`, linked to the SMSC at `smsc_port`."""
+async def running_kannel(
+    smsc_port: int, directory: Path, smsbox: Mapping[str, str] | None = None
+) -> AsyncIterator[Kannel]:
+    """bearerbox and smsbox, configured in `directory`, linked to the SMSC at `smsc_port`;
+    `smsbox` adds settings to smsbox's group (`http-request-retry`, ...)."""
     async with httpx.AsyncClient(timeout=10) as client:
         for _ in range(_STARTS):
             admin, boxes, sendsms = free_port(), free_port(), free_port()
             conf = directory / "kannel.conf"
-            conf.write_text(kannel_conf(directory, smsc_port, admin, boxes, sendsms))
+            conf.write_text(
+                kannel_conf(directory, smsc_port, (admin, boxes, sendsms), smsbox or {})
+            )
             kannel = Kannel(
                 f"http://127.0.0.1:{sendsms}/cgi-bin/sendsms",
                 f"http://127.0.0.1:{admin}",

@@ -23,6 +23,7 @@ import pytest
 
 from dlrfeed.store import Store, Submission
 from dlrfeed_testing.kannel import SMSC_ID, Kannel, running_kannel
+from dlrfeed_testing.pgcluster import free_port
 from dlrfeed_testing.smsc_simulator import (
     ESME_RINVDSTADR,
     Answer,
@@ -35,10 +36,11 @@ LOGIN = "acme"
 SENDER = "12345"
 
 
-def dlr_url(webhook: WebhookProcess, message_id: str) -> str:
-    """The dlr-url docs/webhook-formats.md tells a Kannel sender to configure."""
+def dlr_url(webhook: str, message_id: str) -> str:
+    """The dlr-url docs/webhook-formats.md tells a Kannel sender to configure, for the
+    receiver at `webhook`."""
     return (
-        f"{webhook.url}/dlr?id={quote(message_id, safe='')}"
+        f"{webhook}/dlr?id={quote(message_id, safe='')}"
         "&type=%d&reply=%A&fid=%F&smsc=%i&to=%p&from=%P"
     )
 
@@ -103,7 +105,7 @@ async def _send(rig: Rig, store: Store, db: asyncpg.Connection, cases: list[Case
                 sender=SENDER,
                 to=case.to,
                 text="hello",
-                dlr_url=dlr_url(rig.webhook, case.message_id),
+                dlr_url=dlr_url(rig.webhook.url, case.message_id),
             )
             assert answer.status_code == 202, answer.text  # "0: Accepted for delivery"
     wanted = sum(c.reports for c in cases)
@@ -244,3 +246,42 @@ async def test_a_latin_1_receipt_text_from_kannel_is_stored_and_flagged(
     )
     assert flags, "the Latin-1 text is not flagged"
     assert await db.fetchval("SELECT count(*) FROM dlr.exceptions WHERE message_id = ''") == 0
+
+
+async def test_kannel_fetches_again_what_the_receiver_was_down_for_with_http_request_retry(
+    database_url: str, store: Store, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """smsbox set as docs/webhook-formats.md advises (`http-request-retry`, `http-queue-delay`)
+    fetches a dlr-url again after a failure: reports made while the receiver is down (a
+    restart, a deploy) are stored once it is up, each once."""
+    port = free_port()
+    smsc = SmscSimulator(lambda submit: PLAN[submit.destination_addr])
+    retry = {"http-request-retry": "120", "http-queue-delay": "1"}
+    await store.record_submissions([Submission(LOGIN, DELIVERED.message_id, "+" + DELIVERED.to)])
+    async with smsc.serving(), running_kannel(smsc.port, tmp_path, smsbox=retry) as kannel:
+        async with httpx.AsyncClient(timeout=30) as client:
+            answer = await kannel.send(
+                client,
+                sender=SENDER,
+                to=DELIVERED.to,
+                text="hello",
+                dlr_url=dlr_url(f"http://127.0.0.1:{port}", DELIVERED.message_id),
+            )
+        assert answer.status_code == 202, answer.text
+
+        async def both_refused_and_retried() -> bool:
+            return kannel.smsbox_log().count("HTTP: Retrying request") >= 2
+
+        await _wait_until(both_refused_and_retried, "smsbox to retry both reports")
+        assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 0
+        log = tmp_path / "webhook.log"
+        async with webhook_process(database_url, log, "--format", "kannel", port=port):
+
+            async def both_stored() -> bool:
+                return bool(await db.fetchval("SELECT count(*) FROM dlr.receptions") >= 2)
+
+            await _wait_until(both_stored, "the retried reports to be stored")
+    receptions = await _receptions(db)
+    assert sorted(receptions) == [(DELIVERED.message_id, 1), (DELIVERED.message_id, 2)]
+    status = await db.fetchval("SELECT status FROM dlr.message_status")
+    assert status == "DELIVERED"
