@@ -169,7 +169,7 @@ class SmscSimulator:
                 elif not command_id & RESPONSE:
                     link.send(GENERIC_NACK, ESME_RINVCMDID, sequence)
                 await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:
             return
         finally:
             self._links.discard(link)

@@ -25,6 +25,7 @@ from dlrfeed.store import Store, Submission
 from dlrfeed_testing.kannel import SMSC_ID, Kannel, running_kannel
 from dlrfeed_testing.pgcluster import free_port
 from dlrfeed_testing.smsc_simulator import (
+    BIND_TRANSCEIVER,
     ESME_RINVDSTADR,
     Answer,
     Receipt,
@@ -154,6 +155,12 @@ async def test_kannel_reports_deliveries_failures_expiries_and_refused_submits(
     cases = [DELIVERED, FAILED, EXPIRED, REFUSED]
     await _send(rig, store, db, cases)
 
+    assert rig.smsc.binds == [BIND_TRANSCEIVER]  # transceiver-mode: one link both ways
+
+    async def receipts_answered() -> bool:
+        return rig.smsc.receipts_answered == len(rig.smsc.receipts) == 3
+
+    await _wait_until(receipts_answered, "Kannel to answer every deliver_sm")
     ids = dict(rig.smsc.submits)  # message id given → submit; "" for the refused one
     by_to = {submit.destination_addr: smsc_id for smsc_id, submit in rig.smsc.submits}
     assert ids[""].destination_addr == REFUSED.to
