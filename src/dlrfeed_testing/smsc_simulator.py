@@ -9,8 +9,8 @@ SMSC adds. It answers `enquire_link` and `unbind`, and `generic_nack` for anythi
 
 The codec is the dozen fields these PDUs need, written out: the SMPP libraries on PyPI are ESME
 clients (smpplib draws sequence numbers from a client object and is untyped), and the SMSC side
-of a test is easier to read, and to trust, as bytes. SMPP v3.4 sections cited are of the
-specification (issue 1.2).
+of a test is easier to read, and to trust, as bytes. The sections cited (§) are of
+the SMPP v3.4 specification, edition 1.2 (1999).
 """
 
 from __future__ import annotations
