@@ -6,6 +6,8 @@
 # - pgbouncer, the transaction pooler the integration tests run the daemon through.
 # - nginx, the TLS reverse proxy docs/webhook.md puts in front of `dlrfeed webhook`: the tests
 #   run the documented configuration for real.
+# - kannel (bearerbox, smsbox), the SMS gateway whose dlr-url the tests point at
+#   `dlrfeed webhook --format kannel`, over SMPP to a simulated SMSC.
 # Installs Debian's packages when they are absent and we may (root); otherwise says exactly
 # what is missing. Throwaway clusters themselves are started by scripts/pgcluster.py.
 set -euo pipefail
@@ -22,6 +24,10 @@ have_systemd_analyze() { command -v systemd-analyze >/dev/null; }
 have_promtool() { command -v promtool >/dev/null; }
 have_pgbouncer() { command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; }
 have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
+have_kannel() {
+  { command -v bearerbox >/dev/null || [ -x /usr/sbin/bearerbox ]; } &&
+    { command -v smsbox >/dev/null || [ -x /usr/sbin/smsbox ]; }
+}
 
 missing=()
 have_postgres || missing+=(postgresql)
@@ -29,6 +35,7 @@ have_systemd_analyze || missing+=(systemd)
 have_promtool || missing+=(prometheus)
 have_pgbouncer || missing+=(pgbouncer)
 have_nginx || missing+=(nginx)
+have_kannel || missing+=(kannel)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -49,3 +56,4 @@ have_systemd_analyze || { echo "systemd installed but systemd-analyze not found"
 have_promtool || { echo "prometheus installed but promtool not found" >&2; exit 1; }
 have_pgbouncer || { echo "pgbouncer installed but its binary not found" >&2; exit 1; }
 have_nginx || { echo "nginx installed but its binary not found" >&2; exit 1; }
+have_kannel || { echo "kannel installed but bearerbox or smsbox not found" >&2; exit 1; }
