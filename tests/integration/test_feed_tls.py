@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import ConfigError, FeedUnavailableError
-from dlrfeed.feed.channel import TlsSettings, open_channel
+from dlrfeed.feed.channel import TlsSettings, open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient, FeedTlsError
 from dlrfeed_testing.daemon_harness import LOGIN, PASSWORD, receipt_bodies, settings_for, wait_until
 from fakegw.server import FakeGateway
@@ -183,8 +183,9 @@ async def _subscribe_and_ack(target: str, tls: TlsSettings, expected: int) -> in
     """Read `expected` receipts from a Subscribe stream over `tls`, ack them on the Pull/Ack
     channel, and return how many the gateway counted acked."""
     channel = open_channel(target, tls)
+    stream_channel = open_stream_channel(target, tls)
     try:
-        client = FeedClient(channel, LOGIN, PASSWORD)
+        client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
         stream = client.subscribe(window=100)
         receipts: list[Receipt] = []
         try:
@@ -197,11 +198,13 @@ async def _subscribe_and_ack(target: str, tls: TlsSettings, expected: int) -> in
         outcome = await client.ack([r.ack_token for r in receipts])
         return outcome.acked
     finally:
+        stream_channel.close()
         await channel.close(grace=None)
 
 
 async def test_subscribe_over_mtls_with_private_ca(pki: Pki) -> None:
-    """The Subscribe stream checks the CA, the client pair and the name like Pull and Ack."""
+    """The Subscribe streams have a channel of their own: the same CA, client
+    pair and name checks as the Pull/Ack channel."""
     async with tls_gateway(pki, mtls=True) as gateway:
         await gateway.inject(LOGIN, receipt_bodies(6))
         tls = TlsSettings(ca_file=pki.ca, client_cert=pki.client_cert, client_key=pki.client_key)
@@ -215,35 +218,41 @@ async def test_subscribe_checks_the_overridden_server_name(pki: Pki) -> None:
         await gateway.inject(LOGIN, receipt_bodies(4))
         named = TlsSettings(ca_file=pki.ca, server_name="localhost")
         assert await _subscribe_and_ack(gateway.target, named, 4) == 4
-        channel = open_channel(
+        stream_channel = open_stream_channel(
             gateway.target, TlsSettings(ca_file=pki.ca, server_name="elsewhere.example")
         )
-        stream = FeedClient(channel, LOGIN, PASSWORD).subscribe(window=10)
+        client = FeedClient(
+            open_channel(gateway.target, None), LOGIN, PASSWORD, stream_channel=stream_channel
+        )
+        stream = client.subscribe(window=10)
         try:
             with pytest.raises(FeedTlsError) as caught:
                 await asyncio.wait_for(stream.read(), 10)
         finally:
             stream.cancel()
-            await channel.close(grace=None)
+            stream_channel.close()
     assert PASSWORD not in str(caught.value)
 
 
 async def test_subscribe_with_a_wrong_ca_is_a_tls_error(pki: Pki) -> None:
     async with tls_gateway(pki) as gateway:
-        channel = open_channel(gateway.target, TlsSettings(ca_file=pki.wrong_ca))
-        stream = FeedClient(channel, LOGIN, PASSWORD).subscribe(window=10)
+        stream_channel = open_stream_channel(gateway.target, TlsSettings(ca_file=pki.wrong_ca))
+        client = FeedClient(
+            open_channel(gateway.target, None), LOGIN, PASSWORD, stream_channel=stream_channel
+        )
+        stream = client.subscribe(window=10)
         try:
             with pytest.raises(FeedTlsError):
                 await asyncio.wait_for(stream.read(), 10)
         finally:
             stream.cancel()
-            await channel.close(grace=None)
+            stream_channel.close()
 
 
 def test_unreadable_tls_files_are_one_configuration_line(tmp_path: Path) -> None:
     bad = tmp_path / "not-a-certificate.pem"
     bad.write_text("not PEM\n")
     with pytest.raises(ConfigError) as caught:
-        open_channel("127.0.0.1:1", TlsSettings(ca_file=bad))
+        open_stream_channel("127.0.0.1:1", TlsSettings(ca_file=bad))
     assert "\n" not in str(caught.value)
     assert "--ca-file" in str(caught.value)

@@ -25,7 +25,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import MAX_ID_CHARS
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import STAT_TO_STATUS, Outcome
-from dlrfeed.feed.channel import open_channel
+from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient
 from dlrfeed.store import Store, Submission
 from dlrfeed_testing.receipt_strategies import (
@@ -191,14 +191,16 @@ async def test_c8_undecodable_receipts_over_subscribe_and_pull_never_stop_the_re
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = open_channel(f"127.0.0.1:{port}", None)
+    stream_channel = open_stream_channel(f"127.0.0.1:{port}", None)
     try:
-        client = FeedClient(channel, "acme", "secret")
+        client = FeedClient(channel, "acme", "secret", stream_channel=stream_channel)
         stream = client.subscribe(window=10)
         streamed = []
         while (receipts := await stream.read()) is not None:
             streamed.extend(receipts)
         pulled = await client.pull(100, 0).receipts()
     finally:
+        stream_channel.close()
         await channel.close(None)
         await server.stop(None)
     assert [r.raw for r in streamed] == sent

@@ -1,5 +1,6 @@
-"""`SubscribeStream` over real loopback gRPC: the window and how a stream ends against fakegw
-(F7, F11), and each status a gateway or a proxy can end it with, as the project's errors."""
+"""`SubscribeStream` over real loopback gRPC: the groups of messages the reader takes at once,
+the window and how a stream ends against fakegw (F7, F11), and each status a gateway or a proxy
+can end it with, as the project's errors."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import AuthenticationError, FatalError, FeedUnavailableError
-from dlrfeed.feed.channel import open_channel
+from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient, FeedTlsError, FeedUnimplementedError, SubscribeStream
 from dlrfeed_testing.fakegw_support import LOGIN, LOGINS, PASSWORD, receipt_body, wait_until
 from fakegw.server import FakeGateway
@@ -24,9 +25,11 @@ from gateway.receipts.v1 import feed_pb2
 async def _feed(password: str = PASSWORD) -> AsyncIterator[tuple[FakeGateway, FeedClient]]:
     async with FakeGateway(LOGINS).running() as gw:
         channel = open_channel(gw.target, None)
+        stream_channel = open_stream_channel(gw.target, None)
         try:
-            yield gw, FeedClient(channel, LOGIN, password)
+            yield gw, FeedClient(channel, LOGIN, password, stream_channel=stream_channel)
         finally:
+            stream_channel.close()
             await channel.close(grace=None)
 
 
@@ -38,6 +41,19 @@ async def _read(stream: SubscribeStream, count: int) -> list[list[Receipt]]:
         assert receipts is not None
         groups.append(receipts)
     return groups
+
+
+async def test_receipts_that_arrived_while_the_loop_was_busy_come_in_one_read() -> None:
+    async with _feed() as (gw, client):
+        await gw.inject(LOGIN, [receipt_body(n) for n in range(50)])
+        stream = client.subscribe(window=100)
+        await wait_until(lambda: gw.stats(LOGIN)["in_flight"] == 50)
+        await asyncio.sleep(0.2)  # the loop reads nothing meanwhile: the connection queues them
+        groups = await _read(stream, 50)
+        stream.cancel()
+    assert [r.message_id for group in groups for r in group] == [f"m{n}" for n in range(50)]
+    assert len(groups) < 50
+    assert all(len({r.received_at for r in group}) == 1 for group in groups)
 
 
 async def test_the_stream_holds_its_window_and_resumes_after_an_ack() -> None:
@@ -132,12 +148,15 @@ async def test_each_status_a_stream_ends_with_is_the_projects_error(
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = open_channel(f"127.0.0.1:{port}", None)
+    stream_channel = open_stream_channel(f"127.0.0.1:{port}", None)
     try:
-        stream = FeedClient(channel, LOGIN, PASSWORD).subscribe(window=10)
+        client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
+        stream = client.subscribe(window=10)
         first = await stream.read()
         with pytest.raises(error) as caught:
             await stream.read()
     finally:
+        stream_channel.close()
         await channel.close(grace=None)
         await server.stop(None)
     assert [r.message_id for r in first or []] == ["m0"]
@@ -156,13 +175,26 @@ async def test_a_gateway_that_never_answers_the_handshake_fails_the_stream_in_ti
     silent = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = silent.sockets[0].getsockname()[1]
     channel = open_channel(f"127.0.0.1:{port}", None)
+    stream_channel = open_stream_channel(f"127.0.0.1:{port}", None)
     try:
-        stream = FeedClient(channel, LOGIN, PASSWORD).subscribe(window=10)
+        client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
+        stream = client.subscribe(window=10)
         with pytest.raises(FeedUnavailableError, match="SETTINGS"):
             await asyncio.wait_for(stream.read(), 60)
     finally:
+        stream_channel.close()
         await channel.close(grace=None)
         for writer in accepted:
             writer.close()
         silent.close()
     assert accepted
+
+
+async def test_a_client_without_a_stream_channel_cannot_subscribe() -> None:
+    async with FakeGateway(LOGINS).running() as gw:
+        channel = open_channel(gw.target, None)
+        try:
+            with pytest.raises(TypeError, match="stream_channel"):
+                FeedClient(channel, LOGIN, PASSWORD).subscribe(window=10)
+        finally:
+            await channel.close(grace=None)

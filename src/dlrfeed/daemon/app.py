@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from dlrfeed.domain.receipt import Receipt
-from dlrfeed.feed.channel import open_channel
+from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient
+from dlrfeed.feed.modes import Mode
 
 from .http import MetricsServer
 from .lifecycle import ServiceStore, checked, handle_stop_signals, open_store, until_stopped
@@ -101,7 +102,12 @@ class Daemon:
         stack.push_async_callback(store.close)  # unwound last: the pool
         channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
         stack.push_async_callback(channel.close, None)  # grace=None
-        client = FeedClient(channel, s.login, s.password)
+        stream_channel = None
+        if s.mode is not Mode.PULL:
+            # Closed after the streams (the ordered stop closes them) and before the pool.
+            stream_channel = open_stream_channel(s.gateway, s.tls)
+            stack.callback(stream_channel.close)
+        client = FeedClient(channel, s.login, s.password, stream_channel=stream_channel)
         if not await until_stopped(self._stop, client.check_access, hint=_feed_start_hint(s)):
             return None
         pipeline = Pipeline(s, client, store, self._telemetry)

@@ -1,9 +1,10 @@
-"""The gRPC channel to the gateway: TLS or plaintext, message-size limits, keepalive.
+"""The gRPC channels to the gateway: TLS or plaintext, message-size limits, keepalive.
 
-One `grpc.aio` channel per process carries every call: the readers' Subscribe streams and
-Pulls, and the Acker's Acks. Compression, proxies (`grpc_proxy`, `https_proxy`), TLS and
-keepalive are grpcio's. Certificates are read and parsed here, at start-up, so that a missing
-or unreadable file is a configuration error with one clear line, not a failed handshake later.
+One `grpc.aio` channel per process carries every Pull and the Acker's calls, one synchronous
+grpcio channel every reader's Subscribe stream; both have the same options and credentials.
+Compression, proxies (`grpc_proxy`, `https_proxy`), TLS and keepalive are grpcio's.
+Certificates are read and parsed here, at start-up, so that a missing or unreadable file is a
+configuration error with one clear line, not a failed handshake later.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
+import grpc.experimental
 
 from dlrfeed.errors import ConfigError
 
@@ -85,6 +87,29 @@ def open_channel(
     if tls.server_name:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.aio.secure_channel(target, channel_credentials(tls), options=options)
+
+
+def open_stream_channel(
+    target: str,
+    tls: TlsSettings | None,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.Channel:
+    """A synchronous channel to `target` for the Subscribe streams, each read by a thread of its
+    own (`dlrfeed.feed.client.SubscribeStream`); the same options and TLS as `open_channel`.
+
+    `SingleThreadedUnaryStream` has the reading thread take each message off its call's own
+    completion queue, with no thread in between. Why not grpc.aio here: it resolves a future on
+    the event loop per stream message, woken from its poller thread; a thread per stream wakes
+    the loop once per group of messages (docs/daemon.md, "Subscribe on grpcio").
+    """
+    options = _options(max_message_bytes)
+    options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
+    if tls is None:
+        return grpc.insecure_channel(target, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(target, channel_credentials(tls), options=options)
 
 
 def _check_pem(tls: TlsSettings) -> None:

@@ -2,17 +2,21 @@
 
 `FeedClient` is the only place that touches the generated stubs. It turns each proto `Receipt`
 into a `dlrfeed.domain.receipt.Receipt` (keeping the serialized bytes whole as `raw`, P6/P9) and
-every failed call (`grpc.aio.AioRpcError`) into one of the project's exception types, so that
-retry policies elsewhere match only those (STYLE: translate errors at the boundary).
+every failed call (`grpc.aio.AioRpcError`, or the `grpc.RpcError` of a Subscribe stream) into one
+of the project's exception types, so that retry policies elsewhere match only those (STYLE:
+translate errors at the boundary).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 import grpc.aio
@@ -100,34 +104,56 @@ class AckOutcome:
 
 
 class SubscribeStream:
-    """One open Subscribe call: `read()` its receipts one stream message at a time, `cancel()`
-    to end it (F7 releases).
+    """One open Subscribe call: `read()` the receipts that have arrived, `cancel()` to end it
+    (F7 releases).
 
-    The gateway sends no more than the window (F11) before some are acked, and grpcio no more
-    bytes than the call's flow-control window before the reader takes what it has.
+    A thread of the stream's own takes the messages off the call (a synchronous call of
+    `open_stream_channel`) and queues their bytes; it wakes the event loop only when it queues
+    into an empty queue. So the loop pays one wake-up per *group* of messages - all that arrived
+    while it was busy - and decodes and hands on the group at once, like a Pull's response. The
+    queue holds at most `window` receipts: the gateway sends no more until some are acked (F11).
     """
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall[feed_pb2.SubscribeRequest, bytes]) -> None:
+    def __init__(
+        self, call: grpc.CallIterator[bytes], loop: asyncio.AbstractEventLoop, name: str
+    ) -> None:
         self._call = call
+        self._loop = loop
+        self._arrived: deque[bytes] = deque()
+        self._wakeup = asyncio.Event()
+        self._ended = False
+        self._error: BaseException | None = None  # how the call ended, when not cleanly
         self._cancelled_by_us = False
+        self._thread = threading.Thread(target=self._take_messages, name=name, daemon=True)
+        self._thread.start()
 
     async def read(self) -> list[Receipt] | None:
-        """The next receipt (waits for it) as a one-receipt list, or None when the gateway ended
-        the stream cleanly.
+        """Every receipt that has arrived since the last read, oldest first (at least one; waits
+        for it), or None when the gateway ended the stream cleanly.
 
         Raises the project's error for a failed stream, once the receipts that came before the
         failure have been read. When `cancel()` ended the call, raises `asyncio.CancelledError`
         (as grpc.aio does); `cancelled_by_us` tells it apart from a cancellation of the awaiting
         task.
         """
-        try:
-            raw = await self._call.read()
-        except grpc.aio.AioRpcError as exc:
-            raise translate_rpc_error(exc, "Subscribe") from None
-        if not isinstance(raw, bytes):  # grpc.aio.EOF: the gateway ended the stream cleanly
-            return None
+        while not self._arrived:
+            if self._cancelled_by_us:
+                raise asyncio.CancelledError
+            if self._ended:
+                if self._error is None:
+                    return None
+                if isinstance(self._error, grpc.RpcError):
+                    raise translate_rpc_error(cast(grpc.Call, self._error), "Subscribe")
+                raise self._error
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        if self._cancelled_by_us:
+            raise asyncio.CancelledError
+        received_at = time.time()
+        arrived = self._arrived
+        # popleft, not a copy then clear(): the thread may append meanwhile.
         # C8: bytes the strict decoder refuses still become a receipt (dlrfeed.feed.wire).
-        return [receipt_from_wire(raw, time.time())]
+        return [receipt_from_wire(arrived.popleft(), received_at) for _ in range(len(arrived))]
 
     @property
     def cancelled_by_us(self) -> bool:
@@ -135,9 +161,30 @@ class SubscribeStream:
 
     def cancel(self) -> None:
         """End the stream: the call is reset (RST_STREAM), and the gateway releases its unacked
-        receipts at once (F7)."""
+        receipts at once (F7). The thread sees the call cancelled and ends."""
         self._cancelled_by_us = True
-        self._call.cancel()
+        self._call.cancel()  # type: ignore[no-untyped-call]  # unannotated in grpc-stubs
+        self._wakeup.set()
+
+    def _take_messages(self) -> None:
+        """The stream's thread: queue each message's bytes, wake the loop on the first of a
+        group, and record how the call ended."""
+        arrived = self._arrived
+        try:
+            for raw in self._call:
+                arrived.append(raw)
+                if len(arrived) == 1:
+                    self._wake()
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised by read()
+            self._error = exc
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._wakeup.set)
+        except RuntimeError:
+            return  # the loop is closed: nobody reads any more
 
 
 class FeedClient:
@@ -149,6 +196,7 @@ class FeedClient:
         login: str,
         password: str,
         *,
+        stream_channel: grpc.Channel | None = None,
         ack_timeout: float = 10.0,
     ) -> None:
         credential = base64.b64encode(f"{login}:{password}".encode()).decode("ascii")
@@ -156,12 +204,18 @@ class FeedClient:
         self.__metadata = (("authorization", f"Basic {credential}"),)
         self._ack_timeout = ack_timeout
         # Subscribe keeps each message's bytes as received: `Receipt.raw` is exactly what the
-        # gateway sent, and an undecodable one still becomes a receipt (C8).
-        self._subscribe = channel.unary_stream(
-            _SERVICE + "Subscribe",
-            request_serializer=feed_pb2.SubscribeRequest.SerializeToString,
-            response_deserializer=None,
+        # gateway sent, and an undecodable one still becomes a receipt (C8). Without a stream
+        # channel (`open_stream_channel`) the client can Pull and Ack only.
+        self._subscribe = (
+            None
+            if stream_channel is None
+            else stream_channel.unary_stream(
+                _SERVICE + "Subscribe",
+                request_serializer=feed_pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=None,
+            )
         )
+        self._streams = 0
         self._pull = channel.unary_unary(
             _SERVICE + "Pull",
             request_serializer=feed_pb2.PullRequest.SerializeToString,
@@ -180,9 +234,12 @@ class FeedClient:
 
     def subscribe(self, window: int) -> SubscribeStream:
         """Open a Subscribe stream holding at most `window` unacked receipts (F11); must be
-        called inside the running loop."""
-        request = feed_pb2.SubscribeRequest(window=window)
-        return SubscribeStream(self._subscribe(request, metadata=self.__metadata))
+        called inside the running loop, which `SubscribeStream.read()` then wakes."""
+        if self._subscribe is None:
+            raise TypeError("this FeedClient has no stream_channel: it cannot Subscribe")
+        call = self._subscribe(feed_pb2.SubscribeRequest(window=window), metadata=self.__metadata)
+        self._streams += 1
+        return SubscribeStream(call, asyncio.get_running_loop(), f"subscribe-{self._streams}")
 
     def pull(self, max_receipts: int, wait_seconds: int) -> PullCall:
         """Start one long-poll Pull (F10); await `PullCall.receipts()` for its result."""

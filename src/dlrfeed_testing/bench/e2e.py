@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
-from dlrfeed.feed.channel import open_channel
+from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient, PullCall, SubscribeStream, is_own_cancellation
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.store import Store
@@ -120,7 +120,8 @@ async def record_messages(database_url: str, message_ids: Iterable[str]) -> None
 async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
     """Receipts/s of our FeedClient draining `count` and acking in 500s, storing nothing."""
     channel = open_channel(target, None)
-    client = FeedClient(channel, LOGIN, PASSWORD)
+    stream_channel = open_stream_channel(target, None)
+    client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
     done = 0
     started = time.perf_counter()
 
@@ -181,6 +182,7 @@ async def feed_only(target: str, count: int, mode: str, streams: int) -> float:
     worker = subscriber if mode == "subscribe" else puller
     await asyncio.gather(*(worker() for _ in range(streams)))
     elapsed = time.perf_counter() - started
+    stream_channel.close()
     await channel.close(grace=None)
     return count / elapsed
 
