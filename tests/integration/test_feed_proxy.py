@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from dlrfeed.domain.receipt import Receipt
 from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient
 from dlrfeed_testing.fakegw_support import LOGIN, LOGINS, PASSWORD, receipt_body
@@ -70,9 +71,11 @@ async def test_subscribe_pull_and_ack_all_go_through_grpc_proxy(
             try:
                 client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
                 stream = client.subscribe(window=3)
-                streamed = []
+                streamed: list[Receipt] = []
                 while len(streamed) < 3:
-                    streamed += await asyncio.wait_for(stream.read(), 10) or []
+                    group = await asyncio.wait_for(stream.read(), 10)
+                    assert group is not None
+                    streamed += group
                 acked_streamed = await client.ack([r.ack_token for r in streamed])
                 stream.cancel()
                 pulled = await client.pull(10, 5).receipts()
