@@ -203,7 +203,7 @@ async def _subscribe_and_ack(target: str, tls: TlsSettings, expected: int) -> in
 
 
 async def test_subscribe_over_mtls_with_private_ca(pki: Pki) -> None:
-    """The Subscribe stream has its own connection (dlrfeed.feed.http2): the same CA, client
+    """The Subscribe streams have a channel of their own: the same CA, client
     pair and name checks as the Pull/Ack channel."""
     async with tls_gateway(pki, mtls=True) as gateway:
         await gateway.inject(LOGIN, receipt_bodies(6))

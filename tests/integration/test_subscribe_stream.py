@@ -1,19 +1,24 @@
-"""`SubscribeStream` over real loopback gRPC against fakegw: the groups of messages the reader
-takes at once, and how a stream ends (F7, F11)."""
+"""`SubscribeStream` over real loopback gRPC: the groups of messages the reader takes at once,
+the window and how a stream ends against fakegw (F7, F11), and each status a gateway or a proxy
+can end it with, as the project's errors."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import grpc
+import grpc.aio
 import pytest
 
 from dlrfeed.domain.receipt import Receipt
-from dlrfeed.errors import AuthenticationError, FeedUnavailableError
+from dlrfeed.errors import AuthenticationError, FatalError, FeedUnavailableError
 from dlrfeed.feed.channel import open_channel, open_stream_channel
-from dlrfeed.feed.client import FeedClient, SubscribeStream
+from dlrfeed.feed.client import FeedClient, FeedTlsError, FeedUnimplementedError, SubscribeStream
 from fakegw.server import FakeGateway
+from gateway.receipts.v1 import feed_pb2
 from support.fakegw_support import LOGIN, LOGINS, PASSWORD, receipt_body, wait_until
 
 
@@ -99,6 +104,97 @@ async def test_a_refused_login_is_an_authentication_error() -> None:
         stream = client.subscribe(window=10)
         with pytest.raises(AuthenticationError):
             await stream.read()
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "error"),
+    [
+        (grpc.StatusCode.FAILED_PRECONDITION, "queue paused", FatalError),
+        (grpc.StatusCode.UNIMPLEMENTED, "", FeedUnimplementedError),
+        (grpc.StatusCode.UNAUTHENTICATED, "", AuthenticationError),
+        (grpc.StatusCode.INTERNAL, "stream broke", FeedUnavailableError),
+        (grpc.StatusCode.CANCELLED, "server shutting down", FeedUnavailableError),
+        # A proxy's word about its own TLS hop to the gateway: retried, not our handshake.
+        (
+            grpc.StatusCode.UNAVAILABLE,
+            "upstream connect error: TLS error: CERTIFICATE_VERIFY_FAILED",
+            FeedUnavailableError,
+        ),
+    ],
+)
+async def test_each_status_a_stream_ends_with_is_the_projects_error(
+    code: grpc.StatusCode, details: str, error: type[Exception]
+) -> None:
+    """What arrived before the ending is read first; then the status, translated."""
+    sent = feed_pb2.Receipt(id="m0", level=2, stat="DELIVRD", ack_token="t0")
+
+    async def subscribe(
+        _request: feed_pb2.SubscribeRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[feed_pb2.Receipt]:
+        yield sent
+        await context.abort(code, details)
+
+    handler = grpc.method_handlers_generic_handler(
+        "gateway.receipts.v1.ReceiptFeed",
+        {
+            "Subscribe": grpc.unary_stream_rpc_method_handler(
+                subscribe,
+                request_deserializer=feed_pb2.SubscribeRequest.FromString,
+                response_serializer=feed_pb2.Receipt.SerializeToString,
+            )
+        },
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = open_channel(f"127.0.0.1:{port}", None)
+    stream_channel = open_stream_channel(f"127.0.0.1:{port}", None)
+    try:
+        client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
+        stream = client.subscribe(window=10)
+        first = await stream.read()
+        with pytest.raises(error) as caught:
+            await stream.read()
+    finally:
+        stream_channel.close()
+        await channel.close(grace=None)
+        await server.stop(None)
+    assert [r.message_id for r in first or []] == ["m0"]
+    assert not isinstance(caught.value, FeedTlsError)
+    assert PASSWORD not in str(caught.value)
+
+
+async def test_a_gateway_that_never_answers_the_handshake_fails_the_stream_in_time() -> None:
+    """A black-holed or wedged gateway (TCP accepted, no HTTP/2 SETTINGS) is a transient error
+    the reader retries after grpcio's connect timeout, not a stream that waits for ever."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    silent = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    channel = open_channel(f"127.0.0.1:{port}", None)
+    stream_channel = open_stream_channel(f"127.0.0.1:{port}", None)
+    try:
+        client = FeedClient(channel, LOGIN, PASSWORD, stream_channel=stream_channel)
+        stream = client.subscribe(window=10)
+        with pytest.raises(FeedUnavailableError, match="SETTINGS"):
+            await asyncio.wait_for(stream.read(), 60)
+    finally:
+        stream_channel.close()
+        await channel.close(grace=None)
+        # Stop accepting first: grpcio may still be reconnecting, and a connection accepted
+        # after its writer was closed would leak its transport into a later test.
+        silent.close()
+        await asyncio.sleep(0.1)
+        for writer in accepted:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        await silent.wait_closed()
+    assert accepted
 
 
 async def test_a_client_without_a_stream_channel_cannot_subscribe() -> None:

@@ -135,15 +135,13 @@ def test_profile_summary_charges_samples_to_components() -> None:
     raw = (
         "main (dlrfeed/cli.py);ingest (dlrfeed/store/store.py);execute (asyncpg/connection.py) 6\n"
         "main (dlrfeed/cli.py);read (dlrfeed/feed/client.py);_read (grpc/aio/_call.py) 2\n"
-        "main (dlrfeed/cli.py);read (dlrfeed/feed/client.py);_on_frames (dlrfeed/feed/http2.py) 1\n"
+        "main (dlrfeed/cli.py);read (dlrfeed/feed/client.py);_receive_message (cygrpc) 1\n"
         "main (dlrfeed/cli.py);loads (json/decoder.py) 1\n"
     )
     profile = summarise_profile(raw)
     assert profile["samples"] == 10
     assert dict(profile["categories"])["asyncpg"] == pytest.approx(60.0)
-    grpc_share = dict(profile["categories"])[
-        "gRPC (grpcio's aio and cygrpc; dlrfeed's HTTP/2 reader for streams)"
-    ]
+    grpc_share = dict(profile["categories"])["gRPC (grpcio's aio and cygrpc)"]
     assert grpc_share == pytest.approx(30.0)
     assert profile["self"][0] == ("execute (asyncpg/connection.py)", pytest.approx(60.0))
     assert ("ingest (dlrfeed/store/store.py)", pytest.approx(60.0)) in profile["inclusive"]

@@ -2,7 +2,7 @@
 
 `FeedClient` is the only place that touches the generated stubs. It turns each proto `Receipt`
 into a `dlrfeed.domain.receipt.Receipt` (keeping the serialized bytes whole as `raw`, P6/P9) and
-every failed call (`grpc.aio.AioRpcError`, or a Subscribe stream's ending) into one
+every failed call (`grpc.aio.AioRpcError`, or the `grpc.RpcError` of a Subscribe stream) into one
 of the project's exception types, so that retry policies elsewhere match only those (STYLE:
 translate errors at the boundary).
 """
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ssl
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 import grpc.aio
@@ -27,13 +29,11 @@ from dlrfeed.errors import (
     FatalError,
     FeedUnavailableError,
 )
-from dlrfeed.feed.http2 import GrpcStatus, StreamCall, StreamChannel
 from dlrfeed.feed.wire import pull_receipts, receipt_from_wire
 from dlrfeed.feed.wire import receipt_from_proto as receipt_from_proto  # moved; name kept
 from gateway.receipts.v1 import feed_pb2
 
 _SERVICE = "/gateway.receipts.v1.ReceiptFeed/"
-_Metadata = tuple[tuple[str, str], ...]
 MAX_ACK_TOKENS = 1000  # F9: more is INVALID_ARGUMENT
 MAX_PULL = 1000  # F10
 MAX_PULL_WAIT_SECONDS = 20  # F10
@@ -50,9 +50,11 @@ _TRANSIENT_CODES = frozenset(
         grpc.StatusCode.CANCELLED,
     }
 )
-_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
-# Words in a failed connection's details that mean the TLS handshake, not the network, failed.
-_TLS_FAILURE_MARKERS = ("ssl", "tls", "certificate", "handshake")
+# grpcio's words for a connection it could not open itself, and those in its reason that mean
+# the TLS handshake, not the network, failed. An UNAVAILABLE a proxy sends about its own TLS
+# hop to the gateway lacks the first: that one is retried like any other.
+_OWN_CONNECT_FAILURE = "failed to connect to all addresses"
+_TLS_FAILURE_MARKERS = ("ssl", "tls", "certificate", "handshake", "verification")
 
 
 class FeedUnimplementedError(FatalError):
@@ -68,26 +70,6 @@ def translate_rpc_error(exc: grpc.Call | grpc.aio.AioRpcError, rpc: str) -> Dlrf
     return translate_status(exc.code(), exc.details() or "", rpc)
 
 
-def translate_stream_error(exc: BaseException) -> DlrfeedError:
-    """The project's error for a failed Subscribe stream (dlrfeed.feed.http2): a status, TLS,
-    or the connection."""
-    if isinstance(exc, GrpcStatus):
-        code = _STATUS_BY_NUMBER.get(exc.code, grpc.StatusCode.UNKNOWN)
-        if code == grpc.StatusCode.UNAVAILABLE:
-            # Sent by the server (or a proxy before it): whatever TLS words it carries, they
-            # are about its own hops, not our handshake (that fails as ssl.SSLError, below).
-            return FeedUnavailableError(f"Subscribe failed: UNAVAILABLE: {exc.message[:300]}")
-        return translate_status(code, exc.message, "Subscribe")
-    if isinstance(exc, ssl.SSLError):
-        return FeedTlsError(
-            f"TLS handshake with the gateway failed on Subscribe: {exc} — check --tls, "
-            "--ca-file and --client-cert/--client-key"
-        )
-    # Refused, reset, lost (OSError, ConnectionFailed) or an HTTP/2 protocol error: the
-    # network or a restarting gateway, so a reconnect, never a stop.
-    return FeedUnavailableError(f"Subscribe failed: {type(exc).__name__}: {str(exc)[:300]}")
-
-
 def translate_status(code: grpc.StatusCode, details: str, rpc: str) -> DlrfeedError:
     """The project's error for status `code` of `rpc`, whichever library reported it."""
     details = details.strip()
@@ -98,8 +80,11 @@ def translate_status(code: grpc.StatusCode, details: str, rpc: str) -> DlrfeedEr
         )
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return FeedUnimplementedError(f"the gateway does not implement {rpc}")
-    if code == grpc.StatusCode.UNAVAILABLE and any(
-        marker in details.lower() for marker in _TLS_FAILURE_MARKERS
+    lowered = details.lower()
+    if (
+        code == grpc.StatusCode.UNAVAILABLE
+        and _OWN_CONNECT_FAILURE in lowered
+        and any(marker in lowered for marker in _TLS_FAILURE_MARKERS)
     ):
         return FeedTlsError(
             f"TLS handshake with the gateway failed on {rpc}: {details[:300]} — check --tls, "
@@ -122,16 +107,25 @@ class SubscribeStream:
     """One open Subscribe call: `read()` the receipts that have arrived, `cancel()` to end it
     (F7 releases).
 
-    The connection (dlrfeed.feed.http2) queues each message's bytes as its frame is parsed and
-    wakes the reader once per group that arrived together; the reader decodes the group at once
-    and hands it on in one piece, like a Pull's response. The server sends no more than the
-    window (F11) before some are acked, and no more bytes than the stream's flow-control
-    window before the reader takes what it has.
+    A thread of the stream's own takes the messages off the call (a synchronous call of
+    `open_stream_channel`) and queues their bytes; it wakes the event loop only when it queues
+    into an empty queue. So the loop pays one wake-up per *group* of messages - all that arrived
+    while it was busy - and decodes and hands on the group at once, like a Pull's response. The
+    queue holds at most `window` receipts: the gateway sends no more until some are acked (F11).
     """
 
-    def __init__(self, call: StreamCall) -> None:
+    def __init__(
+        self, call: grpc.CallIterator[bytes], loop: asyncio.AbstractEventLoop, name: str
+    ) -> None:
         self._call = call
+        self._loop = loop
+        self._arrived: deque[bytes] = deque()
+        self._wakeup = asyncio.Event()
+        self._ended = False
+        self._error: BaseException | None = None  # how the call ended, when not cleanly
         self._cancelled_by_us = False
+        self._thread = threading.Thread(target=self._take_messages, name=name, daemon=True)
+        self._thread.start()
 
     async def read(self) -> list[Receipt] | None:
         """Every receipt that has arrived since the last read, oldest first (at least one; waits
@@ -142,21 +136,24 @@ class SubscribeStream:
         (as grpc.aio does); `cancelled_by_us` tells it apart from a cancellation of the awaiting
         task.
         """
-        call = self._call
-        while not call.arrived:
+        while not self._arrived:
             if self._cancelled_by_us:
                 raise asyncio.CancelledError
-            if call.ended:
-                if call.error is None:
+            if self._ended:
+                if self._error is None:
                     return None
-                raise translate_stream_error(call.error)
-            call.wakeup.clear()
-            await call.wakeup.wait()
+                if isinstance(self._error, grpc.RpcError):
+                    raise translate_rpc_error(cast(grpc.Call, self._error), "Subscribe")
+                raise self._error
+            self._wakeup.clear()
+            await self._wakeup.wait()
         if self._cancelled_by_us:
             raise asyncio.CancelledError
         received_at = time.time()
+        arrived = self._arrived
+        # popleft, not a copy then clear(): the thread may append meanwhile.
         # C8: bytes the strict decoder refuses still become a receipt (dlrfeed.feed.wire).
-        return [receipt_from_wire(raw, received_at) for raw in call.take()]
+        return [receipt_from_wire(arrived.popleft(), received_at) for _ in range(len(arrived))]
 
     @property
     def cancelled_by_us(self) -> bool:
@@ -164,9 +161,30 @@ class SubscribeStream:
 
     def cancel(self) -> None:
         """End the stream: the call is reset (RST_STREAM), and the gateway releases its unacked
-        receipts at once (F7)."""
+        receipts at once (F7). The thread sees the call cancelled and ends."""
         self._cancelled_by_us = True
-        self._call.cancel()
+        self._call.cancel()  # type: ignore[no-untyped-call]  # unannotated in grpc-stubs
+        self._wakeup.set()
+
+    def _take_messages(self) -> None:
+        """The stream's thread: queue each message's bytes, wake the loop on the first of a
+        group, and record how the call ended."""
+        arrived = self._arrived
+        try:
+            for raw in self._call:
+                arrived.append(raw)
+                if len(arrived) == 1:
+                    self._wake()
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised by read()
+            self._error = exc
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._wakeup.set)
+        except RuntimeError:
+            return  # the loop is closed: nobody reads any more
 
 
 class FeedClient:
@@ -178,15 +196,26 @@ class FeedClient:
         login: str,
         password: str,
         *,
-        stream_channel: StreamChannel | None = None,
+        stream_channel: grpc.Channel | None = None,
         ack_timeout: float = 10.0,
     ) -> None:
         credential = base64.b64encode(f"{login}:{password}".encode()).decode("ascii")
         # The only copy of the secret lives in this tuple; it is never logged or repr'd.
         self.__metadata = (("authorization", f"Basic {credential}"),)
         self._ack_timeout = ack_timeout
-        # Without a stream channel (`open_stream_channel`) the client can Pull and Ack only.
-        self._stream_channel = stream_channel
+        # Subscribe keeps each message's bytes as received: `Receipt.raw` is exactly what the
+        # gateway sent, and an undecodable one still becomes a receipt (C8). Without a stream
+        # channel (`open_stream_channel`) the client can Pull and Ack only.
+        self._subscribe = (
+            None
+            if stream_channel is None
+            else stream_channel.unary_stream(
+                _SERVICE + "Subscribe",
+                request_serializer=feed_pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=None,
+            )
+        )
+        self._streams = 0
         self._pull = channel.unary_unary(
             _SERVICE + "Pull",
             request_serializer=feed_pb2.PullRequest.SerializeToString,
@@ -205,13 +234,12 @@ class FeedClient:
 
     def subscribe(self, window: int) -> SubscribeStream:
         """Open a Subscribe stream holding at most `window` unacked receipts (F11); must be
-        called inside the running loop."""
-        if self._stream_channel is None:
+        called inside the running loop, which `SubscribeStream.read()` then wakes."""
+        if self._subscribe is None:
             raise TypeError("this FeedClient has no stream_channel: it cannot Subscribe")
-        request = feed_pb2.SubscribeRequest(window=window).SerializeToString()
-        return SubscribeStream(
-            self._stream_channel.open(_SERVICE + "Subscribe", request, self.__metadata)
-        )
+        call = self._subscribe(feed_pb2.SubscribeRequest(window=window), metadata=self.__metadata)
+        self._streams += 1
+        return SubscribeStream(call, asyncio.get_running_loop(), f"subscribe-{self._streams}")
 
     def pull(self, max_receipts: int, wait_seconds: int) -> PullCall:
         """Start one long-poll Pull (F10); await `PullCall.receipts()` for its result."""

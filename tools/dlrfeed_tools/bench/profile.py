@@ -6,11 +6,7 @@ from collections import Counter
 from typing import Any
 
 _CATEGORIES = (
-    # Subscribe streams are read by dlrfeed.feed.http2 (hpack for headers); Pull and Ack by grpcio.
-    (
-        "gRPC (grpcio's aio and cygrpc; dlrfeed's HTTP/2 reader for streams)",
-        ("grpc/", "cygrpc", "grpc_", "dlrfeed/feed/http2", "hpack/"),
-    ),
+    ("gRPC (grpcio's aio and cygrpc)", ("grpc/", "cygrpc", "grpc_")),
     ("protobuf", ("google/protobuf", "_pb2")),
     ("asyncpg", ("asyncpg/",)),
     ("store (dlrfeed.store)", ("dlrfeed/store/",)),

@@ -130,7 +130,7 @@ def subscribe_walls(results: dict[str, Any]) -> list[str]:
             f"{mine.get('fakegw', 0) - pulls.get('fakegw', 0):.0f}, the daemon "
             f"{mine['daemon'] - pulls['daemon']:.0f} and PostgreSQL "
             f"{mine.get('postgres', 0) - pulls.get('postgres', 0):.0f}. In the subscribe profile "
-            "gRPC (the HTTP/2 reader on the streams) takes "
+            "gRPC (grpcio) takes "
             f"{share(results, 'subscribe', 'gRPC'):.0f} % of the daemon's samples and the event "
             f"loop {share(results, 'subscribe', 'event loop'):.0f} %. The candidates tried "
             f"against it are in *{HAND_WRITTEN_HEADING[3:]}*."
