@@ -411,21 +411,28 @@ def fault(request: pytest.FixtureRequest) -> Fault:
     return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-async def rig(cluster: PgCluster, fault: Fault, tmp_path: Path) -> AsyncIterator[Rig]:
+@contextlib.asynccontextmanager
+async def open_rig(
+    cluster: PgCluster,
+    tmp: Path,
+    *,
+    settings: tuple[tuple[str, str], ...] = (),
+    through_proxy: bool = False,
+) -> AsyncIterator[Rig]:
+    """A fresh database with the role `settings`, fakegw, and whatever the test starts."""
     database = f"transient_{os.getpid()}_{next(_databases)}"
     conn = await asyncpg.connect(cluster.dsn)
     try:
         await conn.execute(f"CREATE DATABASE {database} TEMPLATE {TEMPLATE} OWNER {APP_ROLE}")
-        for name, value in fault.settings:
+        for name, value in settings:
             await conn.execute(
                 f"ALTER ROLE {APP_ROLE} IN DATABASE {database} SET {name} = '{value}'"
             )
     finally:
         await conn.close()
     async with running_gateway(callbacks=PATIENT) as gateway:
-        rig = Rig(cluster, database, gateway, tmp_path)
-        if fault.through_proxy:
+        rig = Rig(cluster, database, gateway, tmp)
+        if through_proxy:
             rig.proxy = TcpProxy(cluster.port)
             await rig.proxy.start()
         try:
@@ -442,6 +449,14 @@ async def rig(cluster: PgCluster, fault: Fault, tmp_path: Path) -> AsyncIterator
                 await rig.proxy.close()
             with contextlib.suppress(OSError, asyncpg.PostgresError):
                 await cluster.drop_database(database)
+
+
+@pytest.fixture
+async def rig(cluster: PgCluster, fault: Fault, tmp_path: Path) -> AsyncIterator[Rig]:
+    async with open_rig(
+        cluster, tmp_path, settings=fault.settings, through_proxy=fault.through_proxy
+    ) as rig:
+        yield rig
 
 
 async def _spawn(rig: Rig, name: str, handed_back: str, *args: str) -> Service:
@@ -557,3 +572,29 @@ async def _assert_stored_once(db: asyncpg.Connection) -> None:
     assert len(statuses) == FEED_RECEIPTS // 2 + CALLBACKS
     assert {(r["status"], r["is_final"]) for r in statuses} == {("DELIVERED", True)}
     assert await db.fetchval("SELECT count(*) FROM dlr.exceptions") == 0
+
+
+async def test_a_fatal_error_still_ends_both_processes_in_one_line(
+    cluster: PgCluster, tmp_path: Path
+) -> None:
+    """Retrying cannot help a role that may not write (42501): both processes stop with one
+    line naming it, exit 78 (systemd does not restart them), having acked nothing and answered
+    no callback 2xx; nothing is stored."""
+    async with open_rig(cluster, tmp_path) as rig:
+        await _record_submissions(rig)
+        webhook_port = await _start(rig)
+        await rig.db.execute(f"REVOKE INSERT ON dlr.reception_rows FROM {APP_ROLE}")
+        await rig.traffic(webhook_port)
+        for service in rig.services:
+            code = await asyncio.wait_for(service.process.wait(), WITHIN_S)
+            text = service.log.read_text(errors="replace")
+            assert code == 78, text[-3000:]
+            reason = [line for line in text.splitlines() if line.startswith("dlrfeed: ")]
+            assert len(reason) == 1, text[-3000:]
+            assert reason[0].startswith(
+                "dlrfeed: the database role may not write the batch (SQLSTATE 42501"
+            )
+            assert "Traceback" not in text
+        stats = rig.gateway.stats(LOGIN)
+        assert (stats["acked"], stats["callbacks_delivered"]) == (0, 0)
+        assert await rig.db.fetchval("SELECT count(*) FROM dlr.receptions") == 0
