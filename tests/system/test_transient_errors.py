@@ -1,5 +1,5 @@
-"""Transient database errors never end `dlrfeed run` or `dlrfeed webhook` (docs/reliability.md,
-"Transient database errors").
+"""Transient database errors never end `dlrfeed run` or `dlrfeed webhook` (docs/postgresql.md,
+"Transient errors: retried, never fatal"); fatal ones still end them in one line.
 
 Each transient SQLSTATE class is induced for real on a PostgreSQL of this module's own (it is
 crashed and restarted too) while a real `dlrfeed run` process drains fakegw and a real
@@ -445,6 +445,10 @@ async def open_rig(
                     await service.process.wait()
             if rig.admin is not None:
                 await rig.admin.close()
+            if rig.stopping is not None:  # a smart shutdown: ends with the last session
+                await rig.stopping
+                if not (cluster.datadir / "postmaster.pid").exists():
+                    await asyncio.to_thread(cluster.start)  # for the next test
             if rig.proxy is not None:
                 await rig.proxy.close()
             with contextlib.suppress(OSError, asyncpg.PostgresError):

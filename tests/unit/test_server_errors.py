@@ -1,6 +1,7 @@
-"""The store reads PostgreSQL's errors by SQLSTATE class (docs/reliability.md, "Transient
-database errors"): every state the driver knows falls under one rule, and what is transient is
-handed back as StoreUnavailableError, never as a driver error that would end a process."""
+"""The store reads PostgreSQL's errors by SQLSTATE class (docs/postgresql.md, "Transient
+errors: retried, never fatal"): every state the driver knows falls under one rule, and what is
+transient is handed back as StoreUnavailableError, never as a driver error that would end a
+process."""
 
 from __future__ import annotations
 
