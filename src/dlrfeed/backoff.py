@@ -1,7 +1,9 @@
 """The one retry-delay policy of dlrfeed: exponential backoff with equal jitter, capped.
 
-Used by the readers (reconnects), the store gate (pings while PostgreSQL is down), start-up
-(waiting for the store or the gateway) and the Acker (Ack retries, as tenacity's `wait`).
+Used by the readers (reconnects), the store gate (pings while PostgreSQL is down), the batchers
+(a batch whose commit failed), the store (a transaction rolled back by a deadlock, as tenacity's
+`wait`), start-up (waiting for the store or the gateway) and the Acker (Ack retries, as
+tenacity's `wait`).
 Jitter keeps many workers that failed together from retrying together — reconnect storms are
 the most reported failure of peer clients.
 """

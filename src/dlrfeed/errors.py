@@ -30,7 +30,9 @@ class BadDataError(DlrfeedError):
 
 
 class StoreUnavailableError(TransientError):
-    """PostgreSQL could not be reached or the connection broke; nothing was committed."""
+    """PostgreSQL cannot take the transaction now: unreachable, the connection broke, or any
+    transient SQLSTATE class (a lock or statement timeout, a deadlock, too many connections,
+    a shutdown, a read-only server); nothing was committed."""
 
 
 class FeedUnavailableError(TransientError):

@@ -49,6 +49,7 @@ class FakeStore:
     committed: list[list[str]] = field(default_factory=list)
     hold: asyncio.Event | None = None  # set: commits wait for it
     down: bool = False
+    refusing: bool = False  # commits fail, pings pass: a table locked past lock_timeout
     started: asyncio.Event = field(default_factory=asyncio.Event)
     attempts: int = 0
 
@@ -57,6 +58,8 @@ class FakeStore:
         self.started.set()
         if self.down:
             raise StoreUnavailableError("connection refused")
+        if self.refusing:
+            raise StoreUnavailableError("SQLSTATE 55P03 LockNotAvailableError: lock timeout")
         if self.hold is not None:
             await self.hold.wait()
         self.committed.append([r.ack_token for r in receipts])
@@ -99,9 +102,16 @@ class Rig:
     released: list[int] = field(default_factory=list)
 
 
+QUICK_RETRY = Backoff(0.001, 0.01, rng=random.Random(1))
+
+
 @asynccontextmanager
 async def rig(
-    *, batch_size: int = 3, linger: float = 3600.0, store: FakeStore | None = None
+    *,
+    batch_size: int = 3,
+    linger: float = 3600.0,
+    store: FakeStore | None = None,
+    retry_delay: Backoff = QUICK_RETRY,
 ) -> AsyncIterator[Rig]:
     store = store or FakeStore()
     acks = FakeAcks(store)
@@ -121,6 +131,7 @@ async def rig(
         gate=gate,
         batch_size=batch_size,
         linger=linger,
+        retry_delay=retry_delay,
         clock=clock,
     )
     task = asyncio.create_task(batcher.run(), name="batcher-under-test")
@@ -221,6 +232,23 @@ async def test_a_batch_that_found_the_store_down_is_put_back_and_committed_once(
         assert r.acks.submitted == ["tok-m0", "tok-m1"]
         assert r.gate.is_up
         assert r.gate.outages == 1
+
+
+async def test_a_batch_refused_by_a_store_that_answers_pings_is_retried_after_a_backoff() -> None:
+    """A lock timeout leaves the server answering pings, so the gate reopens at once: the batch
+    waits its own backoff between attempts instead of retrying in a tight loop, and is committed
+    once the lock is gone."""
+    store = FakeStore(refusing=True)
+    delay = Backoff(0.2, 0.2, rng=random.Random(1))  # each wait 0.1-0.2 s
+    async with rig(batch_size=2, store=store, retry_delay=delay) as r:
+        await r.batcher.accept(receipts(2))
+        await eventually(lambda: store.attempts >= 1, "a refused commit")
+        await asyncio.sleep(0.3)
+        assert store.attempts <= 4, "retried without a backoff"  # the first + at most 3
+        assert r.acks.submitted == []
+        store.refusing = False
+        await eventually(lambda: len(r.acks.submitted) == 2, "the batch once the lock is gone")
+        assert store.committed == [["tok-m0", "tok-m1"]]
 
 
 async def test_release_drops_the_batch_in_hand_unacked_and_tells_the_reader() -> None:

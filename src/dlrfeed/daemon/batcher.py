@@ -6,9 +6,11 @@ after its first receipt. While one batch commits the reader fills the next (one 
 committing), and waits when both are full — that is how readers "stop taking receipts" when the
 store is slow or down. The commit of a batch runs as its own task: a cancelled batcher awaits it
 before re-raising, so a batch is never abandoned half-way between commit and ack. A commit that
-fails with `StoreUnavailableError` committed nothing: the batch is put back in front of the
-buffer and taken again once the gate sees the store up — or it is dropped unacked when the gate
-releases the streams (F7), for the gateway to redeliver.
+fails with `StoreUnavailableError` (any transient SQLSTATE class, or a lost connection)
+committed nothing: the batch is put back in front of the buffer and taken again once the gate
+sees the store up and a backoff delay has passed — or it is dropped unacked when the gate
+releases the streams (F7), for the gateway to redeliver. The delay matters when the server
+answers pings but refuses the batch (a table lock past lock_timeout, a statement timeout).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from dlrfeed.backoff import Backoff
 from dlrfeed.buffer import TimedBuffer
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.errors import StoreUnavailableError
@@ -53,6 +56,9 @@ class WriteGate(Protocol):
     async def wait_up(self) -> None: ...
 
 
+COMMIT_RETRY_DELAY = Backoff(initial=0.1, maximum=5.0)
+"""Between attempts of a batch whose commit failed (the gate's wait for the store comes first)."""
+
 CommitObserver = Callable[[Sequence[Receipt], Any, float], None]
 """Called after each commit with the batch, the store's IngestResult and the commit seconds."""
 
@@ -75,6 +81,7 @@ class Batcher:
         linger: float,
         on_commit: CommitObserver | None = None,
         on_batch_closed: Callable[[int], None] | None = None,
+        retry_delay: Backoff = COMMIT_RETRY_DELAY,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -84,6 +91,7 @@ class Batcher:
         self._gate = gate
         self._on_commit = on_commit
         self._on_batch_closed = on_batch_closed
+        self._retry_delay = retry_delay
         self._clock = clock
         self._pending: TimedBuffer[Receipt] = TimedBuffer(
             batch_size=batch_size, linger=linger, capacity=batch_size, clock=clock
@@ -157,8 +165,10 @@ class Batcher:
             committed = await self._commit_shielded(batch)
             self._update_idle()
             if not committed:
-                # The gate's prober pings with backoff; retry as soon as it sees the store.
-                await self._gate.wait_up()
+                # The gate's prober pings with backoff while the store is down; a store that
+                # answers but refused the batch is tried again after a backoff of its own.
+                pause = self._retry_delay.delay(self._failed_attempts)
+                await asyncio.gather(self._gate.wait_up(), asyncio.sleep(pause))
 
     def _update_idle(self) -> None:
         if not self._pending and not self._committing_size:
@@ -202,6 +212,7 @@ class Batcher:
                 batcher=self.name,
                 receipts=len(batch),
                 attempt=self._failed_attempts,
+                error=str(exc),
             )
             self._pending.put_back(batch)
             return False

@@ -1,10 +1,11 @@
 """StoreGate: the process's view of whether PostgreSQL takes writes, shared by every reader.
 
-A batch whose commit fails with `StoreUnavailableError` marks the gate down. While it is down,
-readers take no new receipts (their batch in hand is retried), a prober pings the store with
-backoff and jitter, and once the outage has lasted `release_after` seconds the gate fires the
-release callbacks: readers close their streams so the gateway hands the receipts to readers
-that can store them (F7). The first successful ping or commit opens the gate again.
+A batch whose commit fails with `StoreUnavailableError` (any transient SQLSTATE class, or a
+lost connection) marks the gate down. While it is down, readers take no new receipts (their
+batch in hand is retried), a prober pings the store with backoff and jitter, and once the
+outage has lasted `release_after` seconds the gate fires the release callbacks: readers close
+their streams so the gateway hands the receipts to readers that can store them (F7). The first
+successful ping or commit opens the gate again.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class StoreGate:
         self._up.set()
         self._down = asyncio.Event()
         self.down_since: float | None = None
+        self.reason: str | None = None
+        """Why the store is down, as last heard (None while it is up)."""
         self.released = False
         self.outages = 0
 
@@ -61,8 +64,9 @@ class StoreGate:
         self._up.clear()
         self._down.set()
         self.down_since = self._clock()
+        self.reason = str(error)
         self.outages += 1
-        log.error("store_unavailable", error=str(error))
+        log.error("store_unavailable", error=self.reason)
 
     def mark_up(self) -> None:
         """A commit or ping succeeded."""
@@ -72,6 +76,7 @@ class StoreGate:
         self._down.clear()
         self._up.set()
         self.down_since = None
+        self.reason = None
         self.released = False
         log.info("store_available", outage_s=round(outage, 3))
 
@@ -107,6 +112,11 @@ class StoreGate:
                     self._on_release()
                 try:
                     await self._ping()
-                except StoreUnavailableError:
+                except StoreUnavailableError as exc:
+                    if str(exc) != self.reason:
+                        # Why the store is still down, when that changes (a server shutting
+                        # down, then gone; too many connections; read-only).
+                        self.reason = str(exc)
+                        log.warning("store_still_unavailable", error=self.reason, attempt=attempt)
                     continue
                 self.mark_up()

@@ -1,62 +1,161 @@
-"""How the store reads PostgreSQL's errors: which mean the input cannot be stored, which that
-the server is gone for now, which that the schema changed under this dlrfeed. Store.ingest
-and Store.record_submissions act on each class differently (bisect, retry later, stop)."""
+"""How the store reads PostgreSQL's errors, by SQLSTATE class: which mean that the server cannot
+take the transaction now (retry it whole later: nothing was committed), which that the input
+cannot be stored (bisect it, C8), and which that retrying cannot help (configuration,
+privileges, a schema that changed: stop with one line). `translated` turns a driver error into
+the project's own (`dlrfeed.errors`); the store raises nothing else (STYLE: translate errors at
+the boundary).
+"""
 
 from __future__ import annotations
 
-import asyncpg
-import asyncpg.exceptions._base as asyncpg_base  # the client-side DataError lives only here
+import enum
 
-# Errors that mean "this input cannot be stored" (C8): retrying the same rows fails the same way.
-DATA_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.DataError,  # SQLSTATE class 22
-    asyncpg.exceptions.IntegrityConstraintViolationError,  # class 23
-    asyncpg.exceptions.ProgramLimitExceededError,  # class 54 (e.g. an index row too large)
-    asyncpg_base.DataError,  # client side: a value the driver cannot encode
+import asyncpg
+import asyncpg.exceptions._base as asyncpg_base  # the client-side errors live only here
+
+from dlrfeed.errors import (
+    BadDataError,
+    ConfigError,
+    DlrfeedError,
+    FatalError,
+    SchemaOutOfDateError,
+    StoreUnavailableError,
+)
+
+
+class Verdict(enum.Enum):
+    """What an error of the database or of its connection means for the transaction."""
+
+    TRANSIENT = "transient"
+    """Nothing was committed and the same transaction can succeed later: retry it whole."""
+    BAD_DATA = "bad data"
+    """This input cannot be stored; the same rows fail the same way (C8)."""
+    FATAL = "fatal"
+    """Retrying cannot help: a privilege, a setting or the schema must change first."""
+
+
+# SQLSTATE classes whose every condition passes by itself: 08 connection exception, 25 invalid
+# transaction state (25006 read-only: a standby, a failover under way, read-only mode;
+# 25P03/25P04 a session or transaction timeout), 40 transaction rollback (40001 serialization
+# failure, 40P01 deadlock), 53 insufficient resources (53300 too many connections, 53100 disk
+# full, 53200 out of memory), 57 operator intervention (57014 statement timeout or cancel,
+# 57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
+TRANSIENT_CLASSES = frozenset({"08", "25", "40", "53", "57"})
+# Conditions of other classes that pass: 55P03 lock_not_available (lock_timeout, NOWAIT) and
+# 55006 object_in_use. The rest of class 55 is a schema matter (55000: a view cannot be written).
+TRANSIENT_STATES = frozenset({"55P03", "55006"})
+# 22 data exception, 23 integrity constraint violation, 54 program limit exceeded (an index row
+# too large): the rows themselves.
+BAD_DATA_CLASSES = frozenset({"22", "23", "54"})
+# The server is gone or the connection broke before it could say why: the socket (OSError:
+# refused, reset, unreachable), no answer within the command timeout, or the driver's own view
+# of a closed connection. A backend killed under an idle pooled connection can leave the
+# driver's protocol state confused ("cannot switch to state ..."): as good as lost too.
+_CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg_base.InterfaceError,
+    asyncpg_base.InternalClientError,
+)
+# A value the driver cannot encode (client side, before the server sees it).
+_CLIENT_BAD_DATA: tuple[type[BaseException], ...] = (
+    asyncpg_base.DataError,
     UnicodeError,
     OverflowError,
 )
-# Errors that mean "the server or the connection is gone"; nothing was committed.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cannot connect now
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
-    asyncpg_base.InterfaceError,
-    # A backend killed under an idle pooled connection can leave the client's protocol state
-    # confused ("cannot switch to state ..."); the connection is as good as lost.
-    asyncpg_base.InternalClientError,
-    OSError,
-    TimeoutError,
-)
-# Server states that pass: a read-only server (a standby before failover completes, class 25)
-# or deadlocks still failing after every retry (class 40). The batch is retried whole later.
-PASSING_SERVER_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.InvalidTransactionStateError,
-    asyncpg.exceptions.TransactionRollbackError,
-)
 # The statements name a table, column or function the database no longer has, or write a
 # table that has become a view (0019: dlr.message_status, 0020: a view of two tables, 0021:
-# dlr.receptions, which a COPY cannot fill: "wrong object type"). Each class also holds errors
-# that say nothing of the schema: see `schema_changed`.
-SCHEMA_CHANGED_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.UndefinedTableError,
-    asyncpg.exceptions.WrongObjectTypeError,
-    asyncpg.exceptions.UndefinedColumnError,
-    asyncpg.exceptions.UndefinedFunctionError,
-    asyncpg.exceptions.FeatureNotSupportedError,
-    asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
+# dlr.receptions, which a COPY cannot fill: "wrong object type").
+_SCHEMA_CHANGED_STATES = frozenset({"42P01", "42703", "42883", "42809", "0A000", "55000"})
+_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    *_CONNECTION_LOST,
+    *_CLIENT_BAD_DATA,
 )
-# "cannot insert into view": the one state of class 55 that is a schema, not a lock (55P03) or
-# an object in use (55006).
-_VIEW_NOT_WRITABLE = "55000"
+
+
+def verdict(exc: BaseException) -> Verdict | None:
+    """What `exc` means for the transaction it ended; None when it is not an error of the
+    database or of its connection (a fault of dlrfeed itself, raised as it is)."""
+    if isinstance(exc, _CLIENT_BAD_DATA):  # before InterfaceError: the driver's DataError is one
+        return Verdict.BAD_DATA
+    if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
+        # The driver's own 0A000: a prepared plan outdated by DDL; it is prepared again.
+        return Verdict.TRANSIENT
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(exc.sqlstate or "")
+        if state[:2] in TRANSIENT_CLASSES or state in TRANSIENT_STATES:
+            return Verdict.TRANSIENT
+        if state[:2] in BAD_DATA_CLASSES:
+            return Verdict.BAD_DATA
+        return Verdict.FATAL
+    if isinstance(exc, _CONNECTION_LOST):
+        return Verdict.TRANSIENT
+    return None
+
+
+def is_bad_data(exc: BaseException) -> bool:
+    return verdict(exc) is Verdict.BAD_DATA
+
+
+def rolled_back(exc: BaseException) -> bool:
+    """SQLSTATE class 40 (serialization failure, deadlock): the server rolled the transaction
+    back so that another could go on; running it again at once usually succeeds."""
+    return isinstance(exc, asyncpg.exceptions.TransactionRollbackError)
 
 
 def schema_changed(exc: BaseException) -> bool:
-    """Whether `exc`, one of SCHEMA_CHANGED_ERRORS, says the schema changed under the
-    statements: not the driver's own InvalidCachedStatementError (0A000, a plan to make
-    again), nor a class-55 state other than a view that cannot be written."""
-    if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
-        return False
-    if isinstance(exc, asyncpg.exceptions.ObjectNotInPrerequisiteStateError):
-        return getattr(exc, "sqlstate", None) == _VIEW_NOT_WRITABLE
-    return isinstance(exc, SCHEMA_CHANGED_ERRORS)
+    """Whether `exc` says the schema changed under the statements (a table, column or function
+    gone, a table become a view); not the driver's InvalidCachedStatementError."""
+    return (
+        isinstance(exc, asyncpg.PostgresError)
+        and not isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError)
+        and exc.sqlstate in _SCHEMA_CHANGED_STATES
+    )
+
+
+def first_cause(exc: BaseException) -> BaseException:
+    """The earliest driver error in `exc`'s chain: a backend terminated mid-statement surfaces
+    as "the underlying connection is closed" from the rollback, caused by the server's 57P01."""
+    found = exc
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _DRIVER_ERRORS):
+            found = current
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a log or an error message: the SQLSTATE and error that started it."""
+    cause = first_cause(exc)
+    state = getattr(cause, "sqlstate", None)
+    text = " ".join(str(cause).split()) or "no answer in time"
+    name = type(cause).__name__
+    return f"SQLSTATE {state} {name}: {text}" if state else f"{name}: {text}"
+
+
+def translated(exc: BaseException, what: str) -> DlrfeedError | None:
+    """The project's error for a driver error that refused `what` ("the batch"); None when
+    `exc` is not a driver error (raise it as it is)."""
+    kind = verdict(exc)
+    if kind is None:
+        return None
+    if kind is Verdict.TRANSIENT:
+        return StoreUnavailableError(f"PostgreSQL is unavailable for {what}: {describe(exc)}")
+    if kind is Verdict.BAD_DATA:
+        return BadDataError(f"PostgreSQL refused {what}: {describe(exc)}")
+    if isinstance(exc, asyncpg.exceptions.InsufficientPrivilegeError):
+        return ConfigError(
+            f"the database role may not write {what} ({describe(exc)}): connect as the writer "
+            "role, see sql/roles.sql and docs/security.md"
+        )
+    if schema_changed(exc):
+        # A migration ran while this dlrfeed was up: its statements no longer fit the tables.
+        return SchemaOutOfDateError(
+            f"the database schema changed under this dlrfeed ({describe(exc)}): stop it, run "
+            "`dlrfeed migrate`, and start the dlrfeed that matches the schema"
+        )
+    return FatalError(f"PostgreSQL refused {what}: {describe(exc)}")

@@ -3,9 +3,10 @@
 The sending side (`recording`) and the recompute pass (`recompute`) run on a connection of the
 same pool, their driver errors translated here too. One ingest transaction per batch, a handful
 of set-based statements (see `queries`), the status of each message computed by the pure rules
-module. Driver errors are translated here: connection trouble → StoreUnavailableError (retry
-the batch, ack nothing); deadlock/serialization → retried in place; a data error → the batch
-is bisected and the poison receipt kept raw (C8).
+module. Driver errors are translated here, by SQLSTATE class (`server_errors`): a transient
+one → StoreUnavailableError (retry the batch, ack nothing); deadlock/serialization → first
+retried in place; a data error → the batch is bisected and the poison receipt kept raw (C8);
+anything else → one fatal line.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Iterator,
     Mapping,
     Sequence,
 )
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar, cast
 
 import asyncpg
-import asyncpg.exceptions
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from dlrfeed.backoff import Backoff
 from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, parse
@@ -38,12 +43,7 @@ from dlrfeed.domain.rules import (
 )
 from dlrfeed.domain.status import Outcome, Status
 from dlrfeed.domain.wire_format import callback_evidence_key, evidence_key
-from dlrfeed.errors import (
-    BadDataError,
-    ConfigError,
-    SchemaOutOfDateError,
-    StoreUnavailableError,
-)
+from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.store import copy_rows, queries, recompute, recording
 from dlrfeed.store.correlation import correlate, ids_to_lock
 from dlrfeed.store.migrate import ensure_current, readable_version
@@ -65,13 +65,7 @@ from dlrfeed.store.server import (
     check_server,
     connect_options,
 )
-from dlrfeed.store.server_errors import (
-    CONNECTION_ERRORS,
-    DATA_ERRORS,
-    PASSING_SERVER_ERRORS,
-    SCHEMA_CHANGED_ERRORS,
-    schema_changed,
-)
+from dlrfeed.store.server_errors import describe, is_bad_data, rolled_back, translated
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
 
@@ -79,7 +73,13 @@ if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
 
-_DEADLOCK_RETRIES = 8
+log = structlog.get_logger("dlrfeed.store")
+
+# Serialization failures and deadlocks (SQLSTATE class 40) are retried in place this many
+# times, ~1 s in all, before the batch is handed back as StoreUnavailableError.
+_ROLLED_BACK_ATTEMPTS = 8
+ROLLED_BACK_DELAY = Backoff(initial=0.01, maximum=0.5)
+"""Between in-place attempts of a transaction the server rolled back (deadlock, serialization)."""
 # Receptions per COPY piece: the server inserts a piece while the client plans the next one.
 _COPY_PIECE = 100
 # Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
@@ -127,6 +127,18 @@ async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple
     return result, done
 
 
+@contextmanager
+def _refusing(what: str) -> Iterator[None]:
+    """Driver errors raised in the block, as the project's own (`server_errors.translated`)."""
+    try:
+        yield
+    except Exception as exc:
+        error = translated(exc, what)
+        if error is None:
+            raise
+        raise error from exc
+
+
 async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     """Pool release hook: nothing to reset, so no extra round trip per call.
 
@@ -134,6 +146,19 @@ async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     only, no SET, LISTEN or cursors), and the pool still rolls back an unfinished transaction
     before this hook runs; the driver's default reset would cost a round trip per ingest.
     """
+
+
+def _rolled_back_delay(state: RetryCallState) -> float:
+    return ROLLED_BACK_DELAY.delay(state.attempt_number)
+
+
+def _log_rolled_back(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    log.warning(
+        "transaction_retry",
+        attempt=state.attempt_number,
+        error=describe(error) if error is not None else None,
+    )
 
 
 def _plan_piece(
@@ -197,7 +222,7 @@ class Store:
         or, with `require_synchronous_commit`, does not confirm synchronous replication.
         `pooler` says whether `dsn` reaches PostgreSQL through a transaction pooler (server).
         """
-        try:
+        with _refusing("a connection"):
             through_pooler = await behind_transaction_pooler(dsn, pooler)
             pool = await asyncpg.create_pool(
                 dsn,
@@ -210,23 +235,22 @@ class Store:
                 command_timeout=_STATEMENT_TIMEOUT_S,
                 **connect_options(through_pooler),
             )
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
         try:
-            async with pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
-                facts = await check_server(
-                    conn, require_synchronous_commit=require_synchronous_commit
-                )
-                version = await readable_version(cast("asyncpg.Connection[asyncpg.Record]", conn))
-                earlier_statuses = (
-                    version is None
-                    or version < queries.STATUSES_BY_MESSAGE_VERSION
-                    or bool(await queries.HAS_EARLIER_STATUSES.fetchval(conn))
-                )
-        except BaseException as exc:
+            with _refusing("a connection"):
+                async with pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
+                    facts = await check_server(
+                        conn, require_synchronous_commit=require_synchronous_commit
+                    )
+                    version = await readable_version(
+                        cast("asyncpg.Connection[asyncpg.Record]", conn)
+                    )
+                    earlier_statuses = (
+                        version is None
+                        or version < queries.STATUSES_BY_MESSAGE_VERSION
+                        or bool(await queries.HAS_EARLIER_STATUSES.fetchval(conn))
+                    )
+        except BaseException:
             await pool.close()
-            if isinstance(exc, CONNECTION_ERRORS):
-                raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
             raise
         return cls(
             pool,
@@ -243,11 +267,9 @@ class Store:
     async def ping(self) -> None:
         """One round trip to the server; StoreUnavailableError when it does not answer or can
         no longer take writes (a primary demoted, or failed over to while still a standby)."""
-        try:
+        with _refusing("a ping"):
             async with self._pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
                 writable = await conn.fetchval(WRITABLE.text, timeout=_CONNECT_TIMEOUT_S)
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
         if not writable:
             # The pooled connections stay on this server; new ones go through the host list of
             # the URL again (target_session_attrs=read-write finds the new primary).
@@ -259,12 +281,10 @@ class Store:
 
     async def check_schema(self) -> None:
         """SchemaOutOfDateError (one line naming `dlrfeed migrate`) unless the schema is current."""
-        try:
+        with _refusing("the schema check"):
             async with self._pool.acquire() as conn:
                 # ensure_current is typed for a bare Connection; the pool proxy delegates to one.
                 await ensure_current(cast("asyncpg.Connection[asyncpg.Record]", conn))
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
     # ---------------------------------------------------------------- ingest
 
@@ -273,35 +293,19 @@ class Store:
 
         On return every receipt is durably committed - as a reception, or (C8) as an
         `unstorable` exception with its raw bytes - so the caller may ack every token. Raises
-        StoreUnavailableError when the connection or the server fails: nothing is acked then,
-        and ingesting the same batch again is safe (its receipts become repeats at worst).
+        StoreUnavailableError for any transient SQLSTATE class or a lost connection: nothing is
+        acked then, and ingesting the same batch again is safe (its receipts become repeats at
+        worst). A fatal error (privileges, the schema changed under us) is one line: nothing
+        was committed or acked, and the gateway redelivers to a dlrfeed that can store it.
         """
         if not receipts:
             return IngestResult([], {})
         events = [parse(receipt, self.options) for receipt in receipts]
-        try:
+        with _refusing("the batch"):
             async with self._pool.acquire() as conn:
                 outcomes, retries, bisections = await self._ingest_bisecting(
                     conn, login, receipts, events
                 )
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL unavailable during ingest: {exc}") from exc
-        except PASSING_SERVER_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL refused the batch for now: {exc}") from exc
-        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-            raise ConfigError(
-                f"the database role may not ingest ({exc}): connect as the writer role, "
-                "see sql/roles.sql and docs/security.md"
-            ) from exc
-        except SCHEMA_CHANGED_ERRORS as exc:
-            if not schema_changed(exc):
-                raise
-            # A migration ran while this daemon was up: its statements no longer fit the
-            # tables. Nothing was committed or acked (the gateway redelivers); stop, in one line.
-            raise SchemaOutOfDateError(
-                f"the database schema changed under this dlrfeed ({exc}): stop it, run "
-                "`dlrfeed migrate`, and start the dlrfeed that matches the schema"
-            ) from exc
         return IngestResult(outcomes, Counter(outcomes), retries, bisections)
 
     async def _ingest_bisecting(
@@ -313,7 +317,9 @@ class Store:
     ) -> tuple[list[Outcome], int, int]:
         try:
             outcomes, retries = await self._ingest_retrying(conn, login, events)
-        except DATA_ERRORS as exc:
+        except Exception as exc:
+            if not is_bad_data(exc):
+                raise
             # C8: find the poison receipt by halving, all inside ONE outer transaction (each
             # half's transaction becomes a savepoint): a connection lost half-way then commits
             # nothing, and the caller's whole-batch retry stores no delivery twice.
@@ -343,7 +349,9 @@ class Store:
         ):
             try:
                 done, attempts = await self._ingest_retrying(conn, login, part_events)
-            except DATA_ERRORS as exc:
+            except Exception as exc:
+                if not is_bad_data(exc):
+                    raise
                 done, attempts, splits = await self._split(conn, login, part, part_events, exc)
                 bisections += splits
             outcomes += done
@@ -353,17 +361,22 @@ class Store:
     async def _ingest_retrying(
         self, conn: Connection, login: str, events: list[LogicalEvent]
     ) -> tuple[list[Outcome], int]:
-        for attempt in range(_DEADLOCK_RETRIES + 1):
-            try:
+        # Deadlock or serialization failure: the transaction was rolled back whole, so running
+        # it again is safe. Sorted locking makes this rare; a failure that lasts is handed back.
+        outcomes: list[Outcome] = []
+        attempt_number = 1
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(rolled_back),
+            wait=_rolled_back_delay,
+            stop=stop_after_attempt(_ROLLED_BACK_ATTEMPTS),
+            before_sleep=_log_rolled_back,
+            reraise=True,
+        ):
+            with attempt:
+                attempt_number = attempt.retry_state.attempt_number
                 async with write_transaction(conn):
-                    return await self._ingest_once(conn, login, events), attempt
-            except asyncpg.exceptions.TransactionRollbackError:
-                # Deadlock or serialization failure: the transaction was rolled back whole;
-                # running it again is safe. Sorted locking makes this rare.
-                if attempt == _DEADLOCK_RETRIES:
-                    raise
-                await asyncio.sleep(0.005 * (attempt + 1))
-        raise AssertionError("unreachable: the loop returns or raises")
+                    outcomes = await self._ingest_once(conn, login, events)
+        return outcomes, attempt_number - 1
 
     async def _store_unstorable(
         self, conn: Connection, login: str, receipt: Receipt, error: BaseException
@@ -388,13 +401,9 @@ class Store:
         exception however often the same bytes are posted. StoreUnavailableError when the store
         cannot take it (nothing kept: the sender must post it again)."""
         details = {"error": reason[:2000], "channel": "webhook", "peer": peer}
-        try:
+        with _refusing("the callback"):
             async with self._pool.acquire() as conn, write_transaction(conn):
                 await self._keep_evidence(conn, login, "", details, raw, callback_evidence_key(raw))
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
-        except PASSING_SERVER_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL refused the callback for now: {exc}") from exc
 
     async def _keep_evidence(
         self,
@@ -557,7 +566,9 @@ class Store:
         first are replayed through the same planner in their arrival order, and the
         `uncorrelated` exceptions of their events resolved with the reason.
         """
-        try:
+        # On BadDataError, chunks already committed stay, durable once the server flushes its
+        # WAL (within wal_writer_delay); recording is idempotent: run the file again.
+        with _refusing("a submission"):
             async with self._pool.acquire() as conn:
                 return await recording.record_submissions(
                     conn,
@@ -566,12 +577,6 @@ class Store:
                     self.writes.statuses,
                     self.writes.receptions,
                 )
-        except DATA_ERRORS as exc:
-            # Chunks already committed stay, durable once the server flushes its WAL (within
-            # wal_writer_delay); recording is idempotent: run the file again.
-            raise BadDataError(f"a submission was refused by the database: {exc}") from exc
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
     # ---------------------------------------------------------------- recompute
 
@@ -585,7 +590,7 @@ class Store:
         `chunk` messages commit one by one, each under the same message locks as the ingest,
         so it runs safely beside a live daemon; running it again finds nothing stale.
         """
-        try:
+        with _refusing("the recompute"):
             async with self._pool.acquire() as conn:
                 return await recompute.recompute(
                     conn,
@@ -595,5 +600,3 @@ class Store:
                     writes=self.writes.statuses,
                     waiting=self.writes.receptions.waiting,
                 )
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc

@@ -98,10 +98,14 @@ class CallbackIntake:
         return await asyncio.shield(outcome)
 
     async def run(self) -> None:
-        """The committers, until cancelled; a fatal store error (not an outage) ends them."""
-        async with asyncio.TaskGroup() as group:
-            for number in range(self._commits):
-                group.create_task(self._committer(), name=f"webhook-commit-{number}")
+        """The committers, until cancelled; a fatal store error (not an outage) ends them and
+        is raised as it is, so the service stops with its one line (not a task group's)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                for number in range(self._commits):
+                    group.create_task(self._committer(), name=f"webhook-commit-{number}")
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0]  # noqa: B904 - the committer's error is the reason
 
     async def drain(self) -> None:
         """Wait until every receipt taken so far is committed (or failed) and answered."""
