@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -129,8 +129,8 @@ class _OverCap(asyncio.Protocol):
     """A connection past the cap: told to retry, then closed; nothing of it is read."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_OVER_CAP)
+        # A stream transport (uvloop's is not an asyncio.Transport subclass, so no isinstance).
+        cast("asyncio.WriteTransport", transport).write(_OVER_CAP)
         transport.close()
 
 
