@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import asyncpg
 import httpx
@@ -236,3 +237,34 @@ async def test_bad_bodies_share_the_commits_and_healthz_tells_a_stalled_store(
         await locker.close()
     kept = await db.fetchval("SELECT count(*) FROM dlr.exceptions WHERE evidence = 'junk'")
     assert kept == 5  # the locker's was rolled back: every post of the garbage is kept
+
+
+async def test_kannel_buffered_after_the_smsc_ack_stays_visible(
+    database_url: str, store: Store, db: asyncpg.Connection
+) -> None:
+    """Types 8 then 4 then 1: the SMSC's acceptance and the network's buffered report (an
+    ACCEPTD receipt, with its date and err) are two observations, neither a repeat of the
+    other, each delivery kept with what it said; the delivery is the result."""
+    await store.record_submissions([Submission(LOGIN, "m-buf", "+34600000001")])
+    async with (
+        running_webhook(webhook_settings(database_url, "--format", "kannel")) as service,
+        httpx.AsyncClient() as client,
+    ):
+        buffered = (
+            "id:R1 sub:001 dlvrd:000 submit date:2612031012 done date:2612031013"
+            " stat:ACCEPTD err:000"
+        )
+        delivered = buffered.replace("ACCEPTD", "DELIVRD").replace("2612031013", "2612031015")
+        for kind in ("8&reply=ACK%2F", f"4&reply={quote(buffered)}", f"1&reply={quote(delivered)}"):
+            answer = await client.get(url(service, f"/dlr?id=m-buf&type={kind}"))
+            assert answer.status_code == 200
+        outcomes = [
+            r["outcome"]
+            for r in await db.fetch("SELECT outcome::text FROM dlr.receptions ORDER BY id")
+        ]
+    assert "repeat" not in outcomes, outcomes
+    (report,) = await message_reports(db, "m-buf", None)
+    stats = [r["stat"] for r in report["receptions"]]
+    assert stats == ["ACCEPTD", "ACCEPTD", "DELIVRD"], report["receptions"]
+    assert [r["done_date_raw"] for r in report["receptions"]] == [None, "2612031013", "2612031015"]
+    assert report["status"]["status"] == "DELIVERED"
