@@ -8,11 +8,13 @@ import asyncio
 import gzip
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import quote
 
 import asyncpg
 import httpx
+import pytest
 import structlog
 
 from dlrfeed.store import Store, Submission
@@ -22,9 +24,9 @@ from dlrfeed_testing.webhook_harness import LOGIN, SECRET, running_webhook, url,
 NEXT_SECRET = "rotated-n3xt-Secret"
 
 
-async def _until(predicate: object, within_s: float = 20) -> None:
+async def _until(predicate: Callable[[], Awaitable[bool]], within_s: float = 20) -> None:
     deadline = asyncio.get_running_loop().time() + within_s
-    while not await predicate():  # type: ignore[operator]
+    while not await predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.05)
 
@@ -124,7 +126,7 @@ async def test_a_bad_body_whose_id_is_readable_is_findable_by_it(
 
 
 async def test_bodies_compressed_or_framed_wrongly_are_refused_4xx_and_kept(
-    database_url: str, db: asyncpg.Connection, capfd: object
+    database_url: str, db: asyncpg.Connection, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A gzip body is read; a broken gzip, an encoding the receiver does not decode, and a
     broken chunked framing are each a 4xx whose bytes are committed as evidence."""
@@ -166,7 +168,7 @@ async def test_bodies_compressed_or_framed_wrongly_are_refused_4xx_and_kept(
     assert {b"\x1f\x8bnot gzip", b"\x0b\x02\x80br"} <= kept
     assert b'5\r\n{"id"\r\nZZ\r\n' in kept, "the body as it arrived, framing and all"
     assert bytes(await db.fetchval("SELECT payload FROM dlr.receptions")) == good
-    assert "Traceback" not in capfd.readouterr().err  # type: ignore[attr-defined]
+    assert "Traceback" not in capfd.readouterr().err
 
 
 async def test_a_flood_of_distinct_garbage_opens_few_investigations_keeps_every_body(

@@ -6,7 +6,8 @@ What each answer means to the gateway that posted (docs/webhook.md, "Answers"):
 - 400: the callback cannot be read as a receipt; its bytes are committed as evidence (C8). Do
   not retry: the same bytes again are the same open investigation.
 - 413: the body is over --max-body-bytes; its first bytes are committed as evidence.
-- 408: the body did not arrive within --body-timeout; nothing stored: post it again.
+- 408: the body did not arrive within --body-timeout; the part that arrived is kept as
+  evidence, nothing is applied: post it again.
 - 415: a Content-Encoding the receiver does not decode (br, zstd, ...); its bytes are committed
   as evidence, as for a 400.
 - 401: no valid secret; nothing stored (anybody could fill the queue otherwise).
@@ -27,6 +28,7 @@ import hmac
 import time
 import zlib
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -98,6 +100,7 @@ class _Unreadable(Exception):  # noqa: N818  # a control-flow signal inside the 
         self.raw, self.reason, self.status = raw, reason, status
 
 
+_MAX_FLOOD_HOSTS = 10_000  # callers whose unreadable callbacks are counted at once
 _DECODERS = {  # Content-Encoding → zlib wbits (RFC 9110 §8.4.1)
     "gzip": 16 + zlib.MAX_WBITS,
     "x-gzip": 16 + zlib.MAX_WBITS,
@@ -123,8 +126,8 @@ class FloodGuard:
         now = self._clock()
         tokens, at = self._buckets.get(host, (self._burst, now))
         tokens = min(self._burst, tokens + (now - at) * self._rate)
-        if len(self._buckets) > 10_000:  # forget the full buckets: memory stays bounded
-            self._buckets = {h: b for h, b in self._buckets.items() if b[0] < self._burst}
+        if len(self._buckets) > _MAX_FLOOD_HOSTS:
+            self._buckets.clear()  # memory stays bounded; every host starts a fresh minute
         if tokens >= 1.0:
             self._buckets[host] = (tokens - 1.0, now)
             return None
@@ -263,6 +266,8 @@ class CallbackServer:
         """The body as the gateway meant it: read within --body-timeout, at most
         --max-body-bytes of it, decoded from its Content-Encoding. _Refused when it cannot be
         read now (nothing kept), _Unreadable with what arrived when it is not a body."""
+        if not request.body_exists:
+            return b""  # a GET: the callback is in its query
         limit = self._max_body_bytes
         declared = request.content_length
         # Reserve the bytes this body may take from the bound of all bodies in flight.
@@ -284,7 +289,7 @@ class CallbackServer:
                 log.info("callback_body_timeout", peer=_peer(request), bytes_received=size)
                 _keep_partial(chunks, limit, "did not arrive within --body-timeout", 408)
                 raise _Refused(
-                    _text(408, "the body did not arrive in time; nothing stored, send again\n")
+                    _text(408, "the body did not arrive in time; nothing stored: send it again\n")
                 ) from None
             except (HttpProcessingError, ConnectionError, web.HTTPException) as exc:
                 # Broken framing (a bad chunk size: aiohttp answers 400 and drops the
@@ -315,6 +320,8 @@ class CallbackServer:
         """C8: the bytes committed as evidence first (with the next group commit), then the
         answer that stops retries."""
         await self._keep(raw, reason, request.transport, peer, message_id)
+        if status == HTTPStatus.REQUEST_TIMEOUT:
+            return _text(status, f"{reason}; not a receipt until it all arrives: send it again\n")
         return _text(status, f"{reason}; kept as evidence, do not retry\n")
 
     async def keep_broken_request(
