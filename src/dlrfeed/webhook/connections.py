@@ -118,8 +118,12 @@ class RecordingHandler(RequestHandler):
         transport = self.transport
 
         async def keep_then_answer(request: Any) -> web.StreamResponse:
-            with contextlib.suppress(StoreUnavailableError):  # the store is down: only logged
+            try:
                 await self._keep_broken(body[: self._limit], reason, transport)
+            except StoreUnavailableError as exc:
+                # The caller gets aiohttp's 400 all the same (its request cannot be read);
+                # what it sent is only in this log line.
+                log.warning("broken_request_not_kept", reason=reason, error=str(exc))
             return await plain(request)
 
         return keep_then_answer
