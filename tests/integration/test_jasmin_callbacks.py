@@ -209,11 +209,6 @@ async def test_jasmin_is_acked_only_once_its_callback_is_committed(
     assert await db.fetchval("SELECT status FROM dlr.message_status") == "DELIVERED"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the jasmin format keeps a level-1 submit error (ESME_*) as an unrecognised stat:"
-    " no status, where Kannel's refused submit (NACK, type 16) is REJECTED",
-)
 async def test_a_submit_jasmin_reports_refused_is_rejected_like_kannels(
     database_url: str, store: Store, db: asyncpg.Connection, tmp_path: Path
 ) -> None:

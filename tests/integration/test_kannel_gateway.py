@@ -206,7 +206,7 @@ async def test_kannel_reports_deliveries_failures_expiries_and_refused_submits(
         (FAILED.message_id, 2): ("UNDELIV", "UNDELIVERABLE", "001"),
         (EXPIRED.message_id, 1): ("ACCEPTD", "ACCEPTED", None),
         (EXPIRED.message_id, 2): ("EXPIRED", "EXPIRED", "000"),
-        (REFUSED.message_id, 2): ("REJECTD", "REJECTED", None),
+        (REFUSED.message_id, 2): ("REJECTD", "REJECTED", "0x0000000b"),
     }
     statuses = {
         r["message_id"]: (r["status"], r["is_final"])
@@ -221,11 +221,6 @@ async def test_kannel_reports_deliveries_failures_expiries_and_refused_submits(
     assert await db.fetchval("SELECT count(*) FROM dlr.exceptions") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the kannel format refuses a non-UTF-8 reply (400, an unstorable exception with no"
-    " message id) until it decodes Latin-1 and flags the field",
-)
 async def test_a_latin_1_receipt_text_from_kannel_is_stored_and_flagged(
     rig: Rig, store: Store, db: asyncpg.Connection
 ) -> None:

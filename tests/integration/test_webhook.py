@@ -15,7 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
-from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
+from dlrfeed.domain.receipt import AckToken, MessageId, Receipt, UnreadableCallback
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.store import IngestResult
 from dlrfeed.webhook.app import WebhookService, WebhookStore
@@ -122,10 +122,10 @@ class HeldStore:
         self.commits.append(len(receipts))
         return await self._store.ingest(login, receipts)
 
-    async def keep_unreadable_callback(
-        self, login: str, raw: bytes, reason: str, *, peer: str | None
+    async def keep_unreadable_callbacks(
+        self, login: str, callbacks: Sequence[UnreadableCallback]
     ) -> None:
-        await self._store.keep_unreadable_callback(login, raw, reason, peer=peer)
+        await self._store.keep_unreadable_callbacks(login, callbacks)
 
     async def ping(self) -> None:
         await self._store.ping()

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from dlrfeed_tools.pgcluster import free_port
-from support.webhook_harness import running_webhook, webhook_settings
+from support.webhook_harness import SECRET, running_webhook, webhook_settings
 
 DOCUMENTED = Path(__file__).resolve().parents[2] / "docs" / "deploy" / "nginx-dlrfeed-webhook.conf"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -81,16 +81,26 @@ def nginx_in_front(tmp_path: Path) -> Iterator[tuple[Path, int, int]]:
 
 
 async def test_callbacks_through_the_documented_nginx_are_stored_with_both_addresses(
-    database_url: str, db: asyncpg.Connection, nginx_in_front: tuple[Path, int, int]
+    database_url: str,
+    db: asyncpg.Connection,
+    nginx_in_front: tuple[Path, int, int],
+    tmp_path: Path,
 ) -> None:
     cert, public, upstream = nginx_in_front
-    settings = webhook_settings(database_url, "--listen", f"127.0.0.1:{upstream}")
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET)
+    secret_file.chmod(0o600)
+    settings = webhook_settings(
+        database_url, "--listen", f"127.0.0.1:{upstream}", "--secret-file", str(secret_file)
+    )
     callback = json.dumps({"id": "via-nginx", "level": 2, "stat": "DELIVRD"}).encode()
     oversized = json.dumps({"id": "big", "text": "x" * (70 * 1024)}).encode()
     async with (
         running_webhook(settings),
         httpx.AsyncClient(
-            verify=ssl.create_default_context(cafile=cert), base_url=f"https://localhost:{public}"
+            verify=ssl.create_default_context(cafile=cert),
+            base_url=f"https://localhost:{public}",
+            headers={"Authorization": f"Bearer {SECRET}"},
         ) as client,
     ):
         for _ in range(100):  # nginx binds its port just after it starts
@@ -104,7 +114,11 @@ async def test_callbacks_through_the_documented_nginx_are_stored_with_both_addre
         too_big = await client.post("/", content=oversized)
         assert too_big.status_code == 413
         assert (await client.post("/elsewhere", content=callback)).status_code == 404
-    (payload, peer), *_ = await db.fetch("SELECT payload, peer FROM dlr.receptions")
+        # The path secret, for gateways without headers: through its own location.
+        in_path = json.dumps({"id": "path-secret", "level": 2, "stat": "DELIVRD"}).encode()
+        answer = await client.post(f"/dlr/{SECRET}", content=in_path, headers={"Authorization": ""})
+        assert answer.status_code == 200
+    (payload, peer), *_ = await db.fetch("SELECT payload, peer FROM dlr.receptions ORDER BY id")
     assert bytes(payload) == callback
     assert peer.startswith("127.0.0.1:")
     assert peer.endswith(" for 127.0.0.1")  # the caller's address, as nginx forwarded it

@@ -13,12 +13,14 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from dlrfeed.cli import build_parser
 from dlrfeed.config import env_name, settable_actions
 from dlrfeed.errors import AuthenticationError, ConfigError, SchemaOutOfDateError
+from support.webhook_harness import webhook_settings
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 INSTALLED_EXECUTABLE = "/opt/dlrfeed/venv/bin/dlrfeed"
@@ -328,3 +330,16 @@ def test_webhook_unit_takes_its_secret_as_a_credential_and_outlasts_its_clean_st
     assert _seconds(_only(unit, "Service", "TimeoutStopSec")) > timeout
     assert _values(unit, "Service", "EnvironmentFile") == ["/etc/dlrfeed/webhook.env"]
     assert "DLRFEED_WEBHOOK_SECRET" not in _example_keys("webhook.env.example")
+
+
+def test_webhook_unit_has_descriptors_and_memory_for_its_bounds() -> None:
+    """The connection cap's default fits under LimitNOFILE (with the descriptors it keeps
+    back), so a flood meets the cap and not EMFILE; the bodies in flight fit in MemoryMax."""
+    unit = _unit("dlrfeed-webhook.service")
+    limit = int(_only(unit, "Service", "LimitNOFILE"))
+    with mock.patch("resource.getrlimit", return_value=(limit, limit)):
+        settings = webhook_settings("postgresql://u@h/d")
+    assert settings.max_connections == 4096 <= limit - 64
+    memory = _only(unit, "Service", "MemoryMax")
+    assert memory.endswith("M")
+    assert settings.max_bodies_bytes * 2 < int(memory[:-1]) * 1024 * 1024

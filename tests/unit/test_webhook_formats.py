@@ -15,8 +15,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from dlrfeed.domain import rules
 from dlrfeed.webhook import formats
 from dlrfeed.webhook.formats import (
+    STAT_INFERRED,
     TEXT_FIELDS,
     Callback,
     CallbackFormat,
@@ -24,6 +26,7 @@ from dlrfeed.webhook.formats import (
     ReceiptFields,
     evidence,
     read_callback,
+    read_flagged,
 )
 from gateway.receipts.v1 import feed_pb2
 from support.receipt_strategies import examples
@@ -183,13 +186,20 @@ def test_jasmin_connector_is_read_at_level_1_only() -> None:
     assert (one.get("connector"), two.get("connector")) == ("c1", None)
 
 
-def test_jasmin_only_esme_rok_becomes_acceptd() -> None:
-    def stat(status: str) -> str | None:
-        return read_callback(JASMIN, get(f"id=u1&level=1&message_status={status}")).get("stat")
+def test_jasmin_esme_rok_is_acceptance_and_an_esme_error_a_refused_submit() -> None:
+    """A level-1 ESME_R* error is the SMSC refusing the submit: the one documented outcome of
+    a refused submit (REJECTD at level 2, the code as err), as Kannel's NACK."""
 
-    assert stat("ESME_ROK") == "ACCEPTD"
-    assert stat("ESME_RTHROTTLED") == "ESME_RTHROTTLED"
-    assert stat("DELIVRD") == "DELIVRD"
+    def read(status: str) -> ReceiptFields:
+        return read_callback(JASMIN, get(f"id=u1&level=1&message_status={status}"))
+
+    assert read("ESME_ROK") == {"id": "u1", "level": 1, "stat": "ACCEPTD"}
+    refused = read("ESME_RINVDSTADR")
+    assert refused == {"id": "u1", "level": 2, "stat": "REJECTD", "err": "ESME_RINVDSTADR"}
+    kannel = read_callback(KANNEL, get("id=u1&type=16&reply=NACK%2F0x0000000b%2FInvalid+Dest"))
+    assert (kannel["level"], kannel["stat"]) == (refused["level"], refused["stat"])
+    assert kannel.get("err") == "0x0000000b"
+    assert read_callback(JASMIN, get("id=u1&level=2&message_status=DELIVRD"))["stat"] == "DELIVRD"
 
 
 def test_jasmin_decodes_form_encoding_and_utf8() -> None:
@@ -289,6 +299,52 @@ def test_kannel_empty_escapes_are_absent_fields() -> None:
     assert fields == {"id": "m1", "level": 2, "stat": "REJECTD"}
 
 
+def test_kannel_latin1_reply_is_read_and_flagged_not_refused() -> None:
+    """One Latin-1 byte in the SMSC's reply (Kannel passes it on as it came) costs nothing:
+    the receipt is read, the byte is a character, the field flagged (C4)."""
+    reading = read_flagged(KANNEL, get("id=m1&type=1&reply=stat%3ADELIVRD+text%3ACaf%E9"))
+    assert reading.fields == {"id": "m1", "level": 2, "stat": "DELIVRD", "text": "Café"}
+    assert reading.flags == ("latin1:reply",)
+
+
+def test_kannel_stat_from_the_type_alone_is_flagged_inferred() -> None:
+    """Type 2 with an empty reply: Kannel's class of report, not the network's stat (P2)."""
+    assert read_flagged(KANNEL, get("id=m1&type=2&reply=")).flags == (STAT_INFERRED,)
+    assert read_flagged(KANNEL, get("id=m1&type=2&reply=stat%3AUNDELIV")).flags == ()
+    assert read_flagged(KANNEL, get("id=m1&type=8&reply=ACK%2F")).flags == ()
+    assert STAT_INFERRED == rules.STAT_INFERRED
+
+
+def test_kannel_buffered_after_the_smsc_ack_is_another_observation() -> None:
+    """Types 8 then 4: the acceptance and the buffered report differ in what they say, so the
+    second is never a repeat of the first (its state stays visible)."""
+    ack = read_callback(KANNEL, get("id=m1&type=8&reply=ACK%2F"))
+    buffered = read_callback(KANNEL, get("id=m1&type=4&reply="))
+    assert (ack["level"], ack["stat"]) == (1, "ACCEPTD")
+    assert (buffered["level"], buffered["stat"]) == (1, "ENROUTE")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "callback", "message_id"),
+    [
+        (GATEWAY, post(b'{"id":"E4","level":"2","stat":"DELIVRD"}'), "E4"),
+        (GATEWAY, post(b'{"id":"E5","level":2,"stat":"DELI'), "E5"),
+        (GATEWAY, post(b'{"level":2, "id": "E6", "text": "\xff"}'), "E6"),
+        (GATEWAY, post(b"not json"), None),
+        (JASMIN, get("id=u7&level=two"), "u7"),
+        (KANNEL, get("id=m8&type=3"), "m8"),
+        (KANNEL, get("id=m%E9&type=1"), "m\u00e9"),
+    ],
+)
+def test_a_refused_callback_names_the_id_it_carries(
+    fmt: CallbackFormat, callback: Callback, message_id: str | None
+) -> None:
+    """P24: a bad body whose id can be read is findable by that id."""
+    with pytest.raises(MalformedCallback) as caught:
+        read_callback(fmt, callback)
+    assert caught.value.message_id == message_id
+
+
 def test_kannel_reply_without_a_stat_leaves_the_types() -> None:
     fields = read_callback(KANNEL, get("id=m1&type=4&reply=id%3AR1+stat%3A+err%3A000"))
     assert (fields["stat"], fields.get("err")) == ("ENROUTE", "000")
@@ -303,7 +359,7 @@ def test_kannel_reply_without_a_stat_leaves_the_types() -> None:
         (get("id=m1&type=01"), "type '01'"),
         (get("id=m1&type=1&type=2"), "'type' is given twice"),
         (get("id=m1&type=1&reply=stat%3ADELIVRD+stat%3AUNDELIV"), "gives 'stat' twice"),
-        (get("id=m1&type=1&reply=text%3ACaf%E9"), "'reply' is not UTF-8"),
+        (get("id=m%E9&type=1"), "'id' is not UTF-8"),
         (Callback("POST", "id=m1&type=1", None, b""), "got a POST"),
     ],
 )

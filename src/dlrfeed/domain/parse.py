@@ -194,7 +194,7 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     UNRECOGNIZED (P17); a level other than 1 or 2 is kept and flagged `level_unexpected`, a stat
     that does not fit its level (F4) `level_stat_mismatch`.
     """
-    flags: list[str] = []
+    flags: list[str] = list(receipt.flags)
     limit = options.max_field_chars
     tz = zone(options.receipt_timezone)
     # Each field is made storable only when it needs it (a NUL or too long): the common case

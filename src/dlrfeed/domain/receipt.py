@@ -48,3 +48,21 @@ class Receipt(NamedTuple):
     `ack_token` empty and its `delivery_count` 0 (a callback does not say how often it came)."""
     peer: str | None = None
     """The address the callback came from (`host:port`); None for the feed."""
+    flags: tuple[str, ...] = ()
+    """What the channel found odd in reading the fields (a callback's `latin1:reply`,
+    `stat_inferred`); the parse starts its flags with these (C4)."""
+
+
+class UnreadableCallback(NamedTuple):
+    """An HTTP callback that cannot be read as a receipt, to be kept as evidence (C8)."""
+
+    raw: bytes
+    """What arrived, byte for byte (the body, or a GET's query)."""
+    reason: str
+    """One line: why it is not a receipt."""
+    peer: str | None
+    message_id: str
+    """The id it names when one can be read (P24: findable by it), else ""."""
+    flood_key: str | None = None
+    """Set when its caller has opened too many investigations lately: it is then kept as
+    evidence of the one open investigation under this key instead of opening its own."""

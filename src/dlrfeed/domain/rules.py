@@ -45,8 +45,13 @@ ARRIVAL_ORDER_TIE = "arrival_order_tie"
 DONE_DATE_IMPLAUSIBLE = "done_date_implausible"
 """Status flag (P19): a reported time was implausible; kept raw, not used to order or measure."""
 
-# Parse flags that deserve no `malformed` exception; ND/empty dates are documented absences.
-_BENIGN_FLAG_SUFFIXES = ("_nd", "_empty", "stat_unrecognized")
+STAT_INFERRED = "stat_inferred"
+"""Event and status flag (P2): the gateway inferred the stat from its class of report (Kannel's
+report type without the network's receipt); the reason never calls it the network's."""
+
+# Parse flags that deserve no `malformed` exception; ND/empty dates are documented absences,
+# and an inferred stat is said in the status's reason.
+_BENIGN_FLAG_SUFFIXES = ("_nd", "_empty", "stat_unrecognized", STAT_INFERRED)
 
 
 class Observed(Protocol):
@@ -125,7 +130,7 @@ class MessageState(NamedTuple):
     deadline_superseded: bool = False
     """Option `deadline_unknown_superseded` took effect for this message."""
     flags: frozenset[str] = frozenset()
-    """ARRIVAL_ORDER_TIE, DONE_DATE_IMPLAUSIBLE."""
+    """ARRIVAL_ORDER_TIE, DONE_DATE_IMPLAUSIBLE, STAT_INFERRED."""
 
 
 EMPTY_STATE = MessageState(None)
@@ -159,6 +164,8 @@ def explain(state: MessageState) -> str:
                 f"result receipt (level 2) reporting the progress stat {basis.stat}{err}: "
                 "counted as progress (F4)"
             )
+        if STAT_INFERRED in state.flags:
+            return f"in progress as inferred by the gateway, no stat reported: {basis.stat}{err}"
         return f"in progress as reported by the network: {basis.stat}{err}"
     if state.deadline_superseded:
         return (
@@ -167,6 +174,11 @@ def explain(state: MessageState) -> str:
         )
     if kind is Kind.UNKNOWN_RESULT:
         return f"result reported (level 2): UNKNOWN{err}"
+    if STAT_INFERRED in state.flags:
+        return (
+            f"final status inferred by the gateway from its report's class, no stat reported "
+            f"by the network: {basis.stat}{err}"
+        )
     return f"final status reported by the network: {basis.stat}{err}"
 
 
@@ -231,6 +243,7 @@ _PLAIN = {outcome: Decision(outcome, _NO_EXCEPTIONS) for outcome in Outcome}
 _REPEAT = _PLAIN[Outcome.REPEAT]
 _TIE = frozenset({ARRIVAL_ORDER_TIE})
 _IMPLAUSIBLE = frozenset({DONE_DATE_IMPLAUSIBLE})
+_INFERRED = frozenset({STAT_INFERRED})
 
 
 class Planner:
@@ -442,6 +455,8 @@ class Planner:
             assert_never(action)
         if take:
             basis = Basis(event_id, reception_id, d.level, d.status, d.stat, d.err, at)
+            # P2: whether the status rests on an inferred stat is the basis's, not history's.
+            flags = flags | _INFERRED if STAT_INFERRED in d.flags else flags - _INFERRED
         self.messages[d.correlation_id] = MessageState(
             basis, state.repeats, state.conflicts, progress, superseded, flags
         )

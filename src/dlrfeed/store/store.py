@@ -34,7 +34,7 @@ from dlrfeed.backoff import Backoff
 from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, parse
-from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.receipt import Receipt, UnreadableCallback
 from dlrfeed.domain.rules import (
     RULES_VERSION,
     KeyContents,
@@ -393,17 +393,26 @@ class Store:
             key = callback_evidence_key(receipt.raw)
         await self._keep_evidence(conn, login, receipt.message_id, details, receipt.raw, key)
 
-    async def keep_unreadable_callback(
-        self, login: str, raw: bytes, reason: str, *, peer: str | None
+    async def keep_unreadable_callbacks(
+        self, login: str, callbacks: Sequence[UnreadableCallback]
     ) -> None:
-        """C8 for an HTTP callback that cannot be read as a receipt at all (not JSON, no `id`,
-        a wrong type, too large): its bytes kept whole as an `unstorable` exception, one open
-        exception however often the same bytes are posted. StoreUnavailableError when the store
-        cannot take it (nothing kept: the sender must post it again)."""
-        details = {"error": reason[:2000], "channel": "webhook", "peer": peer}
+        """C8 for HTTP callbacks that cannot be read as receipts (not JSON, no `id`, a wrong
+        type, too large): each one's bytes kept whole as an `unstorable` exception under the
+        id it names (P24), one open exception however often the same bytes are posted (or,
+        with a `flood_key`, one for the flood), all in one transaction. StoreUnavailableError
+        when the store cannot take them (nothing kept: the senders must post them again)."""
         with _refusing("the callback"):
             async with self._pool.acquire() as conn, write_transaction(conn):
-                await self._keep_evidence(conn, login, "", details, raw, callback_evidence_key(raw))
+                for callback in callbacks:
+                    details = {
+                        "error": callback.reason[:2000],
+                        "channel": "webhook",
+                        "peer": callback.peer,
+                    }
+                    key = callback.flood_key or callback_evidence_key(callback.raw)
+                    await self._keep_evidence(
+                        conn, login, callback.message_id, details, callback.raw, key
+                    )
 
     async def _keep_evidence(
         self,

@@ -30,9 +30,10 @@ from dlrfeed.daemon.lifecycle import (
 from dlrfeed.daemon.sdnotify import SystemdNotifier
 from dlrfeed.daemon.settings import redact_url
 from dlrfeed.daemon.store_gate import StoreGate
+from dlrfeed.webhook.connections import CappedSite, quiet_http_errors
 from dlrfeed.webhook.intake import CallbackIntake, IntakeStore
 from dlrfeed.webhook.metrics import WebhookMetrics
-from dlrfeed.webhook.server import PATHS, CallbackServer, EvidenceStore
+from dlrfeed.webhook.server import PATHS, CallbackServer
 from dlrfeed.webhook.settings import WebhookSettings
 
 log = structlog.get_logger("dlrfeed.webhook")
@@ -44,7 +45,7 @@ _BACKLOG_PER_COMMIT = 4
 _MIN_BACKLOG = 1024
 
 
-class WebhookStore(IntakeStore, EvidenceStore, ServiceStore, Protocol):
+class WebhookStore(IntakeStore, ServiceStore, Protocol):
     """What the receiver needs of `dlrfeed.store.Store`."""
 
 
@@ -129,17 +130,35 @@ class WebhookService:
                 login=s.login,
                 callback_format=s.callback_format,
                 intake=intake,
-                store=store,
                 metrics=self.metrics,
-                secret=s.secret,
+                secrets=s.secrets,
                 max_body_bytes=s.max_body_bytes,
                 retry_after=s.retry_after,
                 max_in_hand=max(s.batch_size * s.commits * _BACKLOG_PER_COMMIT, _MIN_BACKLOG),
+                body_timeout=s.body_timeout,
+                max_bodies_bytes=s.max_bodies_bytes,
+                unreadable_per_minute=s.unreadable_per_minute,
             )
-            runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=s.shutdown_timeout)
+            stack.enter_context(quiet_http_errors(s.secrets))
+            runner = web.AppRunner(
+                server.app,
+                access_log=None,  # an access log would write the path, and a secret may be in it
+                shutdown_timeout=s.shutdown_timeout,
+                # The idle and header deadline: aiohttp arms it when a connection opens and
+                # after each answer, and closes a connection still short of a request then.
+                keepalive_timeout=s.header_timeout,
+                auto_decompress=False,  # the server decodes, keeping what it cannot (C8)
+                handler_cancellation=False,
+            )
             await runner.setup()
             stack.push_async_callback(self._stop_serving, runner, intake)
-            site = web.TCPSite(runner, *s.listen)
+            site = CappedSite(
+                runner,
+                *s.listen,
+                max_connections=s.max_connections,
+                keep_broken=server.keep_broken_request,
+                max_body_bytes=s.max_body_bytes,
+            )
             await site.start()
             self.port = _bound_port(runner)
             self._notifier.notify(
@@ -161,9 +180,12 @@ class WebhookService:
             return
 
         async def health() -> tuple[bool, str]:
-            if gate.is_up:
-                return True, "taking callbacks"
-            return False, "PostgreSQL cannot take callbacks: answering 503"
+            if not gate.is_up:
+                return False, "PostgreSQL cannot take callbacks: answering 503"
+            stalled = self._intake.stalled_seconds() if self._intake is not None else 0.0
+            if stalled > self.settings.stalled_commit_seconds:
+                return False, f"a commit has not finished in {stalled:.0f} s: callbacks wait"
+            return True, "taking callbacks"
 
         server = MetricsServer(self.metrics.registry, health)
         await server.start(*self.settings.metrics)

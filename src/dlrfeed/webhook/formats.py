@@ -14,8 +14,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypedDict, assert_never, cast
+from typing import NamedTuple, TypedDict, assert_never, cast
 from urllib.parse import unquote_to_bytes
+
+REFUSED_SUBMIT_STAT = "REJECTD"
+"""The one outcome of a submit the SMSC refused, whichever gateway says it (Jasmin's level-1
+`ESME_R*` error, Kannel's NACK, type 16): a result (level 2), `REJECTD`, its `err` the refusal
+code as the gateway gave it (docs/webhook-formats.md, "A refused submit")."""
+STAT_INFERRED = "stat_inferred"
+"""The flag of a stat the gateway inferred from its class of report, none reported."""
 
 
 class CallbackFormat(StrEnum):
@@ -44,7 +51,24 @@ class Callback:
 
 
 class MalformedCallback(ValueError):  # noqa: N818  # the API the webhook server is built on
-    """The callback cannot be read as a receipt; str(exc) is a one-line reason for the evidence."""
+    """The callback cannot be read as a receipt; str(exc) is a one-line reason for the evidence.
+
+    `message_id` is the id the callback names when one can be read all the same, so that the
+    kept evidence is found by it (P24: a bad body whose id can be read is findable by that id).
+    """
+
+    def __init__(self, reason: str, message_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.message_id = message_id
+
+
+class Reading(NamedTuple):
+    """A callback read: its Receipt fields, and flags naming what was odd in reading them
+    (`latin1:<field>`: not UTF-8, read as Latin-1; `stat_inferred`: a stat the gateway
+    inferred, not one the network reported). The flags join the parse's (C4)."""
+
+    fields: ReceiptFields
+    flags: tuple[str, ...]
 
 
 class ReceiptFields(TypedDict, total=False):
@@ -91,22 +115,74 @@ def evidence(callback: Callback) -> bytes:
 
 
 def read_callback(fmt: CallbackFormat, callback: Callback) -> ReceiptFields:
-    """The Receipt fields of one callback in format `fmt`; MalformedCallback when it has none.
+    """The Receipt fields of one callback in format `fmt`; MalformedCallback when it has none."""
+    return read_flagged(fmt, callback).fields
+
+
+def read_flagged(fmt: CallbackFormat, callback: Callback) -> Reading:
+    """The Receipt fields of one callback in format `fmt` and what was odd in them;
+    MalformedCallback when it has none.
 
     Only what cannot be a receipt is refused: no usable `id` (P10: nothing to correlate on),
     a body or query that cannot be decoded, an ambiguous repeat of a field, a value of the
-    wrong type. Odd but readable content (a level 0, an unknown stat) is passed on, for the
-    parse to keep and flag (C4, P17).
+    wrong type. Odd but readable content (a level 0, an unknown stat, a Kannel reply in
+    Latin-1) is passed on, for the parse to keep and flag (C4, P17). A refused callback names
+    the id it carries when one can be read (P24).
     """
-    match fmt:
-        case CallbackFormat.GATEWAY:
-            return _read_gateway(callback)
-        case CallbackFormat.JASMIN:
-            return _read_jasmin(callback)
-        case CallbackFormat.KANNEL:
-            return _read_kannel(callback)
-        case _:
-            assert_never(fmt)
+    flags: list[str] = []
+    try:
+        match fmt:
+            case CallbackFormat.GATEWAY:
+                fields = _read_gateway(callback)
+            case CallbackFormat.JASMIN:
+                fields = _read_jasmin(callback)
+            case CallbackFormat.KANNEL:
+                fields = _read_kannel(callback, flags)
+            case _:
+                assert_never(fmt)
+    except MalformedCallback as exc:
+        if exc.message_id is None:
+            exc.message_id = readable_id(fmt, callback)
+        raise
+    return Reading(fields, tuple(flags))
+
+
+def readable_id(fmt: CallbackFormat, callback: Callback) -> str | None:
+    """The id a callback names, read as leniently as its format allows, or None: for the
+    evidence of a callback that cannot be read as a receipt (P24). Never raises."""
+    if fmt is CallbackFormat.GATEWAY:
+        text = callback.body.decode("utf-8", "replace")
+        try:
+            body = json.loads(text)
+        except (ValueError, RecursionError):
+            return _id_of_json_prefix(text)
+        found = body.get("id") if isinstance(body, dict) else None
+        return found if isinstance(found, str) and found else None
+    for pair in evidence(callback).split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if unquote_to_bytes(name.replace(b"+", b" ")) == b"id":
+            decoded = unquote_to_bytes(value.replace(b"+", b" "))
+            try:
+                return decoded.decode("utf-8") or None
+            except UnicodeDecodeError:
+                return decoded.decode("latin-1")
+    return None
+
+
+def _id_of_json_prefix(text: str) -> str | None:
+    """The string value of the first `"id"` key of a JSON text that does not parse as a whole
+    (cut at --max-body-bytes, or broken further on)."""
+    start = text.find('"id"')
+    while start >= 0:
+        rest = text[start + 4 :].lstrip()
+        if rest.startswith(":"):
+            try:
+                value, _ = json.JSONDecoder().raw_decode(rest[1:].lstrip())
+            except (ValueError, RecursionError):
+                return None
+            return value if isinstance(value, str) and value else None
+        start = text.find('"id"', start + 4)
+    return None
 
 
 def _cut(text: str) -> str:
@@ -214,12 +290,19 @@ def _read_gateway(callback: Callback) -> ReceiptFields:
 # --- form encodings: Jasmin's body or query, Kannel's dlr-url query -------------------------
 
 
-def _form(data: bytes, names: dict[bytes, str]) -> dict[str, str]:
+def _form(
+    data: bytes,
+    names: dict[bytes, str],
+    latin1: frozenset[str] = frozenset(),
+    flags: list[str] | None = None,
+) -> dict[str, str]:
     """The parameters of a form-encoded body or query that are in `names` (wire name → name).
 
     `+` is a space and `%XX` a byte, as urllib.parse reads a form; the bytes of a value are
-    UTF-8, strictly. A parameter given twice is ambiguous and refused; others are ignored
-    without being decoded (they stay in the evidence, P9).
+    UTF-8, strictly, except for the parameters in `latin1`: one of those that is not UTF-8 is
+    read as Latin-1 (every byte a character, nothing lost) and flagged `latin1:<name>` in
+    `flags`. A parameter given twice is ambiguous and refused; others are ignored without
+    being decoded (they stay in the evidence, P9).
     """
     found: dict[str, str] = {}
     for pair in data.split(b"&"):
@@ -229,12 +312,16 @@ def _form(data: bytes, names: dict[bytes, str]) -> dict[str, str]:
             continue
         if name in found:
             raise MalformedCallback(f"the parameter {name!r} is given twice")
+        value = unquote_to_bytes(raw_value.replace(b"+", b" "))
         try:
-            found[name] = unquote_to_bytes(raw_value.replace(b"+", b" ")).decode("utf-8")
+            found[name] = value.decode("utf-8")
         except UnicodeDecodeError:
-            raise MalformedCallback(
-                f"the parameter {name!r} is not UTF-8 once percent-decoded"
-            ) from None
+            if name not in latin1 or flags is None:
+                raise MalformedCallback(
+                    f"the parameter {name!r} is not UTF-8 once percent-decoded"
+                ) from None
+            found[name] = value.decode("latin-1")
+            flags.append(f"latin1:{name}")
     return found
 
 
@@ -281,16 +368,24 @@ def _read_jasmin(callback: Callback) -> ReceiptFields:
     fields["level"] = level
     # At level 1 `message_status` is the SMPP command status of submit_sm_resp, not a receipt
     # stat. ESME_ROK is the SMSC's acceptance, which Jasmin itself reports to its SMPP clients
-    # as ACCEPTD (jasmin/protocols/smpp/operations.py, getReceipt); an error status is kept as
-    # sent, so the parse raises it as an unrecognised stat instead of inventing one (P17).
+    # as ACCEPTD (jasmin/protocols/smpp/operations.py, getReceipt). Any other ESME_R* status
+    # is the SMSC refusing the submit: no receipt can follow, so it is the message's result,
+    # the refused submit (REFUSED_SUBMIT_STAT at level 2, the status as `err`), as Kannel's
+    # NACK is (type 16).
     status = form.get("message_status", "")
-    fields["stat"] = "ACCEPTD" if status == "ESME_ROK" else status
+    refused = level == 1 and status.startswith("ESME_R") and status != "ESME_ROK"
+    if refused:
+        fields["level"] = 2
+        fields["stat"] = REFUSED_SUBMIT_STAT
+        fields["err"] = status
+    else:
+        fields["stat"] = "ACCEPTD" if level == 1 and status == "ESME_ROK" else status
     for name, field in _JASMIN_RENAMED:
-        if name in form:
+        if name in form and field not in fields:
             fields[field] = form[name]
     # At level 2 Jasmin fills `connector` with the receipt's own message id, not the connector
-    # (dlr.py passes dlr_connector=pdu_dlr_id): only level 1 names the connector. The level-2
-    # value stays in the evidence (P9).
+    # (dlr.py passes dlr_connector=pdu_dlr_id): only level 1 (a refused submit included)
+    # names the connector. The level-2 value stays in the evidence (P9).
     if level == 1 and "connector" in form:
         fields["connector"] = form["connector"]
     return cast("ReceiptFields", fields)
@@ -299,34 +394,41 @@ def _read_jasmin(callback: Callback) -> ReceiptFields:
 # --- Kannel: the dlr-url the sender configures, filled in by smsbox (docs/webhook-formats.md) --
 
 # The delivery report type, Kannel's `%d` (gw/dlr.h) → (level, stat when the SMSC's reply
-# carries none). The reply's own stat wins (_read_kannel).
-_KANNEL_TYPES: dict[str, tuple[int, str]] = {
+# carries none, whether the report is the SMSC's answer to the submit). The reply's own stat
+# wins (_read_kannel). For a report of the network (1, 2, 4, 34, 66) a stat taken from the type
+# alone is Kannel's inference from its class of report, not the network's word: it is flagged
+# `stat_inferred`, never labelled as reported by the network (P2). The answers to the submit
+# (8, 16) carry no receipt stat at all: theirs is this mapping's documented name for them.
+_KANNEL_TYPES: dict[str, tuple[int, str, bool]] = {
     # DLR_SUCCESS, "delivered to phone": the network's result. Kannel's SMPP driver sends it
     # for a DELIVRD receipt (gw/smsc/smsc_smpp.c, handle_dlr).
-    "1": (2, "DELIVRD"),
+    "1": (2, "DELIVRD", False),
     # DLR_FAIL, "non-delivered to phone": Kannel sends it for every failed receipt (UNDELIV,
     # REJECTD, DELETED, UNKNOWN, any unknown stat), so without the reply only the generic
-    # failure, UNDELIV, is certain.
-    "2": (2, "UNDELIV"),
+    # failure, UNDELIV, is certain, and it is Kannel's class, not the network's stat.
+    "2": (2, "UNDELIV", False),
     # DLR_BUFFERED, "queued on SMSC": sent for an ACCEPTD or ENROUTE receipt (or the SMPP
     # message states ENROUTE and ACCEPTED): the message waits in the network, progress.
-    "4": (1, "ENROUTE"),
+    "4": (1, "ENROUTE", False),
     # DLR_SMSC_SUCCESS, "delivered to SMSC": the SMSC accepted the submit (its reply is
-    # "ACK/..."): acceptance, not delivery (P3), progress.
-    "8": (1, "ACCEPTD"),
+    # "ACK/..."): acceptance, not delivery (P3), progress. Its own stat, so that a buffered
+    # report (4) after it is a new observation, never a repeat of the acceptance.
+    "8": (1, "ACCEPTD", True),
     # DLR_SMSC_FAIL, "non-delivered to SMSC": the SMSC refused the submit ("NACK/..."), or
-    # Kannel gave up sending it (gw/bb_smscconn.c): no receipt can follow, so a result.
-    "16": (2, "REJECTD"),
+    # Kannel gave up sending it (gw/bb_smscconn.c): no receipt can follow, so a result, the
+    # refused submit, as Jasmin's level-1 ESME_R* error is.
+    "16": (2, REFUSED_SUBMIT_STAT, True),
     # DLR_EXPIRED = 0x20|DLR_FAIL (Kannel 1.4.5 on): the SMSC's validity period ran out.
-    "34": (2, "EXPIRED"),
+    "34": (2, "EXPIRED", False),
     # DLR_UNKNOWN = 0x40|DLR_FAIL (Kannel 1.4.5 on: its Clickatell driver, for a status it
     # does not know): final by its failure bit, its outcome unknown, which UNKNOWN says.
-    "66": (2, "UNKNOWN"),
+    "66": (2, "UNKNOWN", False),
 }
 # In a report %p is the message's receiver and %P its sender: dlr.c builds the report with the
 # submit's sender and receiver, and smsbox swaps them only for a mobile-originated message.
 _KANNEL_RENAMED = (("to", "destination_addr"), ("from", "source_addr"), ("smsc", "connector"))
 _KANNEL_NAMES = _wire_names("id", "type", "reply", "fid", *(name for name, _ in _KANNEL_RENAMED))
+_KANNEL_LATIN1 = frozenset({"reply", "fid", "smsc", "to", "from"})  # all but what we correlate on
 # The SMSC's reply (%A) in SMPP v3.4 Appendix B form: label → Receipt field. "submit date" and
 # "done date" hold a space, so _appendix_b joins them first.
 _APPENDIX_B = {
@@ -367,13 +469,19 @@ def _appendix_b(reply: str) -> dict[str, str]:
     return found
 
 
-def _read_kannel(callback: Callback) -> ReceiptFields:
+def _read_kannel(callback: Callback, flags: list[str]) -> ReceiptFields:
     # smsbox fetches every dlr-url with GET (gw/smsbox.c: a report is TRANSTYPE_GET_URL).
     if callback.method != "GET":
         raise MalformedCallback(f"Kannel fetches its dlr-url with GET; got a {callback.method}")
     # An escape with nothing to substitute expands to nothing (gw/urltrans.c), so an empty
-    # parameter is an absent field (F4).
-    form = {k: v for k, v in _form(evidence(callback), _KANNEL_NAMES).items() if v}
+    # parameter is an absent field (F4). Kannel passes the SMSC's reply (%A) and the
+    # addresses on byte for byte, in whatever charset the SMSC used: such a value that is not
+    # UTF-8 is read as Latin-1 and flagged, never refused (the receipt would be lost).
+    form = {
+        k: v
+        for k, v in _form(evidence(callback), _KANNEL_NAMES, _KANNEL_LATIN1, flags).items()
+        if v
+    }
     message_id = _required_id(form.get("id"))
     kind = form.get("type")
     if kind is None:
@@ -383,13 +491,20 @@ def _read_kannel(callback: Callback) -> ReceiptFields:
         raise MalformedCallback(
             f"type {_shown(kind)} is none of Kannel's report types 1, 2, 4, 8, 16, 34, 66"
         )
-    level, stat = known
+    level, stat, answers_submit = known
     fields: dict[str, str | int] = {"id": message_id, "level": level, "stat": stat}
-    reply = form.get("reply")
-    if reply is not None:
+    reply = form.get("reply", "")
+    if answers_submit:
+        # "NACK/0x0000000b/Invalid Destination Address": the SMSC's refusal code is the err,
+        # as reported (P17: never translated); the rest stays in the evidence.
+        code = reply.removeprefix("NACK/").partition("/")[0] if reply.startswith("NACK/") else ""
+        if code:
+            fields["err"] = code
+    else:
         receipt = _appendix_b(reply)
         if not receipt.get("stat"):
             receipt.pop("stat", None)  # an empty stat says nothing: the type's stands
+            flags.append(STAT_INFERRED)
         fields.update(receipt)
     if not fields.get("smsc_message_id") and "fid" in form:
         fields["smsc_message_id"] = form["fid"]  # %F: the id Kannel matched the receipt by

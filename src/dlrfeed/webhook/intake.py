@@ -10,6 +10,13 @@ both paths — and wake each request with its own receipt's outcome. Under light
 commits alone and at once (no linger); under heavy load the batches grow while the previous
 commits run, as the daemon's batches do.
 
+A callback that cannot be read as a receipt takes the same path (`keep`): it waits with the
+others, and its committer keeps the batch's unreadable callbacks as evidence in one more
+transaction right after the batch's ingest, on the same connection slot — so bad bodies share
+the good ones' commits, their load shedding and their pool, and cannot hold connections of
+their own. One committer at a time keeps unreadable callbacks: were their inserts blocked
+(the exceptions table locked), the other committers still commit receipts.
+
 A store that cannot commit fails every request of that batch with `StoreUnavailableError`
 (nothing was committed: the caller answers 503 and the gateway posts again). The gate then
 holds the store down until its prober's ping succeeds, and requests in the meantime fail at
@@ -26,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from dlrfeed.domain.receipt import Receipt
+from dlrfeed.domain.receipt import Receipt, UnreadableCallback
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import StoreUnavailableError
 
@@ -41,6 +48,13 @@ class IntakeStore(Protocol):
     """What the intake needs of `dlrfeed.store.Store`."""
 
     async def ingest(self, login: str, receipts: Sequence[Receipt]) -> IngestResult: ...
+
+    async def keep_unreadable_callbacks(
+        self, login: str, callbacks: Sequence[UnreadableCallback]
+    ) -> None: ...
+
+
+_Waiter = tuple[Receipt | UnreadableCallback, "asyncio.Future[Outcome]"]
 
 
 CommitObserver = Callable[[Sequence[Receipt], "IngestResult", float], None]
@@ -68,7 +82,10 @@ class CallbackIntake:
         self._commits = commits
         self._on_commit = on_commit
         self._clock = clock
-        self._waiting: list[tuple[Receipt, asyncio.Future[Outcome]]] = []
+        self._waiting: list[_Waiter] = []  # receipts
+        self._unreadable: list[_Waiter] = []
+        self._keeping_unreadable = False  # a committer is keeping unreadable callbacks
+        self._commits_started: dict[int, float] = {}  # committer → when its commit began
         self._arrived = asyncio.Condition()
         self._committing = 0
         self._idle = asyncio.Event()  # nothing waiting and nothing committing
@@ -77,7 +94,13 @@ class CallbackIntake:
     @property
     def in_hand(self) -> int:
         """Receipts taken and not yet answered (waiting or committing)."""
-        return len(self._waiting) + self._committing
+        return len(self._waiting) + len(self._unreadable) + self._committing
+
+    def stalled_seconds(self) -> float:
+        """How long the oldest commit in progress has taken so far; 0 when none is."""
+        if not self._commits_started:
+            return 0.0
+        return self._clock() - min(self._commits_started.values())
 
     async def take(self, receipt: Receipt) -> Outcome:
         """Store `receipt` with whatever else is waiting; its outcome once committed.
@@ -86,15 +109,25 @@ class CallbackIntake:
         it committed). A request cancelled while it waits leaves its receipt in the batch: the
         commit goes ahead, and the gateway's next post of it is a repeat.
         """
+        return await self._enqueue(receipt)
+
+    async def keep(self, callback: UnreadableCallback) -> None:
+        """Keep an unreadable callback as evidence with the next commit (as `take`)."""
+        await self._enqueue(callback)
+
+    async def _enqueue(self, item: Receipt | UnreadableCallback) -> Outcome:
         if not self._gate.is_up:
             raise StoreUnavailableError("the store is down (waiting for PostgreSQL to answer)")
         outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         # Read the outcome even when the request has gone, so no error is left unretrieved.
         outcome.add_done_callback(_retrieve)
-        self._waiting.append((receipt, outcome))
+        if isinstance(item, Receipt):
+            self._waiting.append((item, outcome))
+        else:
+            self._unreadable.append((item, outcome))
         self._idle.clear()
         async with self._arrived:
-            self._arrived.notify()
+            self._arrived.notify_all()
         return await asyncio.shield(outcome)
 
     async def run(self) -> None:
@@ -103,7 +136,7 @@ class CallbackIntake:
         try:
             async with asyncio.TaskGroup() as group:
                 for number in range(self._commits):
-                    group.create_task(self._committer(), name=f"webhook-commit-{number}")
+                    group.create_task(self._committer(number), name=f"webhook-commit-{number}")
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0]  # noqa: B904 - the committer's error is the reason
 
@@ -111,13 +144,19 @@ class CallbackIntake:
         """Wait until every receipt taken so far is committed (or failed) and answered."""
         await self._idle.wait()
 
-    async def _committer(self) -> None:
+    async def _committer(self, number: int) -> None:
         while True:
             async with self._arrived:
-                await self._arrived.wait_for(lambda: bool(self._waiting))
+                await self._arrived.wait_for(self._work_for_me)
             batch = self._waiting[: self._batch_size]
             del self._waiting[: len(batch)]
+            keeps = not self._keeping_unreadable and bool(self._unreadable)
+            if keeps:
+                self._keeping_unreadable = True
+                batch += self._unreadable[: self._batch_size]
+                del self._unreadable[: self._batch_size]
             self._committing += len(batch)
+            self._commits_started[number] = self._clock()
             commit = asyncio.ensure_future(self._commit(batch))
             try:
                 await asyncio.shield(commit)
@@ -128,19 +167,41 @@ class CallbackIntake:
                         await asyncio.shield(commit)
                 raise
             finally:
+                del self._commits_started[number]
                 self._committing -= len(batch)
-                if not self._waiting and not self._committing:
+                if keeps:
+                    self._keeping_unreadable = False
+                    async with self._arrived:
+                        self._arrived.notify_all()  # the unreadable ones left may go now
+                if not self._waiting and not self._unreadable and not self._committing:
                     self._idle.set()
 
-    async def _commit(self, batch: list[tuple[Receipt, asyncio.Future[Outcome]]]) -> None:
-        """One ingest for `batch`; every waiting request learns its outcome or the failure."""
-        receipts = [receipt for receipt, _ in batch]
+    def _work_for_me(self) -> bool:
+        return bool(self._waiting) or (bool(self._unreadable) and not self._keeping_unreadable)
+
+    async def _commit(self, batch: list[_Waiter]) -> None:
+        """One ingest for the batch's receipts, then one transaction keeping its unreadable
+        callbacks; every waiting request learns its outcome or the failure."""
+        receipts = [(r, w) for r, w in batch if isinstance(r, Receipt)]
+        unreadable = [(u, w) for u, w in batch if isinstance(u, UnreadableCallback)]
         started = self._clock()
         try:
-            result = await self._store.ingest(self._login, receipts)
+            if receipts:
+                result = await self._store.ingest(self._login, [r for r, _ in receipts])
+                seconds = self._clock() - started
+                if self._on_commit is not None:
+                    self._on_commit([r for r, _ in receipts], result, seconds)
+                for (_, waiter), outcome in zip(receipts, result.outcomes, strict=True):
+                    if not waiter.done():
+                        waiter.set_result(outcome)
+            if unreadable:
+                await self._store.keep_unreadable_callbacks(self._login, [u for u, _ in unreadable])
+                for _, waiter in unreadable:
+                    if not waiter.done():
+                        waiter.set_result(Outcome.UNSTORABLE)
         except StoreUnavailableError as exc:
             self._gate.mark_down(exc)
-            _fail(batch, exc)
+            _fail(batch, exc)  # only those not answered yet: nothing of theirs is committed
             log.warning("callbacks_not_stored", receipts=len(batch), error=str(exc))
             return
         except BaseException as exc:
@@ -148,17 +209,16 @@ class CallbackIntake:
             # waiting request is answered 503, and the error ends the service.
             failed = StoreUnavailableError(f"the store failed: {exc}")
             _fail(batch, failed)
-            _fail(self._waiting, failed)  # nobody will commit them now
+            _fail(self._waiting + self._unreadable, failed)  # nobody will commit them now
             self._waiting.clear()
+            self._unreadable.clear()
             raise
         self._gate.mark_up()
-        seconds = self._clock() - started
-        if self._on_commit is not None:
-            self._on_commit(receipts, result, seconds)
-        for (_, waiter), outcome in zip(batch, result.outcomes, strict=True):
-            if not waiter.done():
-                waiter.set_result(outcome)
-        log.debug("callbacks_committed", receipts=len(batch), ms=round(seconds * 1000, 2))
+        log.debug(
+            "callbacks_committed",
+            receipts=len(batch),
+            ms=round((self._clock() - started) * 1000, 2),
+        )
 
 
 def _retrieve(outcome: asyncio.Future[Outcome]) -> None:
@@ -167,7 +227,7 @@ def _retrieve(outcome: asyncio.Future[Outcome]) -> None:
 
 
 def _fail(
-    batch: list[tuple[Receipt, asyncio.Future[Outcome]]], error: StoreUnavailableError
+    batch: Sequence[tuple[object, asyncio.Future[Outcome]]], error: StoreUnavailableError
 ) -> None:
     for _, waiter in batch:
         if not waiter.done():

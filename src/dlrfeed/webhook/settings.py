@@ -1,7 +1,9 @@
 """The `dlrfeed webhook` options, validated once (flag > DLRFEED_* env > TOML > default).
 
 Every error is one line naming the fix. The secret callers must present is never an option:
-`--secret-file`, DLRFEED_WEBHOOK_SECRET, or the systemd credential `webhook-secret`. Without
+`--secret-file`, DLRFEED_WEBHOOK_SECRET, or the systemd credential `webhook-secret`; two lines
+there are two secrets valid at once (a rotation: the new one, then the one being retired).
+Without
 one the receiver answers anybody, so it then binds only to a loopback address unless
 `--allow-unauthenticated` says the network in front of it is trusted (docs/webhook.md).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,10 @@ WEBHOOK_SECRET = SecretOption(
     credential="webhook-secret",
 )
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
+MAX_SECRETS = 2  # the one in use and the one replacing it, during a rotation
+# Descriptors kept back from --max-connections: the pool, the metrics server, logs, the listener.
+_RESERVED_DESCRIPTORS = 64
+_DEFAULT_MAX_CONNECTIONS = 4096
 
 
 def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +62,9 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
         help="the gateway login whose messages' callbacks arrive here (P10: ids are per login)",
     )
     WEBHOOK_SECRET.add_to(
-        parser, "the secret callers present, as a Bearer token or an HTTP Basic password"
+        parser,
+        "the secret callers present (a Bearer token, an HTTP Basic password, or the path "
+        "/dlr/SECRET); a second line is a second secret valid at once, for a rotation",
     )
     http.add_argument(
         "--allow-unauthenticated",
@@ -81,6 +90,51 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
         default=5,
         metavar="SECONDS",
         help="the Retry-After of a 503 while PostgreSQL cannot take callbacks",
+    )
+    http.add_argument(
+        "--header-timeout",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a connection whose request line and headers are not all in by then is closed "
+        "(also the keep-alive: an idle connection is closed after it)",
+    )
+    http.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a body not all in by then is answered 408 and not stored (the caller sends it again)",
+    )
+    http.add_argument(
+        "--max-connections",
+        type=positive_int,
+        metavar="N",
+        help="connections open at once; more are answered 503 and closed (default: 4096, "
+        "or fewer under the open-files limit: that limit less 64)",
+    )
+    http.add_argument(
+        "--max-bodies-bytes",
+        type=positive_int,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="bytes of bodies being read at once, all requests together; a request that "
+        "would pass it is answered 503 before its body is read",
+    )
+    http.add_argument(
+        "--unreadable-per-minute",
+        type=positive_int,
+        default=60,
+        metavar="N",
+        help="investigations a caller's unreadable callbacks may open per minute (burst N); "
+        "beyond, each one is kept as evidence of one open investigation of that caller",
+    )
+    http.add_argument(
+        "--stalled-commit-seconds",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="/healthz answers unhealthy while a commit has taken longer than this",
     )
     http.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics and /healthz here")
     add_database_url(parser)
@@ -120,7 +174,8 @@ class WebhookSettings:
     listen: tuple[str, int]
     login: str
     database_url: str
-    secret: bytes | None = field(repr=False)
+    secrets: tuple[bytes, ...] = field(repr=False)
+    """Every secret valid now: none (no secret set), one, or two during a rotation."""
     secret_source: str
     callback_format: CallbackFormat
     max_body_bytes: int
@@ -132,10 +187,21 @@ class WebhookSettings:
     log_level: str
     log_format: str
     integration: IntegrationOptions
+    header_timeout: float = 5.0
+    body_timeout: float = 10.0
+    max_connections: int = _DEFAULT_MAX_CONNECTIONS
+    max_bodies_bytes: int = 64 * 1024 * 1024
+    unreadable_per_minute: int = 60
+    stalled_commit_seconds: float = 10.0
     database_pooler: Pooler = Pooler.AUTO
     require_synchronous_commit: bool = False
     secret_file_mode: int | None = None
     """Set when the --secret-file is open to group/others: the receiver warns at start."""
+
+    @property
+    def secret(self) -> bytes | None:
+        """The first secret (the one in use), None without one."""
+        return self.secrets[0] if self.secrets else None
 
     @property
     def db_pool_size(self) -> int:
@@ -156,8 +222,8 @@ class WebhookSettings:
         except ValueError as exc:
             raise ConfigError(f"--listen/--metrics: {exc}") from None
         found = WEBHOOK_SECRET.find(args.secret_file, env)
-        secret, source = found if found is not None else (None, "none")
-        if secret is None and not args.allow_unauthenticated and not is_loopback(listen[0]):
+        secrets, source = (secret_lines(found[0]), found[1]) if found is not None else ((), "none")
+        if not secrets and not args.allow_unauthenticated and not is_loopback(listen[0]):
             raise ConfigError(
                 f"--listen {args.listen} is reachable from the network and no secret is set: "
                 "give --secret-file FILE (or DLRFEED_WEBHOOK_SECRET), listen on 127.0.0.1, or "
@@ -167,7 +233,7 @@ class WebhookSettings:
             listen=listen,
             login=required(args, "login"),
             database_url=required(args, "database_url"),
-            secret=secret,
+            secrets=secrets,
             secret_source=source,
             callback_format=CallbackFormat(args.format),
             max_body_bytes=args.max_body_bytes,
@@ -179,10 +245,44 @@ class WebhookSettings:
             log_level=args.log_level,
             log_format=args.log_format,
             integration=integration_options(args),
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            max_connections=max_connections(args.max_connections),
+            max_bodies_bytes=args.max_bodies_bytes,
+            unreadable_per_minute=args.unreadable_per_minute,
+            stalled_commit_seconds=args.stalled_commit_seconds,
             database_pooler=args.database_pooler,
             require_synchronous_commit=args.require_synchronous_commit,
             secret_file_mode=exposed_mode(Path(args.secret_file)) if args.secret_file else None,
         )
+
+
+def secret_lines(found: bytes) -> tuple[bytes, ...]:
+    """The secrets of a secret source: one per non-empty line, at most MAX_SECRETS."""
+    secrets = tuple(line.rstrip(b"\r") for line in found.split(b"\n") if line.strip())
+    if len(secrets) > MAX_SECRETS:
+        raise ConfigError(
+            f"the webhook secret holds {len(secrets)} lines: give one secret, or two during "
+            "a rotation (the new one and the one being retired)"
+        )
+    return secrets
+
+
+def max_connections(given: int | None) -> int:
+    """--max-connections, checked against the open-files limit (each connection is a
+    descriptor); the default is 4096 or what the limit leaves."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = soft - _RESERVED_DESCRIPTORS if soft != resource.RLIM_INFINITY else 1 << 30
+    if given is None:
+        if room < 1:
+            raise ConfigError(f"the open-files limit ({soft}) leaves no room for connections")
+        return min(_DEFAULT_MAX_CONNECTIONS, room)
+    if given > room:
+        raise ConfigError(
+            f"--max-connections {given} is over the open-files limit ({soft}) less "
+            f"{_RESERVED_DESCRIPTORS}: raise LimitNOFILE (ulimit -n) or lower it"
+        )
+    return given
 
 
 def is_loopback(host: str) -> bool:
