@@ -6,18 +6,23 @@ level decides the kind (F4, F13), and nothing is reduced or ordered without a ba
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import Counter
 from datetime import UTC, datetime
 
 import asyncpg
+import httpx
 import pytest
 
 from dlrfeed.commands.show import render
 from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.reports import connect, message_reports, statistics
-from dlrfeed_testing.rule_receipts import LOGIN, SUBMITTED, receipt
+from dlrfeed_testing.rule_receipts import LOGIN, RECEIVED, SUBMITTED, feed_receipt, receipt
+from dlrfeed_testing.webhook_harness import running_webhook, url, webhook_settings
 
 
 async def record(store: Store, *message_ids: str) -> None:
@@ -297,3 +302,201 @@ async def test_a_late_correlated_message_keeps_its_late_progress_marks_in_show(
     finally:
         await conn.close()
     assert "could not be ordered by reported time" in render(report)
+
+
+async def changes(db: asyncpg.Connection, message_id: str) -> list[tuple[str | None, str | None]]:
+    """The message's rows of the change log, (previous status, status), in order."""
+    rows = await db.fetch(
+        "SELECT previous_status, status FROM dlr.status_changes WHERE message_id = $1 "
+        "ORDER BY position",
+        message_id,
+    )
+    return [(r["previous_status"], r["status"]) for r in rows]
+
+
+@pytest.mark.parametrize("first", ["ENROUTE", "ACCEPTD", "delivrd"])
+@pytest.mark.parametrize("recorded", ["before", "after"])
+async def test_a_level_2_progress_or_unrecognized_stat_leaves_the_result_place_to_the_result(
+    store: Store, db: asyncpg.Connection, first: str, recorded: str
+) -> None:
+    """P14 sharpened: a level-2 ENROUTE, ACCEPTD or unrecognized `delivrd` (06:01), then the
+    level-2 DELIVRD (06:05) in another batch: the DELIVRD is the key's result, applied by the
+    table - final, no conflict - whether the message was recorded before or after them."""
+    if recorded == "before":
+        await record(store, "m")
+    firsts = await store.ingest(LOGIN, [receipt("m", 2, first, "2611291201")])
+    second = await store.ingest(LOGIN, [receipt("m", 2, "DELIVRD", "2611291205")])
+    if recorded == "before":
+        took = Outcome.UNRECOGNIZED if first == "delivrd" else Outcome.APPLIED
+        assert (firsts.outcomes, second.outcomes) == ([took], [Outcome.APPLIED])
+    else:
+        assert second.outcomes == [Outcome.UNCORRELATED]
+        await record(store, "m")
+    row = await status(db, "m")
+    assert row is not None
+    assert (row["status"], row["is_final"], row["conflicts"], row["basis_stat"]) == (
+        "DELIVERED",
+        True,
+        0,
+        "DELIVRD",
+    )
+    assert row["progress_events"] == (0 if first == "delivrd" else 1)
+    kinds = {kind for kind, _ in await exceptions(db, "m")}
+    assert "conflict" not in kinds
+    assert kinds == ({"unrecognized"} if first == "delivrd" else {"malformed"})
+    # The key holds both contents: a redelivery of either is a repeat.
+    again = await store.ingest(
+        LOGIN, [receipt("m", 2, first, "2611291201"), receipt("m", 2, "DELIVRD", "2611291205")]
+    )
+    assert again.outcomes == [Outcome.REPEAT, Outcome.REPEAT]
+
+
+async def test_a_progress_after_the_result_of_one_key_is_late_progress_not_a_conflict(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """P14: only two applicable results of a key conflict: a level-2 ENROUTE after the key's
+    DELIVRD is a (flagged) late progress observation."""
+    await record(store, "m")
+    await store.ingest(LOGIN, [receipt("m", 2, "DELIVRD", "2611291205")])
+    later = await store.ingest(LOGIN, [receipt("m", 2, "ENROUTE", "2611291201")])
+    assert later.outcomes == [Outcome.LATE_PROGRESS]
+    row = await status(db, "m")
+    assert row is not None
+    assert (row["status"], row["conflicts"], row["progress_events"]) == ("DELIVERED", 0, 1)
+
+
+def undeliv_by_feed(count: int) -> Receipt:
+    return feed_receipt(
+        "m",
+        2,
+        "UNDELIV",
+        ack_token=f"t{count}",
+        received_at=RECEIVED + count,
+        done_date="2611291201",
+        delivery_count=count,
+    )
+
+
+async def assert_one_conflict(db: asyncpg.Connection) -> None:
+    row = await status(db, "m")
+    assert row is not None
+    assert (row["status"], row["conflicts"]) == ("DELIVERED", 1)
+    assert await exceptions(db, "m") == [("conflict", "same_key_other_content")]
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM dlr.receptions WHERE message_id = 'm' AND outcome = 'conflict'"
+        )
+        == 1
+    )
+
+
+async def test_a_redelivered_conflicting_receipt_is_a_repeat_by_feed_and_by_webhook(
+    store: Store, db: asyncpg.Connection, database_url: str
+) -> None:
+    """P14 sharpened, C1: DELIVRD, then one UNDELIV receipt delivered with delivery_count 1,
+    2, 3 and once by webhook: one conflict (outcome, counter, open exception), then repeats."""
+    await record(store, "m")
+    await store.ingest(LOGIN, [receipt("m", 2, "DELIVRD")])
+    outcomes = []
+    for count in (1, 2, 3):
+        outcomes += (await store.ingest(LOGIN, [undeliv_by_feed(count)])).outcomes
+    assert outcomes == [Outcome.CONFLICT, Outcome.REPEAT, Outcome.REPEAT]
+    callback = {"id": "m", "level": 2, "stat": "UNDELIV", "err": "000", "done_date": "2611291201"}
+    async with (
+        running_webhook(webhook_settings(database_url)) as service,
+        httpx.AsyncClient() as client,
+    ):
+        answer = await client.post(url(service), content=json.dumps(callback).encode())
+    assert answer.json() == {"outcome": "repeat"}
+    await assert_one_conflict(db)
+    row = await status(db, "m")
+    assert row is not None
+    assert row["repeats"] == 3
+    assert await db.fetchval(
+        "SELECT (times_received, conflicting_receptions) FROM dlr.events "
+        "WHERE message_id = 'm' AND level = 2"
+    ) == (4, 1)
+
+
+async def test_fifty_concurrent_deliveries_of_a_conflicting_receipt_open_one_exception(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """P14, C1: the same conflicting UNDELIV ingested 50 times at once on separate connections,
+    then posted 50 times at once to the webhook: one conflict, one open exception."""
+    store = await Store.open(database_url, pool_size=8)
+    try:
+        await record(store, "m")
+        await store.ingest(LOGIN, [receipt("m", 2, "DELIVRD")])
+        results = await asyncio.gather(
+            *(store.ingest(LOGIN, [undeliv_by_feed(n)]) for n in range(1, 51))
+        )
+    finally:
+        await store.close()
+    assert Counter(o for r in results for o in r.outcomes) == {
+        Outcome.CONFLICT: 1,
+        Outcome.REPEAT: 49,
+    }
+    await assert_one_conflict(db)
+    callback = {"id": "m", "level": 2, "stat": "UNDELIV", "err": "001"}
+    async with (
+        running_webhook(webhook_settings(database_url)) as service,
+        httpx.AsyncClient() as client,
+    ):
+        answers = await asyncio.gather(
+            *(client.post(url(service), content=json.dumps(callback).encode()) for _ in range(50))
+        )
+    assert Counter(a.json()["outcome"] for a in answers) == {"conflict": 1, "repeat": 49}
+    assert await exceptions(db, "m") == [("conflict", "same_key_other_content")] * 2
+
+
+async def test_the_deadline_unknown_after_the_result_emits_no_second_change(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """P23: with deadline_unknown_superseded, DELIVRD then the deadline UNKNOWN: one change
+    row `- -> DELIVERED`; the status notes that the UNKNOWN was superseded."""
+    store = await Store.open(
+        database_url, options=IntegrationOptions(deadline_unknown_superseded=True)
+    )
+    try:
+        await record(store, "m", "n")
+        await store.ingest(LOGIN, [receipt("m", 2, "DELIVRD")])
+        await store.ingest(LOGIN, [receipt("m", 2, "UNKNOWN", err=None)])
+        await store.ingest(LOGIN, [receipt("n", 2, "UNKNOWN", err=None)])
+        await store.ingest(LOGIN, [receipt("n", 2, "DELIVRD")])
+    finally:
+        await store.close()
+    assert await changes(db, "m") == [(None, "DELIVERED")]
+    assert await changes(db, "n") == [(None, "UNKNOWN"), ("UNKNOWN", "DELIVERED")]
+    m, n = await status(db, "m"), await status(db, "n")
+    assert m is not None
+    assert n is not None
+    assert m["deadline_superseded"]
+    assert n["deadline_superseded"]
+    assert m["reason"] == n["reason"]
+
+
+async def test_corroborating_results_change_nothing_of_the_final(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """P18 sharpened, P23: with receipt_ids_hex, `ff`, `FF` and `0ff` all report DELIVRD for
+    message 255, each with another err and an earlier done date: one change row, and the
+    final keeps the first report's err and basis."""
+    store = await Store.open(database_url, options=IntegrationOptions(receipt_ids_hex=True))
+    try:
+        await record(store, "255")
+        outcomes = []
+        for receipt_id, err, done in (
+            ("ff", "000", "2611291203"),
+            ("FF", "001", "2611291202"),
+            ("0ff", "002", "2611291201"),
+        ):
+            result = await store.ingest(LOGIN, [receipt(receipt_id, 2, "DELIVRD", done, err)])
+            outcomes += result.outcomes
+    finally:
+        await store.close()
+    assert outcomes == [Outcome.APPLIED, Outcome.CORROBORATED, Outcome.CORROBORATED]
+    assert await changes(db, "255") == [(None, "DELIVERED")]
+    row = await status(db, "255")
+    assert row is not None
+    assert (row["basis_err"], row["basis_reception_done"]) == ("000", "2611291203")
+    assert "err 000" in row["reason"]
