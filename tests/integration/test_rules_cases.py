@@ -15,8 +15,10 @@ import asyncpg
 import httpx
 import pytest
 
+from dlrfeed.cli import main
 from dlrfeed.commands.show import render
 from dlrfeed.domain.options import IntegrationOptions
+from dlrfeed.domain.parse import ID_MARK, stored_id
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
@@ -500,3 +502,88 @@ async def test_corroborating_results_change_nothing_of_the_final(
     assert row is not None
     assert (row["basis_err"], row["basis_reception_done"]) == ("000", "2611291203")
     assert "err 000" in row["reason"]
+
+
+@pytest.mark.parametrize("split", [1, 2])
+async def test_a_local_time_in_a_dst_gap_is_read_by_one_rule_whatever_the_batch_split(
+    database_url: str, db: asyncpg.Connection, split: int
+) -> None:
+    """P24: in Europe/Berlin 2026-03-29 02:30 does not exist (02:00 -> 03:00): it is read with
+    the offset before the jump, 03:30 CEST (01:30 UTC), so it is later than 03:05 CEST (01:05
+    UTC); the newer progress is the same in one batch or two."""
+    store = await Store.open(
+        database_url, options=IntegrationOptions(receipt_timezone="Europe/Berlin")
+    )
+    try:
+        await store.record_submissions(
+            [
+                Submission(
+                    LOGIN, "m", "+34600000001", submitted_at=datetime(2026, 3, 29, 0, 0, tzinfo=UTC)
+                )
+            ]
+        )
+        deliveries = [
+            receipt("m", 1, "ENROUTE", "2603290230"),
+            receipt("m", 1, "ACCEPTD", "2603290305"),
+        ]
+        for start in range(0, 2, split):
+            await store.ingest(LOGIN, deliveries[start : start + split])
+    finally:
+        await store.close()
+    row = await status(db, "m")
+    assert row is not None
+    assert (row["status"], row["basis_done_at"]) == (
+        "ENROUTE",
+        datetime(2026, 3, 29, 1, 30, tzinfo=UTC),
+    )
+    assert "arrival_order_tie" not in (row["flags"] or [])
+
+
+CRAFTED_IDS = ["N\x00L", "x" * 600]
+
+
+async def _ingest_crafted(database_url: str, raw: str) -> tuple[list[Outcome], str]:
+    """Messages recorded with the literal ids the altered form of `raw` was or is, then a
+    receipt with `raw` itself: its outcomes and its stored id."""
+    store = await Store.open(database_url)
+    try:
+        altered = stored_id(raw)
+        digest = altered.rsplit(ID_MARK, 1)[1]
+        literals = [altered, altered.replace(ID_MARK, "#"), f"{altered.split(ID_MARK)[0]}#{digest}"]
+        await record(store, *literals)
+        result = await store.ingest(LOGIN, [receipt(raw, 2, "DELIVRD")])
+    finally:
+        await store.close()
+    return result.outcomes, altered
+
+
+@pytest.mark.parametrize("raw", CRAFTED_IDS, ids=["nul", "600-chars"])
+def test_an_id_kept_altered_never_equals_a_literal_id_and_is_findable(
+    database_url: str, capsys: pytest.CaptureFixture[str], raw: str
+) -> None:
+    """P24: an id with a NUL or over 512 characters is kept altered, with a mark no literal id
+    carries: a message recorded with the literal text of the altered form (or of the form the
+    alteration used to give) is not its message; `dlrfeed show` finds the receipt by the id
+    as received and by its altered form."""
+    outcomes, altered = asyncio.run(_ingest_crafted(database_url, raw))
+    assert outcomes == [Outcome.UNCORRELATED]
+
+    async def read() -> tuple[int, list[str]]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            statuses = await conn.fetchval("SELECT count(*) FROM dlr.message_status")
+            ids = [r[0] for r in await conn.fetch("SELECT message_id FROM dlr.events")]
+        finally:
+            await conn.close()
+        return statuses, ids
+
+    assert asyncio.run(read()) == (0, [altered])
+    shown = []
+    for asked in ([raw] if "\x00" not in raw else []) + [altered]:
+        assert main(["show", asked, "--database-url", database_url, "--json"]) == 0
+        shown.append(json.loads(capsys.readouterr().out))
+    for document in shown:
+        with_events = [r for r in document["reports"] if r["events"]]
+        assert [[e["receipt_id"] for e in r["events"]] for r in with_events] == [[altered]]
+        assert with_events[0]["message"] is None
+        assert with_events[0]["status"] is None

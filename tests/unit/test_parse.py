@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import (
+    ID_MARK,
     MAX_ID_CHARS,
     fingerprint,
     normalise_destination,
@@ -93,7 +94,7 @@ def test_nul_and_oversized_fields_are_made_storable_raw_kept_c8() -> None:
     assert event.text == "a\\u0000b"
     assert event.err == "x" * OPTIONS.max_field_chars
     assert len(event.message_id) == MAX_ID_CHARS
-    assert event.message_id.startswith("i" * (MAX_ID_CHARS - 33) + "#")
+    assert event.message_id.startswith("i" * (MAX_ID_CHARS - 33) + ID_MARK)
     assert {"nul_escaped:text", "truncated:err", "truncated:id", "id_digest"} <= set(event.flags)
     assert event.raw == b"\x00raw"
 
