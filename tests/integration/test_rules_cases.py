@@ -539,6 +539,23 @@ async def test_a_local_time_in_a_dst_gap_is_read_by_one_rule_whatever_the_batch_
     assert "arrival_order_tie" not in (row["flags"] or [])
 
 
+async def test_a_done_date_inside_the_skew_tolerance_gives_no_negative_latency(
+    store: Store, database_url: str
+) -> None:
+    """P19: a DELIVRD done 5 minutes before the recorded submission is plausible (clock skew):
+    it stays a latency sample, clamped to 0 s, never negative."""
+    await record(store, "m")
+    await store.ingest(LOGIN, [receipt("m", 2, "DELIVRD", "2611291155")])
+    conn = await connect(database_url)
+    try:
+        report = await statistics(conn, None)
+    finally:
+        await conn.close()
+    latency = report["dlr_latency_seconds"]
+    assert latency["samples"] == 1
+    assert latency["p50"] == 0
+
+
 CRAFTED_IDS = ["N\x00L", "x" * 600]
 
 
