@@ -69,6 +69,38 @@ def test_other_documented_date_forms() -> None:
     assert parse_reported_date("261129", utc) is None
 
 
+@pytest.mark.parametrize(
+    ("raw", "instant"),
+    [
+        # 02:30 does not exist (02:00 CET -> 03:00 CEST): read with the offset before the jump.
+        ("2603290230", datetime(2026, 3, 29, 1, 30, tzinfo=UTC)),
+        ("2603290305", datetime(2026, 3, 29, 1, 5, tzinfo=UTC)),
+        # 02:30 exists twice (03:00 CEST -> 02:00 CET): its first occurrence.
+        ("2610250230", datetime(2026, 10, 25, 0, 30, tzinfo=UTC)),
+    ],
+)
+def test_a_local_time_in_a_dst_gap_or_repeat_is_one_utc_instant_p24(
+    raw: str, instant: datetime
+) -> None:
+    """P24: one documented rule for local times that do not exist or exist twice, and every
+    reported time a UTC instant (so no comparison of two times depends on their zones)."""
+    parsed = parse_reported_date(raw, zone("Europe/Berlin"))
+    assert parsed == instant
+    assert parsed is not None
+    assert parsed.tzinfo is UTC
+
+
+def test_an_id_with_the_mark_is_altered_and_never_equals_an_altered_one_p24() -> None:
+    """P24: an id that contains the mark altered ids carry is altered too, so the altered form
+    of one id is never the id as received of another."""
+    nul = parse(receipt(message_id="N\x00L"), OPTIONS).message_id
+    assert ID_MARK in nul
+    crafted = parse(receipt(message_id=nul), OPTIONS)
+    assert crafted.message_id != nul
+    assert "id_digest" in crafted.flags
+    assert parse(receipt(message_id="plain-1"), OPTIONS).message_id == "plain-1"
+
+
 def test_nd_empty_and_garbage_dates_are_kept_raw_and_flagged_c4() -> None:
     """C4: ND, empty and garbage dates stay raw, parse to None, and are flagged."""
     event = parse(receipt(submit_date="ND", done_date="2613991200"), OPTIONS)
