@@ -4,8 +4,10 @@ Pure (no I/O). Every path of the store asks the same `Planner` - the live ingest
 read first), late correlation and `dlrfeed recompute` (every reception of the message replayed
 from no state) - so the computed status is the same rules over the same arrival order whatever
 path the receipts took (P19). Two layers, as P13 has them:
-- the *key* layer (P14): a delivery of a logical event key (id, level) is new content, a repeat,
-  a progress update (level 1) or a conflict (level 2), a function of the contents the key holds;
+- the *key* layer (P14): a delivery of a logical event key (id, level) is new content, a repeat
+  (of content held or seen conflicting), an update the key accepts (level-1 progress; at level
+  2 anything but a second applicable result) or a conflict (two applicable results of a level-2
+  key), a function of the contents the key holds;
 - the *message* layer (P16-P19): the transition table of `transitions`, held basis kind x
   incoming kind.
 docs/rules.md states the table and what does and does not depend on arrival order.
@@ -207,11 +209,12 @@ class KeyClass(Enum):
     NEW = "new"
     """The key's first content."""
     UPDATE = "update"
-    """Another content the key accepts (a level-1 progress update, an option's second result)."""
+    """Another content the key accepts: a level-1 progress update; at level 2 a progress or
+    unrecognized stat, a result while the key holds none, or an option's second result."""
     REPEAT = "repeat"
-    """Content the key already holds."""
+    """Content the key already holds, or that already conflicted with it (C1)."""
     CONFLICT = "conflict"
-    """Another content of a level-2 key: kept, flagged, never applied."""
+    """Another applicable result of a level-2 key holding one: kept, flagged, never applied."""
 
     __hash__ = object.__hash__
 
@@ -285,7 +288,8 @@ class Planner:
         self.key_conflicting: dict[int, list[str]] = {}
         """Event id -> fingerprints of the contents that conflicted with its key's result here."""
         self.event_accepted: dict[int, int] = {}
-        """Event id -> deliveries with accepted content (repeats, updates), new ones excluded."""
+        """Event id -> deliveries that were not conflicts (repeats - of a conflicting content
+        too -, updates), new ones excluded: the increment of `times_received`."""
         self.event_conflicts: dict[int, int] = {}
         self.event_last: dict[int, float] = {}
         """Event id -> the latest receive time among these deliveries (first ones excluded)."""
