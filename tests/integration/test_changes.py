@@ -598,3 +598,43 @@ async def test_a_writers_search_path_cannot_bend_a_changes_position(
     assert len(written) == 2
     assert all(c.position // 10**19 >= xid for c in written)
     assert [c.status for c in changes if c.message_id == "t1"] == ["ENROUTE", "DELIVERED"]
+
+
+async def test_a_correction_of_the_reason_alone_is_marked_and_billed_never(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """P23: a final whose reason alone is rewritten (here: a status row in an older rules
+    version's wording, then recomputed) gives changes marked `reason_only`; the billing consumer
+    of docs/changes.md bills the message once."""
+    await store.record_submissions([Submission(LOGIN, "m", "+34600000001")])
+    await store.ingest(LOGIN, [receipt("m")])
+    await db.execute(
+        "UPDATE dlr.statuses SET reason = reason_text || '; it supersedes an UNKNOWN result', "
+        "reason_id = NULL, rules_version = 'rules-2' "
+        "FROM (SELECT dlr.reason_text(reason, reason_id) AS reason_text FROM dlr.statuses) AS r"
+    )
+    assert (await store.recompute()).changed == 1
+    found = await _all_changes(db)
+    assert [(c.previous_status, c.status, c.reason_only) for c in found] == [
+        (None, "DELIVERED", False),
+        ("DELIVERED", "DELIVERED", True),
+        ("DELIVERED", "DELIVERED", True),
+    ]
+    assert found[-1].reason == found[0].reason
+    assert [json.loads(json.dumps(c.to_json()))["reason_only"] for c in found] == [
+        False,
+        True,
+        True,
+    ]
+    assert [billing_kind(c) for c in found] == ["final", None, None]
+
+
+def billing_kind(c: StatusChange) -> str | None:
+    """The billing consumer of docs/changes.md, as written there."""
+    if c.is_final and not c.previous_is_final:
+        return "final"
+    if c.is_final and c.status != c.previous_status:
+        return "corrected"
+    if c.status is None and c.previous_is_final:
+        return "withdrawn"
+    return None

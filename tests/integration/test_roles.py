@@ -142,7 +142,7 @@ async def _seed(db: RoleDatabase) -> Store:
         _domain(_receipt("m2", 2, "UNDELIV")),
         _domain(_receipt("m2", 2, "DELIVRD")),  # P14 conflict
         _domain(_receipt("late", 2, "DELIVRD")),  # P12 uncorrelated, correlated below
-        _domain(_receipt("m1", 2, "WEIRD")),  # same key, other content
+        _domain(_receipt("m1", 2, "WEIRD")),  # same key, unrecognized: kept, no conflict (P14)
     ]
     result = await store.ingest("acme", batch)
     assert result.outcomes[:4] == [
@@ -204,7 +204,8 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
     finally:
         await conn.close()
     assert receptions == 7
-    assert kinds.count("conflict") == 2
+    assert kinds.count("conflict") == 1
+    assert kinds.count("unrecognized") == 1
     assert kinds.count("unstorable") == 2
     assert "uncorrelated" in kinds
     # The late correlation closed the uncorrelated exception; the redelivery came closed.
@@ -308,7 +309,7 @@ async def test_reader_runs_the_operator_reports(roles_db: RoleDatabase) -> None:
     assert reports
     assert reports[0]["status"]["status"] == "DELIVERED"
     assert len(reports[0]["receptions"]) == 4
-    assert {x["kind"] for x in exceptions} == {"conflict", "uncorrelated"}
+    assert {x["kind"] for x in exceptions} == {"conflict", "uncorrelated", "unrecognized"}
     assert json.dumps(stats, default=str)
 
 

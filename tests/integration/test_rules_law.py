@@ -191,6 +191,22 @@ async def assert_store_holds(
             expected.superseded,
             expected.flags,
         )
+    # P23: replaying the change log gives the status, and a consumer acting on "became final"
+    # (docs/changes.md's billing) acts once for a final message, never for another.
+    changes = await db.fetch(
+        "SELECT status, is_final, previous_status, previous_is_final FROM dlr.status_changes "
+        "WHERE login = $1 AND message_id = $2 ORDER BY position",
+        login,
+        message_id,
+    )
+    assert (changes[-1]["status"] if changes else None) == expected.status
+    became_final = [c for c in changes if c["is_final"] and not c["previous_is_final"]]
+    assert len(became_final) == (1 if expected.is_final else 0)
+    assert not [
+        c
+        for c in changes
+        if c["is_final"] and c["previous_is_final"] and c["status"] == c["previous_status"]
+    ], "a final emitted again (P18, P23)"
     opened = Counter[str]()
     for row in await db.fetch(
         "SELECT kind, details->>'cause' AS cause FROM dlr.exceptions "

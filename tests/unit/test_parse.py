@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.parse import (
+    ID_MARK,
     MAX_ID_CHARS,
     fingerprint,
     normalise_destination,
@@ -68,6 +69,38 @@ def test_other_documented_date_forms() -> None:
     assert parse_reported_date("261129", utc) is None
 
 
+@pytest.mark.parametrize(
+    ("raw", "instant"),
+    [
+        # 02:30 does not exist (02:00 CET -> 03:00 CEST): read with the offset before the jump.
+        ("2603290230", datetime(2026, 3, 29, 1, 30, tzinfo=UTC)),
+        ("2603290305", datetime(2026, 3, 29, 1, 5, tzinfo=UTC)),
+        # 02:30 exists twice (03:00 CEST -> 02:00 CET): its first occurrence.
+        ("2610250230", datetime(2026, 10, 25, 0, 30, tzinfo=UTC)),
+    ],
+)
+def test_a_local_time_in_a_dst_gap_or_repeat_is_one_utc_instant_p24(
+    raw: str, instant: datetime
+) -> None:
+    """P24: one documented rule for local times that do not exist or exist twice, and every
+    reported time a UTC instant (so no comparison of two times depends on their zones)."""
+    parsed = parse_reported_date(raw, zone("Europe/Berlin"))
+    assert parsed == instant
+    assert parsed is not None
+    assert parsed.tzinfo is UTC
+
+
+def test_an_id_with_the_mark_is_altered_and_never_equals_an_altered_one_p24() -> None:
+    """P24: an id that contains the mark altered ids carry is altered too, so the altered form
+    of one id is never the id as received of another."""
+    nul = parse(receipt(message_id="N\x00L"), OPTIONS).message_id
+    assert ID_MARK in nul
+    crafted = parse(receipt(message_id=nul), OPTIONS)
+    assert crafted.message_id != nul
+    assert "id_digest" in crafted.flags
+    assert parse(receipt(message_id="plain-1"), OPTIONS).message_id == "plain-1"
+
+
 def test_nd_empty_and_garbage_dates_are_kept_raw_and_flagged_c4() -> None:
     """C4: ND, empty and garbage dates stay raw, parse to None, and are flagged."""
     event = parse(receipt(submit_date="ND", done_date="2613991200"), OPTIONS)
@@ -93,7 +126,7 @@ def test_nul_and_oversized_fields_are_made_storable_raw_kept_c8() -> None:
     assert event.text == "a\\u0000b"
     assert event.err == "x" * OPTIONS.max_field_chars
     assert len(event.message_id) == MAX_ID_CHARS
-    assert event.message_id.startswith("i" * (MAX_ID_CHARS - 33) + "#")
+    assert event.message_id.startswith("i" * (MAX_ID_CHARS - 33) + ID_MARK)
     assert {"nul_escaped:text", "truncated:err", "truncated:id", "id_digest"} <= set(event.flags)
     assert event.raw == b"\x00raw"
 

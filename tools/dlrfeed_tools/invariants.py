@@ -282,12 +282,14 @@ def compare(
         by_message[row["correlation_id"]] += deliveries.get(row["id"], [])
         delivered = fingerprints.get(row["id"], [])
         accepted = {row["fingerprint"], *row["updates"]}
-        same = sum(fp in accepted for fp in delivered)
+        # P14: each conflicting content conflicts once; its redeliveries are repeats.
+        conflicting = len({fp for fp in delivered if fp not in accepted})
+        same = len(delivered) - conflicting
         counted = (row["times_received"], row["conflicting_receptions"])
-        if (same, len(delivered) - same) != counted:
+        if (same, conflicting) != counted:
             double.append(
                 f"event {row['id']} counters {counted[0]}+{counted[1]}"
-                f" vs {same}+{len(delivered) - same} stored"
+                f" vs {same}+{conflicting} stored"
             )
     submitted = {row["message_id"]: row["submitted_at"] for row in rows["messages"]}
     for row in rows["statuses"]:

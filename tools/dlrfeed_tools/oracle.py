@@ -122,14 +122,17 @@ def expect(
     """
     out = Expected()
     contents: dict[tuple[str, int], list[tuple[str, str | None, str | None]]] = {}
-    first_kind: dict[tuple[str, int], str] = {}
+    conflicting: dict[tuple[str, int], list[tuple[str, str | None, str | None]]] = {}
+    results: dict[tuple[str, int], list[str]] = {}
+    """The kinds of the applicable results each key took ("network", "unknown")."""
     held: tuple[int, Sent, datetime | None] | None = None  # index, delivery, usable time
     for index, sent in enumerate(deliveries):
         key = (sent.receipt_id, sent.level)
         content = (sent.stat, sent.err, sent.done_raw)
         seen = contents.get(key)
         this_kind = kind(sent.level, sent.stat)
-        if seen is not None and content in seen:
+        if seen is not None and (content in seen or content in conflicting.get(key, [])):
+            # Content seen before, held or conflicting: a repeat (P14, C1).
             out.repeats += 1
             out.outcomes.append("repeat")
             out.key_outcomes.append("repeat")
@@ -140,20 +143,25 @@ def expect(
             or index in (malformed_dates)
         ):
             out.exceptions["malformed"] += 1
-        if seen is not None and sent.level == 2:
-            pair = {first_kind[key], this_kind}
-            if not (superseding and len(seen) == 1 and pair == {"unknown", "network"}):
+        # Only two applicable results of one level-2 key conflict; a progress or unrecognized
+        # stat leaves the result place to the result that follows it.
+        held_results = results.get(key, [])
+        if sent.level == 2 and this_kind in ("network", "unknown") and held_results:
+            pair = {held_results[0], this_kind}
+            if not (superseding and len(held_results) == 1 and pair == {"unknown", "network"}):
                 out.conflicts += 1
                 out.exceptions["conflict:same_key_other_content"] += 1
                 out.outcomes.append("conflict")
                 out.key_outcomes.append("conflict")
+                conflicting.setdefault(key, []).append(content)
                 continue
         out.key_outcomes.append("uncorrelated")
         if seen is None:
             contents[key] = [content]
-            first_kind[key] = this_kind
         else:
             seen.append(content)
+        if sent.level == 2 and this_kind in ("network", "unknown"):
+            results.setdefault(key, []).append(this_kind)
         if this_kind == "level":
             out.outcomes.append("unexpected_level")
             continue
@@ -195,8 +203,7 @@ def expect(
             assert held is not None
             _, held_sent, held_at = held
             if STAT_STATUS[sent.stat] == STAT_STATUS[held_sent.stat]:
-                if at is not None and (held_at is None or at < held_at):
-                    held = (index, sent, at)
+                # P18: a corroborating report changes nothing of the final.
                 out.outcomes.append("corroborated")
             else:
                 out.conflicts += 1

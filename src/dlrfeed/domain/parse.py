@@ -8,7 +8,7 @@ for speed: dictionary look-ups and string slicing, no regular expressions, no st
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, tzinfo
+from datetime import UTC, datetime, tzinfo
 from functools import lru_cache
 from typing import NamedTuple
 from zoneinfo import ZoneInfo
@@ -18,7 +18,7 @@ from dlrfeed.domain.receipt import Channel, Receipt
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
 from dlrfeed.domain.transitions import level_stat_mismatch
 
-PARSER_VERSION = "parse-3"
+PARSER_VERSION = "parse-4"
 """P8: recorded on every reception and event; bump when the parse of some input changes."""
 
 _NUL = "\x00"
@@ -29,8 +29,12 @@ _ABSENT = "\x1e"  # stands for an absent field inside the fingerprint (never in 
 MAX_ID_CHARS = 512
 # An id that had to be altered to be storable keeps a digest of its raw value, so that two ids
 # that differ only past the cut, or in a NUL against a literal "\u0000", never share one
-# logical event key (P14, F8): 1 + 32 hex characters of BLAKE2b-128.
+# logical event key (P14, F8): ID_MARK + 32 hex characters of BLAKE2b-128.
 _ID_DIGEST_CHARS = 33
+ID_MARK = "\u241f"
+"""P24: the mark (SYMBOL FOR UNIT SEPARATOR) between an altered id and its digest. An id that
+contains it is altered too, on receipts and on recorded messages alike, so no id kept as
+received contains it, and an altered id can never equal a literal one."""
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
@@ -110,12 +114,22 @@ def _digits(value: str) -> bool:
 
 @lru_cache(maxsize=8192)  # receipts of one batch mostly share their minute: parse each once
 def parse_reported_date(raw: str, tz: tzinfo) -> datetime | None:
-    """A reported date in one of the documented forms, in `tz` unless it names its own offset.
+    """A reported date in one of the documented forms, in `tz` unless it names its own offset,
+    as the UTC instant it names.
 
     Forms: SMPP `YYMMDDhhmm` and `YYMMDDhhmmss` (years 00-99 → 2000-2099), `YYYYMMDDhhmmss`,
     and ISO 8601 (`YYYY-MM-DD hh:mm[:ss]`, `T` separator, optional `Z`/offset). None when `raw`
-    is none of these or names an impossible time.
+    is none of these or names an impossible time. P24: a local time that does not exist (the
+    clock jumped past it) is read with the offset in force before the jump (02:30 in a gap
+    02:00-03:00 is 03:30 after it); one that exists twice is its first occurrence. Returned in
+    UTC, so every comparison is of instants whichever path the time took (a datetime compared
+    with another of the same zone compares wall clocks).
     """
+    local = _local_reported_date(raw, tz)
+    return None if local is None else local.astimezone(UTC)
+
+
+def _local_reported_date(raw: str, tz: tzinfo) -> datetime | None:
     try:
         if _digits(raw):
             n = len(raw)
@@ -184,7 +198,19 @@ def storable_id(raw: str, limit: int, flags: list[str]) -> str:
     digest = hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     value = storable(raw, "id", max(limit - _ID_DIGEST_CHARS, 1), flags)
     flags.append("id_digest")
-    return f"{value}#{digest}"
+    return f"{value}{ID_MARK}{digest}"
+
+
+def id_needs_altering(raw: str, limit: int = MAX_ID_CHARS) -> bool:
+    """P24: whether an id cannot be kept as received: a NUL, more than `limit` characters, or
+    the mark that only altered ids carry."""
+    return _NUL in raw or len(raw) > limit or ID_MARK in raw
+
+
+def stored_id(raw: str, limit: int = MAX_ID_CHARS) -> str:
+    """P24: the form an id is kept in, the same for a receipt's id and a recorded message's:
+    the id itself, or its altered form (`storable_id`) when it cannot be kept as received."""
+    return storable_id(raw, limit, []) if id_needs_altering(raw, limit) else raw
 
 
 def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
@@ -200,7 +226,7 @@ def parse(receipt: Receipt, options: IntegrationOptions) -> LogicalEvent:
     # Each field is made storable only when it needs it (a NUL or too long): the common case
     # costs one substring test and one length check, and flags keep the field order.
     message_id: str = receipt.message_id
-    if _NUL in message_id or len(message_id) > MAX_ID_CHARS or len(message_id) > limit:
+    if id_needs_altering(message_id, min(limit, MAX_ID_CHARS)):
         message_id = storable_id(message_id, min(limit, MAX_ID_CHARS), flags)
     stat = receipt.stat
     status = STAT_TO_STATUS.get(stat)

@@ -4,8 +4,10 @@ Pure (no I/O). Every path of the store asks the same `Planner` - the live ingest
 read first), late correlation and `dlrfeed recompute` (every reception of the message replayed
 from no state) - so the computed status is the same rules over the same arrival order whatever
 path the receipts took (P19). Two layers, as P13 has them:
-- the *key* layer (P14): a delivery of a logical event key (id, level) is new content, a repeat,
-  a progress update (level 1) or a conflict (level 2), a function of the contents the key holds;
+- the *key* layer (P14): a delivery of a logical event key (id, level) is new content, a repeat
+  (of content held or seen conflicting), an update the key accepts (level-1 progress; at level
+  2 anything but a second applicable result) or a conflict (two applicable results of a level-2
+  key), a function of the contents the key holds;
 - the *message* layer (P16-P19): the transition table of `transitions`, held basis kind x
   incoming kind.
 docs/rules.md states the table and what does and does not depend on arrival order.
@@ -29,7 +31,7 @@ from dlrfeed.domain.transitions import (
     transition_table,
 )
 
-RULES_VERSION = "rules-2"
+RULES_VERSION = "rules-3"
 """P8: recorded on events and on the projection; bump when any rule changes (rows with another
 version are stale: `dlrfeed recompute`)."""
 
@@ -96,12 +98,27 @@ class Delivery(NamedTuple):
 
 
 class KeyContents(NamedTuple):
-    """P14: what one logical event key holds: its first content's status and the fingerprints
-    of every content it accepted (the first, then progress updates or an option's second
-    result), in arrival order."""
+    """P14: what one logical event key holds: its first content's status, the fingerprints of
+    every content it accepted (the first, then progress updates, a level-2 result after a
+    level-2 progress or unrecognized stat, or an option's second result) in arrival order, the
+    statuses of the applicable results it accepted after its first content, and the
+    fingerprints of the other contents that conflicted with its result, once each."""
 
     first_status: Status
     fingerprints: tuple[str, ...]
+    later_results: tuple[Status, ...] = ()
+    conflicting: tuple[str, ...] = ()
+
+    def results(self, level: int) -> tuple[Status, ...]:
+        """P14: the applicable results the key holds (its first content's, then the later)."""
+        if _is_result(kind_of(level, self.first_status)):
+            return (self.first_status, *self.later_results)
+        return self.later_results
+
+
+def _is_result(kind: Kind) -> bool:
+    """P14: only an applicable result (a final stat at level 2) takes a key's result place."""
+    return kind is Kind.NETWORK_RESULT or kind is Kind.UNKNOWN_RESULT
 
 
 class Basis(NamedTuple):
@@ -167,11 +184,9 @@ def explain(state: MessageState) -> str:
         if STAT_INFERRED in state.flags:
             return f"in progress as inferred by the gateway, no stat reported: {basis.stat}{err}"
         return f"in progress as reported by the network: {basis.stat}{err}"
-    if state.deadline_superseded:
-        return (
-            f"final status reported by the network: {basis.stat}{err}; it supersedes an "
-            "UNKNOWN result (option deadline_unknown_superseded)"
-        )
+    # P23: the reason names the basis only. Whether an UNKNOWN was superseded (in either
+    # order) is the status' `deadline_superseded`, so an UNKNOWN arriving after the network
+    # result changes no reason and emits no change.
     if kind is Kind.UNKNOWN_RESULT:
         return f"result reported (level 2): UNKNOWN{err}"
     if STAT_INFERRED in state.flags:
@@ -206,11 +221,12 @@ class KeyClass(Enum):
     NEW = "new"
     """The key's first content."""
     UPDATE = "update"
-    """Another content the key accepts (a level-1 progress update, an option's second result)."""
+    """Another content the key accepts: a level-1 progress update; at level 2 a progress or
+    unrecognized stat, a result while the key holds none, or an option's second result."""
     REPEAT = "repeat"
-    """Content the key already holds."""
+    """Content the key already holds, or that already conflicted with it (C1)."""
     CONFLICT = "conflict"
-    """Another content of a level-2 key: kept, flagged, never applied."""
+    """Another applicable result of a level-2 key holding one: kept, flagged, never applied."""
 
     __hash__ = object.__hash__
 
@@ -218,18 +234,29 @@ class KeyClass(Enum):
 def classify(
     known: KeyContents | None, delivery: Observed, options: IntegrationOptions
 ) -> KeyClass:
-    """P14: a delivery against the contents its key holds."""
+    """P14: a delivery against the contents its key holds. Content seen before, held or
+    conflicting, is a repeat. Only two applicable results of a level-2 key conflict: a level-2
+    progress or unrecognized stat is kept as content and leaves the result place free."""
     if known is None:
         return KeyClass.NEW
-    if delivery.fingerprint in known.fingerprints:
+    if delivery.fingerprint in known.fingerprints or delivery.fingerprint in known.conflicting:
         return KeyClass.REPEAT
     if delivery.level != 2:
         # Progress updates (and unexpected levels, never applied anyway) are kept as content.
         return KeyClass.UPDATE
-    if options.deadline_unknown_superseded and len(known.fingerprints) == 1:
-        pair = {kind_of(2, known.first_status), kind_of(2, delivery.status)}
-        if pair == {Kind.NETWORK_RESULT, Kind.UNKNOWN_RESULT}:
-            return KeyClass.UPDATE
+    incoming = kind_of(2, delivery.status)
+    if not _is_result(incoming):
+        return KeyClass.UPDATE
+    results = known.results(2)
+    if not results:
+        return KeyClass.UPDATE
+    pair = {kind_of(2, results[0]), incoming}
+    if (
+        options.deadline_unknown_superseded
+        and len(results) == 1
+        and pair == {Kind.NETWORK_RESULT, Kind.UNKNOWN_RESULT}
+    ):
+        return KeyClass.UPDATE
     return KeyClass.CONFLICT
 
 
@@ -269,8 +296,13 @@ class Planner:
         self.submitted = submitted
         self.key_updates: dict[int, list[str]] = {}
         """Event id -> fingerprints of the contents its key accepted in these deliveries."""
+        self.key_results: dict[int, list[str]] = {}
+        """Event id -> statuses of the results its key accepted after its first content here."""
+        self.key_conflicting: dict[int, list[str]] = {}
+        """Event id -> fingerprints of the contents that conflicted with its key's result here."""
         self.event_accepted: dict[int, int] = {}
-        """Event id -> deliveries with accepted content (repeats, updates), new ones excluded."""
+        """Event id -> deliveries that were not conflicts (repeats - of a conflicting content
+        too -, updates), new ones excluded: the increment of `times_received`."""
         self.event_conflicts: dict[int, int] = {}
         self.event_last: dict[int, float] = {}
         """Event id -> the latest receive time among these deliveries (first ones excluded)."""
@@ -325,13 +357,22 @@ class Planner:
             last = self.event_last.get(event_id, 0.0)
             self.event_last[event_id] = d.received_at if d.received_at > last else last
             if key_class is KeyClass.CONFLICT:
+                # P14/C1: the conflicting content is remembered, so a redelivery of it is a
+                # repeat: one conflict, one exception, however often it comes.
+                assert known is not None
                 self.event_conflicts[event_id] = self.event_conflicts.get(event_id, 0) + 1
+                self.keys[key] = known._replace(conflicting=(*known.conflicting, d.fingerprint))
+                self.key_conflicting.setdefault(event_id, []).append(d.fingerprint)
             else:
                 self.event_accepted[event_id] = self.event_accepted.get(event_id, 0) + 1
                 if key_class is KeyClass.UPDATE:
                     assert known is not None
+                    later = known.later_results
+                    if d.level == 2 and _is_result(KIND_OF[(2, d.status)]):
+                        later = (*later, d.status)
+                        self.key_results.setdefault(event_id, []).append(d.status.value)
                     self.keys[key] = known._replace(
-                        fingerprints=(*known.fingerprints, d.fingerprint)
+                        fingerprints=(*known.fingerprints, d.fingerprint), later_results=later
                     )
                     self.key_updates.setdefault(event_id, []).append(d.fingerprint)
         if key_class is KeyClass.REPEAT:
@@ -423,9 +464,8 @@ class Planner:
             outcome = Outcome.APPLIED if take else Outcome.LATE_PROGRESS
         elif action is Action.SAME_RESULT_OR_CONFLICT:
             if d.status is basis.status:
-                # Corroboration: the basis becomes the earliest plausible report of the
-                # status; a report without a usable time never displaces one with it.
-                take = at is not None and (basis.order_at is None or at < basis.order_at)
+                # P18: a corroborating report changes nothing of the final - not its err, its
+                # basis or its reason (P23: nothing new to emit); it is kept as evidence.
                 outcome = Outcome.CORROBORATED
             else:
                 # P18/C3: the first result applied stays; the later incompatible one is kept.

@@ -73,9 +73,19 @@ class StatusChange:
     rules_version: str
     changed_at: datetime
 
+    @property
+    def reason_only(self) -> bool:
+        """P23: a correction of the reason alone - the status and whether it is final are the
+        previous ones (a recompute under new wording): never a message newly final."""
+        return (
+            self.previous_status is not None
+            and self.status == self.previous_status
+            and self.is_final == self.previous_is_final
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The change as a JSON-ready dict (the `dlrfeed changes --json` line, the relay's
-        items): every field, `changed_at` in ISO 8601."""
+        items): every field, `reason_only`, `changed_at` in ISO 8601."""
         return {
             "position": self.position,
             "login": self.login,
@@ -88,6 +98,7 @@ class StatusChange:
             "previous_reason": self.previous_reason,
             "supporting_event_id": self.supporting_event_id,
             "rules_version": self.rules_version,
+            "reason_only": self.reason_only,
             "changed_at": self.changed_at.isoformat(),
         }
 

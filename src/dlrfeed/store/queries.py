@@ -76,6 +76,7 @@ def status_writes(version: int | None, *, earlier_statuses: bool = True) -> Stat
         instead = dict(_NO_EARLIER)
     if version is not None and version < EVENTS_BY_MESSAGE_VERSION:
         instead["count_deliveries"] = "count_deliveries_by_key"
+        instead["event_contents_seen"] = "no_contents_seen"
     if not instead:
         return STATUS_WRITES
     return StatusWrites(*(query(q.name, **instead) for q in STATUS_WRITES))

@@ -497,7 +497,12 @@ class Store:
                 stored[(r[1], r[2])] = r[0]
                 if r["by_message"]:
                     by_message.add(r[0])
-                keys[(r[1], r[2])] = KeyContents(Status(r[4]), (r[3], *r[5]))
+                keys[(r[1], r[2])] = KeyContents(
+                    Status(r[4]),
+                    (r[3], *r[5]),
+                    tuple(map(Status, r["later_results"])),
+                    tuple(r["conflicting_contents"]),
+                )
 
         # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
         # insert path: far less work and WAL than INSERT ... SELECT per row). The planner
@@ -560,6 +565,8 @@ class Store:
             event_received_at=[planner.event_last[i] for i in counted],
             event_updates=[" ".join(planner.key_updates.get(i, ())) for i in counted],
             event_by_message=[i in by_message for i in counted],
+            event_results=[" ".join(planner.key_results.get(i, ())) for i in counted],
+            event_conflicting=[" ".join(planner.key_conflicting.get(i, ())) for i in counted],
         )
         return plan.outcomes
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.parse import normalise_destination
+from dlrfeed.domain.parse import normalise_destination, stored_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +33,11 @@ class Submission:
         """The row of `queries.INSERT_MESSAGES` (after login): one value of each of its column
         arrays, in the order of its parameters."""
         destination, is_e164 = normalise_destination(self.destination, options)
+        # P24: an id that cannot be kept as received is kept as its receipts' ids are.
+        message_id = stored_id(self.message_id)
         return (
-            self.message_id,
-            self.internal_id if self.internal_id is not None else self.message_id,
+            message_id,
+            self.internal_id if self.internal_id is not None else message_id,
             destination,
             self.destination,
             is_e164,

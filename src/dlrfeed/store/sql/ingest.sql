@@ -367,14 +367,16 @@ WITH k AS (
 ),
 by_message AS (
     SELECT e.id, k.message_id, e.level, e.fingerprint, e.status, e.updates, e.stat, e.err,
-           e.done_date_raw, e.done_at, e.flags, e.parser_version, true AS by_message
+           e.done_date_raw, e.done_at, e.flags, e.parser_version, true AS by_message,
+           e.later_results, e.conflicting_contents
     FROM k JOIN dlr.message_events AS e ON e.message_ref = k.ref AND e.level = k.level
     WHERE k.ref >= dlr.message_events_first_message()
     FOR NO KEY UPDATE OF e
 ),
 by_key AS (
     SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, e.updates, e.stat, e.err,
-           e.done_date_raw, e.done_at, e.flags, e.parser_version, false AS by_message
+           e.done_date_raw, e.done_at, e.flags, e.parser_version, false AS by_message,
+           e.later_results, e.conflicting_contents
     FROM k JOIN dlr.event_rows AS e
         ON e.login = :login AND e.message_id = k.message_id AND e.level = k.level
     WHERE k.ref IS NULL OR k.ref < dlr.message_events_first_message()
@@ -382,15 +384,19 @@ by_key AS (
 )
 SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
        e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
-       e.parser_version, e.by_message
+       e.parser_version, e.by_message,
+       coalesce(e.later_results, '{}') AS later_results,
+       coalesce(e.conflicting_contents, '{}') AS conflicting_contents
 FROM (SELECT * FROM by_message UNION ALL SELECT * FROM by_key) AS e
 ORDER BY e.message_id, e.level
 
 -- name: lock_existing_events_by_key
--- lock_existing_events as a store before migration 0024 takes it: every event in dlr.events.
+-- lock_existing_events as a store before migration 0024 takes it: every event in dlr.events,
+-- which keeps no later results or conflicting contents (migration 0026).
 SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
        e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
-       e.parser_version, false AS by_message
+       e.parser_version, false AS by_message, '{}'::text[] AS later_results,
+       '{}'::text[] AS conflicting_contents
 FROM dlr.events AS e
 JOIN unnest(:message_ids::text[], :levels::bigint[]) AS k(message_id, level)
   ON e.message_id = k.message_id AND e.level = k.level
@@ -398,11 +404,29 @@ WHERE e.login = :login
 ORDER BY e.message_id, e.level
 FOR NO KEY UPDATE OF e
 
+-- fragment: event_contents_seen
+-- P14: what an event's key learnt in the batch beside its accepted contents (migration 0026):
+-- the statuses of results it accepted after its first content (c.results), and the contents
+-- that conflicted with its result (c.conflicting), each joined by spaces; NULL while none.
+        later_results = CASE WHEN c.results = '' THEN e.later_results
+                             ELSE coalesce(e.later_results, '{}')
+                                  || string_to_array(c.results, ' ') END,
+        conflicting_contents = CASE WHEN c.conflicting = '' THEN e.conflicting_contents
+                                    ELSE coalesce(e.conflicting_contents, '{}')
+                                         || string_to_array(c.conflicting, ' ') END,
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+
+-- fragment: no_contents_seen
+-- event_contents_seen as a store before migration 0026 takes it: only the counter.
+        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+
 -- fragment: event_counters
 -- What count_deliveries and count_deliveries_by_key set on an event (e) from its line (c) of
 -- the batch's counters, in whichever table holds it: one text for every table.
+-- conflicting_receptions counts the deliveries whose outcome is a conflict: each conflicting
+-- content once, its redeliveries being repeats (P14, C1) counted in times_received.
         times_received = e.times_received + c.accepted,
-        conflicting_receptions = e.conflicting_receptions + c.conflicts,
+-- include: event_contents_seen
         -- NULL while no delivery came after the first (migration 0023); a row that holds
         -- its last time (written before 0023) keeps it written.
         last_received_at = nullif(
@@ -414,8 +438,9 @@ FOR NO KEY UPDATE OF e
                        ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
                 :event_received_at::float8[], :event_updates::text[],
-                :event_by_message::boolean[])
-         AS c(id, accepted, conflicts, received_at, updates, by_message)
+                :event_by_message::boolean[], :event_results::text[],
+                :event_conflicting::text[])
+         AS c(id, accepted, conflicts, received_at, updates, by_message, results, conflicting)
 
 -- fragment: count_deliveries
 -- The events' counters and accepted contents (:event_ids with :event_accepted,
@@ -457,6 +482,9 @@ WITH exc AS (
                 :exception_details::text[], :exception_event_ids::bigint[],
                 :exception_positions::int[])
          AS x(kind, message_id, details, event_id, position)
+    -- P14/C1: one open conflict per content of a key (exceptions_open_conflict_key, migration
+    -- 0026), whatever races; the key layer already makes a redelivery a repeat.
+    ON CONFLICT DO NOTHING
 ),
 -- include: upsert_statuses
 -- include: upsert_earlier_statuses

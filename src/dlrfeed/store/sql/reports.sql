@@ -200,10 +200,15 @@ ORDER BY kind
 -- name: stats_latency
 -- DLR latency: the reported done time of the receipt behind a final status minus the time the
 -- message was submitted (as recorded by the sender; P19 - reported times, never arrival).
--- `basis_done_at` is that time only when plausible (NULL when absent or implausible).
+-- `basis_done_at` is that time only when plausible (NULL when absent or implausible). A
+-- plausible time may still be up to the clock-skew tolerance (10 minutes) before the
+-- submission - SMPP dates are to the minute and the SMSC's clock is not ours -: its latency is
+-- clamped to 0 (delivered as soon as sent, as far as the clocks can tell), never negative, and
+-- the sample is kept.
 SELECT count(*) AS samples,
        percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (
-           ORDER BY extract(epoch FROM s.basis_done_at - m.submitted_at)) AS seconds
+           ORDER BY greatest(extract(epoch FROM s.basis_done_at - m.submitted_at), 0))
+           AS seconds
 FROM dlr.message_status AS s
 JOIN dlr.messages AS m ON m.login = s.login AND m.message_id = s.message_id
 WHERE s.is_final AND s.basis_done_at IS NOT NULL AND m.submitted_at IS NOT NULL
