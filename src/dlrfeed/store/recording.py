@@ -17,7 +17,8 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.rules import EMPTY_STATE, RULES_VERSION, Planner
 from dlrfeed.domain.sent_records import RECORD_FIELDS, record_differences
 from dlrfeed.store import queries
-from dlrfeed.store.rows import column_arrays, planned_exceptions, replayed, status_json
+from dlrfeed.store.replay import replay, with_retired_counts
+from dlrfeed.store.rows import column_arrays, planned_exceptions, status_json
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
 
@@ -120,13 +121,18 @@ async def _record_chunk(
     if not replayed_receptions:
         return len(new_ids), 0
     # Late correlation: every delivery that arrived before the message was recorded,
-    # replayed through the planner in its recorded arrival order (P19), from no state.
+    # replayed through the planner in its recorded arrival order (P19), from no state; the
+    # deliveries retention took count as the live path counted them (P21).
     planner = Planner(options, {}, dict.fromkeys(new_ids, EMPTY_STATE), inserted)
+    replay_ = replay(planner, replayed_receptions)
+    for retired_id in replay_.retired_messages():
+        planner.messages[retired_id] = with_retired_counts(
+            planner.messages[retired_id],
+            (r for r in replay_.retired.values() if r.correlation_id == retired_id),
+        )
     resolutions: dict[int, str] = {}
     exceptions: list[tuple[str, str, str, int | None, int | None]] = []
-    for reception in replayed_receptions:
-        delivery, event_id, reception_id = replayed(reception)
-        outcome, planned = planner.decide(delivery, event_id, reception_id)
+    for delivery, event_id, reception_id, (outcome, planned), _ in replay_.deliveries:
         resolutions.setdefault(
             event_id,
             f"correlated late: message {delivery.correlation_id} recorded; "
@@ -137,7 +143,7 @@ async def _record_chunk(
             (p for p in planned if p.message_level),
             delivery.message_id,
             event_id,
-            reception_id,
+            reception_id or None,
         )
     kinds, message_ids, details, event_ids, reception_ids = column_arrays(exceptions, 5)
     late_events = sorted(resolutions)  # sorted: row locks always taken in one order
@@ -147,7 +153,7 @@ async def _record_chunk(
     await writes.late_correlation.fetchval(
         conn,
         login=login,
-        rules_version=RULES_VERSION,
+        rules_version=options.rules_version(RULES_VERSION),
         statuses=status_json(planner.messages, {r[0]: r[2] for r in new_rows}),
         exception_ids=[r[0] for r in to_resolve],
         resolutions=[r[1] for r in to_resolve],
