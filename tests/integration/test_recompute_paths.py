@@ -255,6 +255,7 @@ async def test_recompute_all_rewrites_nothing_of_an_unchanged_status(
     stale = await db.fetchrow(query + " WHERE m.message_id = 'a'")
     assert (await store.recompute()).examined == 1
     after = await db.fetchrow(query + " WHERE m.message_id = 'a'")
-    assert stale is not None and after is not None
+    assert stale is not None
+    assert after is not None
     assert (after["updated_at"], after["rules_version"]) == (stale["updated_at"], RULES_VERSION)
     assert await _changes(db) == changes
