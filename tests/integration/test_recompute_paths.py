@@ -4,7 +4,10 @@ the live path has them (P21, P22, P23)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +20,8 @@ from dlrfeed.domain.rules import RULES_VERSION
 from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.retention import RetentionPolicy, maintain
+from dlrfeed_testing.console import dlrfeed
+from dlrfeed_testing.daemon_harness import wait_until
 from dlrfeed_testing.retention_support import DAY, today
 from dlrfeed_testing.rule_receipts import SUBMITTED, feed_receipt
 
@@ -259,3 +264,131 @@ async def test_recompute_all_rewrites_nothing_of_an_unchanged_status(
     assert after is not None
     assert (after["updated_at"], after["rules_version"]) == (stale["updated_at"], RULES_VERSION)
     assert await _changes(db) == changes
+
+
+async def _waiting_for_a_lock(db: asyncpg.Connection) -> bool:
+    """Whether a session of the test's database waits for a lock (the command, for ours)."""
+    return bool(
+        await db.fetchval(
+            "SELECT count(*) > 0 FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+    )
+
+
+async def _stale_traffic(database_url: str, count: int) -> dict[str, dict[str, Any]]:
+    """`count` messages with a final each, their statuses made stale and wrong (a conflict too
+    many): what a recompute must bring back, returned."""
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        ids = [f"m{n:05}" for n in range(count)]
+        await _record(store, LOGIN, *ids)
+        for start in range(0, count, 500):
+            await store.ingest(
+                LOGIN, [_receipt(m, 2, "DELIVRD", 0, "1") for m in ids[start : start + 500]]
+            )
+    finally:
+        await store.close()
+    db = await asyncpg.connect(database_url)
+    try:
+        right = await _statuses(db)
+        await db.execute(
+            "UPDATE dlr.message_status SET rules_version = 'rules-0', conflicts = conflicts + 1"
+        )
+        return right
+    finally:
+        await db.close()
+
+
+@pytest.mark.parametrize("every", [False, True], ids=["stale", "all"])
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+async def test_an_interrupted_recompute_run_again_ends_as_one_run(
+    database_url: str, db: asyncpg.Connection, every: bool, signal_number: int
+) -> None:
+    """`dlrfeed recompute` as a process, stopped by a signal while a chunk waits for a message
+    a writer holds (after it reported progress as JSON lines), then run again: the statuses
+    are those one whole run writes, each change audited once."""
+    right = await _stale_traffic(database_url, 1000)
+    argv = [sys.executable, "-m", "dlrfeed.cli", "recompute", "--database-url", database_url,
+            "--progress-every", "0", *(["--all"] if every else [])]  # fmt: skip
+    held = db.transaction()
+    await held.start()
+    await db.execute("SELECT 1 FROM dlr.messages WHERE message_id = 'm00700' FOR UPDATE")
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert process.stderr is not None
+    async with asyncio.timeout(60):
+        first = json.loads(await process.stderr.readline())
+        await wait_until(lambda: _waiting_for_a_lock(db), 60, "the command to wait for the lock")
+        process.send_signal(signal_number)
+        await process.wait()
+    await held.rollback()
+    assert (first["progress"], first["total"], first["unit"]) == ("recompute", 1000, "statuses")
+    assert process.returncode != 0
+    stale = await db.fetchval(
+        "SELECT count(*) FROM dlr.message_status WHERE rules_version = 'rules-0'"
+    )
+    assert 0 < stale < 1000  # stopped half way: the chunks before the held one committed
+    again = await asyncio.to_thread(dlrfeed, *argv[3:])
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stderr.splitlines()[-1])["finished"] is True
+    assert await _statuses(db) == right
+    audited = await db.fetchval(
+        "SELECT count(DISTINCT message_id) = count(*) FROM dlr.status_recomputations"
+    )
+    assert audited
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_recomputations") == 1000
+
+
+async def test_an_interrupted_record_submissions_run_again_ends_as_one_run(
+    database_url: str, db: asyncpg.Connection, tmp_path: Any
+) -> None:
+    """`dlrfeed record-submissions` of a file as a process: JSON progress lines (bytes of the
+    file), stopped by SIGTERM while a batch waits for an id another recorder holds, then run
+    again: every message recorded once, the receipts waiting for them correlated late."""
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        await store.ingest(LOGIN, [_receipt(f"m{n:05}", 2, "DELIVRD", 0, "1") for n in range(3000)])
+    finally:
+        await store.close()
+    sent = tmp_path / "sent.jsonl"
+    sent.write_text(
+        "".join(
+            json.dumps({"login": LOGIN, "message_id": f"m{n:05}", "destination": "+34600000001"})
+            + "\n"
+            for n in range(3000)
+        )
+    )
+    argv = [sys.executable, "-m", "dlrfeed.cli", "record-submissions", str(sent),
+            "--database-url", database_url, "--progress-every", "0"]  # fmt: skip
+    held = db.transaction()
+    await held.start()
+    await db.execute(  # the lock a recorder of m02500 takes (sql/ingest.sql, lock_correlation_ids)
+        "SELECT pg_advisory_xact_lock(6581362, hashtext($1 || chr(31) || 'm02500'))", LOGIN
+    )
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert process.stderr is not None
+    async with asyncio.timeout(60):
+        first = json.loads(await process.stderr.readline())
+        await wait_until(lambda: _waiting_for_a_lock(db), 60, "the command to wait for the lock")
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
+    await held.rollback()
+    assert (first["progress"], first["unit"], first["total"]) == (
+        "record-submissions",
+        "bytes",
+        sent.stat().st_size,
+    )
+    assert 0 < await db.fetchval("SELECT count(*) FROM dlr.messages") < 3000
+    again = await asyncio.to_thread(dlrfeed, *argv[3:])
+    assert again.returncode == 0, again.stderr
+    last = json.loads(again.stderr.splitlines()[-1])
+    assert (last["finished"], last["done"]) == (True, sent.stat().st_size)
+    assert await db.fetchval("SELECT count(*) FROM dlr.messages") == 3000
+    statuses = await _statuses(db)
+    assert len(statuses) == 3000
+    assert {s["status"] for s in statuses.values()} == {"DELIVERED"}
+    assert await db.fetchval("SELECT count(*) FROM dlr.exceptions WHERE resolved_at IS NULL") == 0
