@@ -110,7 +110,7 @@ def test_each_rule_is_defined_once() -> None:
     expected = (
         {f"F{n}" for n in range(1, 17)}
         | {f"FD{n}" for n in range(1, 4)}
-        | {f"P{n}" for n in range(1, 21)}
+        | {f"P{n}" for n in range(1, 25)}
         | {f"C{n}" for n in range(1, 9)}
     )
     assert set(counts) == expected
