@@ -7,7 +7,6 @@ translates the driver's errors.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from dlrfeed.domain.rules import (
 )
 from dlrfeed.store import queries
 from dlrfeed.store.correlation import correlate
-from dlrfeed.store.replay import Replay, replay
+from dlrfeed.store.replay import replay, write_as_replayed
 from dlrfeed.store.rows import dumps, status_json
 from dlrfeed.store.transactions import write_transaction
 
@@ -190,58 +189,5 @@ class _Chunk:
             )
         if self.events_by_message:
             recomputed = {m for m in before if m not in kept}
-            await self._write_events(planner, replayed, recomputed)
+            await write_as_replayed(conn, login, self.version, planner, replayed, recomputed)
         return len(audit), len(kept)
-
-    async def _write_events(self, planner: Planner, replayed: Replay, messages: set[str]) -> None:
-        """P22: the totals of the events of `messages` and their conflict exceptions as the
-        live path writes them under the current rules and options: a later redelivery then
-        meets the contents the replay accepted."""
-        stored: dict[int, tuple[int, int, tuple[str, ...]]] = {}
-        planned: dict[tuple[int, int], tuple[str, str]] = {}
-        for r in replayed.deliveries:
-            if r.delivery.correlation_id not in messages:
-                continue
-            stored.setdefault(r.event_id, r.totals)
-            for p in r.decision.exceptions:
-                if p.kind == "conflict":
-                    planned[(r.event_id, r.reception_id)] = (
-                        r.delivery.message_id,
-                        json.dumps(p.details),
-                    )
-        contents = []
-        for event_id, old in stored.items():
-            new = (
-                1 + planner.event_accepted.get(event_id, 0),
-                planner.event_conflicts.get(event_id, 0),
-                tuple(planner.key_updates.get(event_id, ())),
-            )
-            if new != old:
-                contents.append((event_id, *new))
-        if contents:
-            await queries.WRITE_EVENT_CONTENTS.fetchval(
-                self.conn,
-                event_ids=[c[0] for c in contents],
-                times_received=[c[1] for c in contents],
-                conflicts=[c[2] for c in contents],
-                updates=[" ".join(c[3]) for c in contents],
-            )
-        existing = await queries.CONFLICTS_OF_EVENTS.fetch(self.conn, event_ids=sorted(stored))
-        held = {(x["event_id"], x["reception_id"]) for x in existing}
-        to_open = [(k, v) for k, v in planned.items() if k not in held]
-        to_resolve = [
-            x["id"]
-            for x in existing
-            if x["resolved_at"] is None and (x["event_id"], x["reception_id"]) not in planned
-        ]
-        if to_open or to_resolve:
-            await queries.WRITE_CONFLICTS.fetch(
-                self.conn,
-                login=self.login,
-                message_ids=[v[0] for _, v in to_open],
-                details=[v[1] for _, v in to_open],
-                event_ids=[k[0] for k, _ in to_open],
-                reception_ids=[k[1] for k, _ in to_open],
-                resolved_ids=to_resolve,
-                resolution=f"not a conflict under {self.version} (dlrfeed recompute)",
-            )

@@ -10,14 +10,18 @@ events lost more than their first delivery, and how many of each kind.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from dlrfeed.domain.rules import Decision, Delivery, MessageState, Planner
+from dlrfeed.store import queries
 from dlrfeed.store.rows import replayed
 
 if TYPE_CHECKING:
     import asyncpg
+
+    from dlrfeed.store.rows import Connection
 
 
 class Retired(NamedTuple):
@@ -95,3 +99,72 @@ def with_retired_counts(state: MessageState, retired: Iterable[Retired]) -> Mess
         conflicts += r.conflicts
         progress += r.updates if r.level == 1 else 0
     return state._replace(repeats=repeats, conflicts=conflicts, progress_events=progress)
+
+
+async def write_as_replayed(
+    conn: Connection,
+    login: str,
+    version: str,
+    planner: Planner,
+    replayed: Replay,
+    messages: set[str],
+) -> None:
+    """P22: the totals of the events of `messages` and their conflict exceptions written as
+    the live path writes them under the rules and options of `planner` (`version`), after it
+    replayed `replayed`: a later redelivery then meets the contents the replay accepted, and
+    the investigation queue holds the conflicts these rules see (one opened for each that no
+    exception holds, an open one no longer planned resolved)."""
+    stored: dict[int, tuple[int, int, tuple[str, ...]]] = {}
+    seen: set[tuple[int, int]] = set()
+    planned: dict[tuple[int, int], tuple[str, str]] = {}
+    for r in replayed.deliveries:
+        if r.delivery.correlation_id not in messages:
+            continue
+        stored.setdefault(r.event_id, r.totals)
+        seen.add((r.event_id, r.reception_id))
+        for p in r.decision.exceptions:
+            if p.kind == "conflict" and r.reception_id:
+                planned[(r.event_id, r.reception_id)] = (
+                    r.delivery.message_id,
+                    json.dumps(p.details),
+                )
+    contents = []
+    for event_id, old in stored.items():
+        new = (
+            1 + planner.event_accepted.get(event_id, 0),
+            planner.event_conflicts.get(event_id, 0),
+            tuple(planner.key_updates.get(event_id, ())),
+        )
+        if new != old:
+            contents.append((event_id, *new))
+    if contents:
+        await queries.WRITE_EVENT_CONTENTS.fetchval(
+            conn,
+            event_ids=[c[0] for c in contents],
+            times_received=[c[1] for c in contents],
+            conflicts=[c[2] for c in contents],
+            updates=[" ".join(c[3]) for c in contents],
+        )
+    existing = await queries.CONFLICTS_OF_EVENTS.fetch(conn, event_ids=sorted(stored))
+    held = {(x["event_id"], x["reception_id"]) for x in existing}
+    to_open = [(k, v) for k, v in planned.items() if k not in held]
+    # Only a conflict of a delivery replayed is judged again: one whose reception retired
+    # stays as it was decided.
+    to_resolve = [
+        x["id"]
+        for x in existing
+        if x["resolved_at"] is None
+        and (x["event_id"], x["reception_id"]) in seen
+        and (x["event_id"], x["reception_id"]) not in planned
+    ]
+    if to_open or to_resolve:
+        await queries.WRITE_CONFLICTS.fetch(
+            conn,
+            login=login,
+            message_ids=[v[0] for _, v in to_open],
+            details=[v[1] for _, v in to_open],
+            event_ids=[k[0] for k, _ in to_open],
+            reception_ids=[k[1] for k, _ in to_open],
+            resolved_ids=to_resolve,
+            resolution=f"not a conflict under {version}",
+        )

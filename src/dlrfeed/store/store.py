@@ -568,6 +568,7 @@ class Store:
                     submissions,
                     self.writes.statuses,
                     self.writes.receptions,
+                    events_by_message=self.writes.events.by_message,
                 )
         except DATA_ERRORS as exc:
             # Chunks already committed stay, durable once the server flushes its WAL (within
