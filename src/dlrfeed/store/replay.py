@@ -130,6 +130,8 @@ async def write_as_replayed(
                 )
     contents = []
     for event_id, old in stored.items():
+        if event_id in replayed.retired:  # its totals count what retention took: kept (P21)
+            continue
         new = (
             1 + planner.event_accepted.get(event_id, 0),
             planner.event_conflicts.get(event_id, 0),
