@@ -30,6 +30,7 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -167,6 +168,18 @@ class Law(RuleBasedStateMachine):
             for m, level, stat, err, done in batch
         ]
 
+    @initialize(
+        recorded=st.lists(st.sampled_from(MESSAGES), max_size=3, unique=True),
+        batch=st.lists(contents, min_size=1, max_size=6),
+    )
+    def a_first_day(self, recorded: list[str], batch: list[Content]) -> None:
+        """Some messages recorded, and a first day of receipts: what the later steps (a day
+        retired, a recompute, an option switched) have something to act on."""
+        if recorded:
+            self.record(recorded, submitted=True, differently=False)
+        self.run(self.store.ingest(LOGIN, self._receipts(batch)))
+        self._arrived()
+
     @rule(batch=st.lists(contents, min_size=1, max_size=6), data=st.data())
     def ingest_by_feed(self, batch: list[Content], data: st.DataObject) -> None:
         """One or a few batches by the feed, one after the other."""
@@ -236,11 +249,12 @@ class Law(RuleBasedStateMachine):
     def days_pass(self, days: int) -> None:
         self.day = min(self.day + days, DAYS - 1)
 
-    @precondition(lambda self: self.retired_before < self.day)
-    @rule(data=st.data())
-    def retire(self, data: st.DataObject) -> None:
-        """Retention drops whole past days of evidence, as `maintain` does (the change log's
-        days stay: the consumer below reads them all)."""
+    @precondition(lambda self: self.retired_before < DAYS - 1)
+    @rule(days=st.integers(0, 10), data=st.data())
+    def retire(self, days: int, data: st.DataObject) -> None:
+        """`days` pass, then retention drops whole past days of evidence, as `maintain` does
+        (the change log's days stay: the consumer below reads them all)."""
+        self.day = max(min(self.day + days, DAYS - 1), self.retired_before + 1)
         cutoff = data.draw(st.integers(self.retired_before + 1, self.day), label="retire before")
         self.run(drop_days_before(self.db, today() + cutoff * DAY, ("reception_rows",)))
         self.retired_before = cutoff
@@ -258,6 +272,8 @@ class Law(RuleBasedStateMachine):
             if m in self.recorded and any(d < self.retired_before for d in self.arrival_days[m]):
                 self._loosen(m, late=False)  # its evidence was retired: left as it was
         self.run(self.store.recompute(every=every))
+        for m in set(self.finals) - self.loose:
+            del self.finals[m]  # the option may replace an UNKNOWN final (P18): learnt again
 
     # ------------------------------------------------------------- the model
 

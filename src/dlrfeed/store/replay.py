@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
 
+_NOT_A_CONFLICT = "not a conflict under "
+"""How a conflict exception the current rules no longer plan is resolved (then the version)."""
+
+
 class Retired(NamedTuple):
     """What retention took of one event beyond its first delivery, by the planner's classes."""
 
@@ -150,6 +154,13 @@ async def write_as_replayed(
     existing = await queries.CONFLICTS_OF_EVENTS.fetch(conn, event_ids=sorted(stored))
     held = {(x["event_id"], x["reception_id"]) for x in existing}
     to_open = [(k, v) for k, v in planned.items() if k not in held]
+    # A conflict other rules judged none is one again; one an operator resolved stays so.
+    to_reopen = [
+        x["id"]
+        for x in existing
+        if (x["event_id"], x["reception_id"]) in planned
+        and (x["resolution"] or "").startswith(_NOT_A_CONFLICT)
+    ]
     # Only a conflict of a delivery replayed is judged again: one whose reception retired
     # stays as it was decided.
     to_resolve = [
@@ -159,7 +170,7 @@ async def write_as_replayed(
         and (x["event_id"], x["reception_id"]) in seen
         and (x["event_id"], x["reception_id"]) not in planned
     ]
-    if to_open or to_resolve:
+    if to_open or to_reopen or to_resolve:
         await queries.WRITE_CONFLICTS.fetch(
             conn,
             login=login,
@@ -167,6 +178,7 @@ async def write_as_replayed(
             details=[v[1] for _, v in to_open],
             event_ids=[k[0] for k, _ in to_open],
             reception_ids=[k[1] for k, _ in to_open],
+            reopened_ids=to_reopen,
             resolved_ids=to_resolve,
-            resolution=f"not a conflict under {version}",
+            resolution=f"{_NOT_A_CONFLICT}{version}",
         )

@@ -109,10 +109,10 @@ SELECT 1
 -- name: conflicts_of_events
 -- The conflict exceptions of the events recomputed (one probe of the event_id index each),
 -- locked: opened and resolved by write_conflicts as the current rules plan them (P22).
-SELECT x.id, x.event_id, x.reception_id, x.details->>'cause' AS cause, x.resolved_at
+SELECT x.id, x.event_id, x.reception_id, x.resolved_at, x.resolution
 FROM unnest(:event_ids::bigint[]) AS k(event_id)
 CROSS JOIN LATERAL (
-    SELECT x.id, x.event_id, x.reception_id, x.details, x.resolved_at, x.kind
+    SELECT x.id, x.event_id, x.reception_id, x.resolved_at, x.resolution, x.kind
     FROM dlr.exceptions AS x
     WHERE x.event_id = k.event_id
     OFFSET 0
@@ -122,9 +122,14 @@ WHERE x.kind = 'conflict'
 ORDER BY x.id
 
 -- name: write_conflicts
--- P22: the conflicts the current rules plan that no exception holds yet, opened; the open ones
--- they no longer plan, resolved with :resolution.
-WITH opened AS (
+-- P22: the conflicts the current rules plan that no exception holds yet, opened, and those
+-- that other rules resolved as none (:reopened_ids), open again; the open ones they no longer
+-- plan, resolved with :resolution.
+WITH reopened AS (
+    UPDATE dlr.exceptions SET resolved_at = NULL, resolution = NULL
+    WHERE id = ANY(:reopened_ids::bigint[])
+    RETURNING 1
+), opened AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
     SELECT 'conflict', :login, n.message_id, n.details::jsonb, n.event_id, n.reception_id
     FROM unnest(:message_ids::text[], :details::text[], :event_ids::bigint[],
@@ -135,4 +140,5 @@ WITH opened AS (
     WHERE id = ANY(:resolved_ids::bigint[]) AND resolved_at IS NULL
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM opened), (SELECT count(*) FROM resolved)
+SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM reopened),
+       (SELECT count(*) FROM resolved)
