@@ -15,6 +15,15 @@ from dlrfeed.domain.rules import RULES_VERSION
 from dlrfeed.store import Store
 from dlrfeed.store.recompute import RecomputeResult
 
+_BUSY = 0.3  # measured: the live ingest beside it keeps >= 0.8 of its rate (docs/rules.md)
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError("must be above 0 and at most 1")
+    return value
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--all to recompute every status (default: the stale ones), and the integration options
@@ -27,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and these options",
     )
     add_integration_options(parser)
+    parser.add_argument(
+        "--busy",
+        type=_share,
+        default=_BUSY,
+        metavar="SHARE",
+        help="the share of the time the recompute works (0-1], pausing between chunks, so "
+        "that a live daemon beside it keeps its ingest rate; 1: full speed",
+    )
     add_progress_every(parser)
 
 
@@ -45,7 +62,7 @@ async def run(args: argparse.Namespace) -> int:
         )
 
     try:
-        result = await store.recompute(every=args.all, progress=progress)
+        result = await store.recompute(every=args.all, progress=progress, busy=args.busy)
         report.finish()
     finally:
         await store.close()

@@ -7,6 +7,8 @@ translates the driver's errors.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,6 +61,7 @@ async def recompute(
     waiting: Query,
     events_by_message: bool,
     progress: Progress | None = None,
+    busy: float = 1.0,
 ) -> RecomputeResult:
     """Recompute the stale status rows (all with `every`) on `conn`, `chunk` messages at a
     time, each login's part of a chunk in its own transaction, each message's deliveries read
@@ -66,7 +69,8 @@ async def recompute(
     translates the driver's errors). With `events_by_message` (a schema since migration 0024)
     the events' totals and the conflict exceptions are written as the current rules plan them
     too, and a status computed the same is left unwritten. `progress` hears after each
-    transaction what was done so far."""
+    transaction what was done so far. With `busy` below 1 it pauses after each transaction,
+    so that it works that share of the time: the live ingest beside it keeps the rest."""
     version = options.rules_version(RULES_VERSION)
     total = None
     if progress is not None:
@@ -92,8 +96,11 @@ async def recompute(
             by_login.setdefault(key["login"], []).append(key["message_id"])
         for login, message_ids in by_login.items():
             pass_ = _Chunk(conn, options, version, login, writes, events_by_message)
+            started = time.monotonic()
             async with write_transaction(conn):
                 changed, retired = await pass_.run(message_ids, waiting)
+            if busy < 1.0:  # no transaction open meanwhile: nothing held back
+                await asyncio.sleep((time.monotonic() - started) * (1.0 / busy - 1.0))
             done = RecomputeResult(
                 done.examined + len(message_ids),
                 done.changed + changed,

@@ -580,7 +580,12 @@ class Store:
     # ---------------------------------------------------------------- recompute
 
     async def recompute(
-        self, *, every: bool = False, chunk: int = 200, progress: Progress | None = None
+        self,
+        *,
+        every: bool = False,
+        chunk: int = 200,
+        progress: Progress | None = None,
+        busy: float = 1.0,
     ) -> RecomputeResult:
         """Compute stored statuses again under the current rules and options
         (`rules_version`), from every delivery of each message replayed in its recorded arrival
@@ -594,7 +599,8 @@ class Store:
         row whose deliveries retention took beyond what its events keep is left as it is and
         counted (P21). Chunks of `chunk` messages commit one by one, each under the same
         message locks as the ingest, so it runs safely beside a live daemon and may be stopped
-        at any moment: running it again finishes the work (`progress` hears after each).
+        at any moment: running it again finishes the work (`progress` hears after each). With
+        `busy` below 1 it works only that share of the time, pausing between chunks.
         """
         try:
             async with self._pool.acquire() as conn:
@@ -607,6 +613,7 @@ class Store:
                     waiting=self.writes.receptions.waiting,
                     events_by_message=self.writes.events.by_message,
                     progress=progress,
+                    busy=busy,
                 )
         except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
