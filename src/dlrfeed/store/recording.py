@@ -53,7 +53,7 @@ async def record_submissions(
     writes: queries.StatusWrites,
     waiting: queries.ReceptionStatements,
     *,
-    events_by_message: bool,
+    events_by_message: bool = True,
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
     transaction, and correlate the receipts that were waiting for them (read back with
