@@ -53,9 +53,10 @@ pytestmark = pytest.mark.fuzz
 LIVE_PATH_CASES_MERGED = False
 """Switch on once the live path's fixes are merged (a level-2 progress or unrecognised stat no
 longer takes a key's result place, a redelivered conflict is a repeat, one emission per change,
-DST, id collisions): the checks below that hold only with them - the billing consumer bills
-each final message exactly once - then run too. Until then that consumer is checked to have
-billed each final message at least once, its last bill the current status."""
+DST, id collisions): the steps and checks that hold only with them then run too - local times
+around a DST change, ids the store cannot keep as received, and the billing consumer billing
+each final message exactly once. Until then that consumer is checked to have billed each final
+message at least once, its last bill the current status."""
 
 MESSAGES = ("a", "b", "c")
 STATS = ("ACCEPTD", "ENROUTE", "DELIVRD", "UNDELIV", "EXPIRED", "UNKNOWN", "WEIRD")
@@ -63,6 +64,9 @@ LEVELS = (1, 2, 2, 0)
 # Absent, ND, ordinary ones (two equal minutes apart), within the skew tolerance before the
 # submission, far before it, and more than a day after receipt (implausible: P19).
 DONE_DATES = (None, "ND", "2611291200", "2611291201", "2611291230", "2611291155", "2611291100")
+# In a DST gap (2026-03-29 02:30 does not exist in Europe/Berlin), in a fold (2026-10-25 02:30
+# exists twice) and either side of them.
+DST_DONE_DATES = ("2603290230", "2603290159", "2603290301", "2610250230", "2610250159")
 DAYS = 20  # the timeline: receipts arrive on days 0..DAYS-1 after today's start
 DATABASES = itertools.count(1)
 
@@ -274,6 +278,96 @@ class Law(RuleBasedStateMachine):
         self.run(self.store.recompute(every=every))
         for m in set(self.finals) - self.loose:
             del self.finals[m]  # the option may replace an UNKNOWN final (P18): learnt again
+
+    @precondition(lambda self: LIVE_PATH_CASES_MERGED)
+    @rule(
+        batch=st.lists(
+            st.tuples(
+                st.sampled_from((1, 2)),
+                st.sampled_from(("ENROUTE", "ACCEPTD", "DELIVRD", "UNDELIV")),
+                st.sampled_from(DST_DONE_DATES),
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+        every=st.booleans(),
+    )
+    def ingest_local_times_around_a_dst_change(
+        self, batch: list[tuple[int, str, str]], every: bool
+    ) -> None:
+        """P24: reported local times that do not exist or exist twice (Europe/Berlin): the same
+        deliveries give one status whatever the batch split, and a recompute keeps it."""
+        number = next(self.ack)
+        whole, split = f"dst{number}w", f"dst{number}s"
+        zoned = self.run(
+            Store.open(
+                self.dsn,
+                pool_size=1,
+                options=IntegrationOptions(
+                    deadline_unknown_superseded=self.superseding, receipt_timezone="Europe/Berlin"
+                ),
+            )
+        )
+        try:
+            self.run(
+                zoned.record_submissions(
+                    [Submission(LOGIN, m, "+34600000001") for m in (whole, split)]
+                )
+            )
+            received = (today() + self.day * DAY + timedelta(hours=1)).timestamp()
+
+            def receipts(message: str) -> list[Any]:
+                return [
+                    feed_receipt(
+                        message,
+                        level,
+                        stat,
+                        ack_token=f"t{next(self.ack)}",
+                        received_at=received,
+                        done_date=done,
+                    )
+                    for level, stat, done in batch
+                ]
+
+            self.run(zoned.ingest(LOGIN, receipts(whole)))
+            for one in receipts(split):
+                self.run(zoned.ingest(LOGIN, [one]))
+            self._arrived()
+            shown = (
+                "SELECT status, is_final, basis_level, basis_stat, basis_done_at, flags"
+                " FROM dlr.message_status WHERE login = $1 AND message_id = $2"
+            )
+            first = self.run(self.db.fetchrow(shown, LOGIN, whole))
+            assert first == self.run(self.db.fetchrow(shown, LOGIN, split))
+            self.run(zoned.recompute(every=every))
+            assert self.run(self.db.fetchrow(shown, LOGIN, whole)) == first
+        finally:
+            self.run(zoned.close())
+
+    @precondition(lambda self: LIVE_PATH_CASES_MERGED)
+    @rule(delivered=st.sampled_from(("n\x00l", "x" * 600)))
+    def ingest_an_id_the_store_cannot_keep(self, delivered: str) -> None:
+        """P24: a receipt id with a NUL, or over-long, is kept in a form that never equals a
+        literal id: a message recorded with the form it is stored in gets nothing of it."""
+        self.run(self.store.ingest(LOGIN, self._receipts([(delivered, 2, "DELIVRD", "000", None)])))
+        self._arrived()
+        stored = self.run(
+            self.db.fetchval(
+                "SELECT message_id FROM dlr.events WHERE login = $1 ORDER BY id DESC LIMIT 1",
+                LOGIN,
+            )
+        )
+        self.run(self.store.record_submissions([Submission(LOGIN, stored, "+34600000001")]))
+        assert (
+            self.run(
+                self.db.fetchval(
+                    "SELECT count(*) FROM dlr.message_status WHERE login = $1 AND message_id = $2",
+                    LOGIN,
+                    stored,
+                )
+            )
+            == 0
+        )
 
     # ------------------------------------------------------------- the model
 
