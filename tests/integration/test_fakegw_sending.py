@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fakegw.admin_client import AdminClient
 from fakegw.server import FakeGateway
 from support.callback_receiver import CallbackReceiver
-from support.fakegw_support import LOGIN, LOGINS, OTHER_LOGIN, PASSWORD, feed_client
+from support.fakegw_support import LOGIN, LOGINS, OTHER_LOGIN, PASSWORD, feed_client, wait_until
 
 
 def _progress(message_id: str) -> dict[str, object]:
@@ -60,7 +58,8 @@ async def test_f2_only_feed_eligible_receipts_are_enqueued() -> None:
 async def test_f3_message_without_result_by_the_deadline_gets_a_final_unknown() -> None:
     async with (
         CallbackReceiver() as receiver,
-        FakeGateway(LOGINS, dlr_deadline_seconds=0.3, housekeeping_seconds=0.05).running() as gw,
+        # A deadline no stall between the send and the report below outlasts.
+        FakeGateway(LOGINS, dlr_deadline_seconds=3, housekeeping_seconds=0.05).running() as gw,
     ):
         await gw.send(
             LOGIN,
@@ -72,7 +71,7 @@ async def test_f3_message_without_result_by_the_deadline_gets_a_final_unknown() 
             ],
         )
         await gw.report(LOGIN, [_result("answered")])
-        await asyncio.sleep(0.6)
+        await wait_until(lambda: gw.stats(LOGIN)["deadline_unknown"] == 1)
         client = feed_client(gw.target)
         receipts = await client.pull()
         await client.close()

@@ -116,7 +116,9 @@ async def test_f12_concurrent_readers_on_two_nodes_never_share_a_lease(
     nodes: tuple[FakeGateway, FakeGateway],
 ) -> None:
     """Two Pull loops and two Subscribe streams, one of each per node, drain one queue: every
-    receipt is delivered, each exactly once (no expiry: leases are 30 s)."""
+    receipt is delivered, each exactly once (no expiry: leases are 30 s). Each stream holds a
+    full window before the Pull loops start, so every reader has a lease to keep to itself
+    whatever the machine's load (no reader's share is left to timing)."""
     a, b = nodes
     total = 3000
     await a.inject(LOGIN, [receipt_body(i) for i in range(total // 2)])
@@ -124,6 +126,7 @@ async def test_f12_concurrent_readers_on_two_nodes_never_share_a_lease(
     seen: list[feed_pb2.Receipt] = []
     clients = [feed_client(node.target) for node in (a, b, a, b)]
     streams = [StreamReader(clients[2], window=100), StreamReader(clients[3], window=100)]
+    await wait_until(lambda: all(len(s.receipts) == 100 for s in streams), 60)
 
     def delivered_so_far() -> int:
         return len(seen) + sum(len(s.receipts) for s in streams)
@@ -151,8 +154,9 @@ async def test_f12_concurrent_readers_on_two_nodes_never_share_a_lease(
             await asyncio.sleep(0.005)
         await ack_stream_receipts()
 
+    # Generous: a bound on a hang, not on speed (both cores may be busy).
     await asyncio.wait_for(
-        asyncio.gather(pull_loop(clients[0]), pull_loop(clients[1]), ack_streams()), 20
+        asyncio.gather(pull_loop(clients[0]), pull_loop(clients[1]), ack_streams()), 120
     )
     for stream in streams:
         await stream.stop()

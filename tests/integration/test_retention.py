@@ -130,21 +130,21 @@ async def test_old_days_are_archived_dropped_and_load_back(
         # P14: the redelivery of a receipt whose first delivery's day is gone is a repeat.
         again = await store.ingest(LOGIN, [receipt("m3", now, delivery_count=2)])
         assert again.outcomes == [Outcome.REPEAT]
-        # Late correlation replays an event's deliveries in their arrival order (P19); with
-        # them dropped there is nothing to replay, so nothing is guessed: the event stays
-        # uncorrelated, its exception open, until its archived day is loaded back.
+        # Late correlation replays an event's deliveries in their arrival order (P19); the
+        # first one's day dropped, the event gives it back (P21): the status is the one the
+        # live path computes, the event's exception resolved.
         late = await store.record_submissions([Submission(LOGIN, "late1", "+34600000001")])
-        assert late.late_correlated_events == 0
+        assert late.late_correlated_events == 1
         assert (
             await db.fetchval(
                 "SELECT count(*) FROM dlr.exceptions WHERE message_id = 'late1'"
                 " AND kind = 'uncorrelated' AND resolved_at IS NULL"
             )
-            == 1
+            == 0
         )
         assert (
-            await db.fetchval("SELECT count(*) FROM dlr.message_status WHERE message_id = 'late1'")
-            == 0
+            await db.fetchval("SELECT status FROM dlr.message_status WHERE message_id = 'late1'")
+            == "DELIVERED"
         )
     finally:
         await store.close()

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from dlrfeed.commands.progress import ProgressReport, add_progress_every
 from dlrfeed.config import (
     add_database_url,
     add_integration_options,
@@ -31,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_database_url(parser)
     parser.add_argument("--login", help="login of lines that do not name one")
     add_integration_options(parser)
+    add_progress_every(parser)
 
 
 def _timestamp(value: Any, line: int) -> datetime | None:
@@ -57,7 +61,7 @@ def _text(record: dict[str, Any], key: str, line: int) -> str | None:
     raise BadDataError(f"line {line}: {key} must be a string")
 
 
-def parse_lines(stream: IO[str], default_login: str | None) -> Iterator[Submission]:
+def parse_lines(stream: Iterable[str], default_login: str | None) -> Iterator[Submission]:
     """One Submission per non-empty JSON line; BadDataError names the first bad line."""
     for number, text in enumerate(stream, start=1):
         if not text.strip():
@@ -96,8 +100,31 @@ def _open(path: str) -> IO[str]:
     return sys.stdin if path == "-" else open(path, encoding="utf-8")
 
 
+class _Counted:
+    """The lines of a stream, counting the characters read (the progress of a file: its
+    size in bytes is the total, one character a byte for the ASCII of JSON lines)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.read = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.stream:
+            self.read += len(line)
+            yield line
+
+    def size(self) -> int | None:
+        """The file's size; None for a pipe or a terminal."""
+        try:
+            info = os.fstat(self.stream.fileno())
+        except (OSError, ValueError):  # a stream with no file behind it
+            return None
+        return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
 async def run(args: argparse.Namespace) -> int:
-    """Read the file in batches of 1000 and record them; print one JSON summary line."""
+    """Read the file in batches of 1000 and record them, showing progress on stderr; print one
+    JSON summary line. Recording is idempotent: stopped at any moment, the file is run again."""
     options = integration_options(args)
     store = await Store.open(
         required(args, "database_url"),
@@ -107,16 +134,22 @@ async def run(args: argparse.Namespace) -> int:
     )
     totals = {"recorded": 0, "already_recorded": 0, "late_correlated_events": 0}
     stream = _open(args.file)
+    lines = _Counted(stream)
+    size = lines.size()
+    report = ProgressReport("record-submissions", unit="bytes", every_s=args.progress_every)
     try:
         await store.check_schema()
         batch: list[Submission] = []
-        for submission in parse_lines(stream, args.login):
+        for submission in parse_lines(lines, args.login):
             batch.append(submission)
             if len(batch) == _BATCH:
                 _add(totals, await store.record_submissions(batch))
+                report.update(lines.read, size, **totals)
                 batch = []
         if batch:
             _add(totals, await store.record_submissions(batch))
+        report.update(lines.read, size, **totals)
+        report.finish()
     finally:
         if stream is not sys.stdin:
             stream.close()

@@ -32,3 +32,10 @@ class IntegrationOptions:
 
     max_field_chars: int = 4096
     """Longer text fields are truncated in the columns (flagged); the raw payload stays whole."""
+
+    def rules_version(self, rules: str) -> str:
+        """P22: the version of the computation under these options - the rules version `rules`
+        and each option the planner's rules read (the parser's options act as a receipt is
+        stored, and stay with it) - recorded on every status and event: a status computed under
+        other options is stale, as one of another rules version."""
+        return f"{rules}+deadline_unknown_superseded" if self.deadline_unknown_superseded else rules

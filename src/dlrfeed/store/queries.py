@@ -26,6 +26,11 @@ COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
 STALE_STATUSES = query("stale_statuses")
 STATUSES_BEFORE_RECOMPUTE = query("statuses_before_recompute")
 RECORD_RECOMPUTE_AUDIT = query("record_recompute_audit")
+COUNT_STALE_STATUSES = query("count_stale_statuses")
+MARK_STATUSES_CURRENT = query("mark_statuses_current")
+WRITE_EVENT_CONTENTS = query("write_event_contents")
+CONFLICTS_OF_EVENTS = query("conflicts_of_events")
+WRITE_CONFLICTS = query("write_conflicts")
 PLAN_AS_PROBES = query("plan_as_probes")
 
 

@@ -1,5 +1,5 @@
 """The recompute pass (`sql/recompute.sql`): stored statuses computed again under the current
-rules, every delivery of each message replayed through the planner (P8).
+rules and options, every delivery of each message replayed through the planner (P8, P22).
 
 Module functions on a connection the caller holds; `Store.recompute` acquires it and
 translates the driver's errors.
@@ -7,6 +7,9 @@ translates the driver's errors.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +24,8 @@ from dlrfeed.domain.rules import (
 )
 from dlrfeed.store import queries
 from dlrfeed.store.correlation import correlate
-from dlrfeed.store.rows import dumps, replayed, status_json
+from dlrfeed.store.replay import replay, write_as_replayed
+from dlrfeed.store.rows import dumps, status_json
 from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -31,12 +35,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class RecomputeResult:
-    """What `Store.recompute` did."""
+    """What `Store.recompute` did (so far, in a progress report)."""
 
     examined: int
     """Status rows computed again."""
     changed: int
     """Of those, rows whose status, reason, basis or counters changed (each audited)."""
+    evidence_retired: int = 0
+    """Of those, rows left as they were: retention took deliveries they were computed from
+    beyond what their events keep (P21)."""
+    total: int | None = None
+    """The rows the pass is to examine, counted when it started (None: not counted)."""
+
+
+Progress = Callable[[RecomputeResult], None]
 
 
 async def recompute(
@@ -47,12 +59,25 @@ async def recompute(
     chunk: int,
     writes: queries.StatusWrites,
     waiting: Query,
+    events_by_message: bool,
+    progress: Progress | None = None,
+    busy: float = 1.0,
 ) -> RecomputeResult:
     """Recompute the stale status rows (all with `every`) on `conn`, `chunk` messages at a
     time, each login's part of a chunk in its own transaction, each message's deliveries read
-    back with `waiting` and its status written with `writes` (see
-    `Store.recompute`, which translates the driver's errors)."""
-    examined = changed = 0
+    back with `waiting` and its status written with `writes` (see `Store.recompute`, which
+    translates the driver's errors). With `events_by_message` (a schema since migration 0024)
+    the events' totals and the conflict exceptions are written as the current rules plan them
+    too, and a status computed the same is left unwritten. `progress` hears after each
+    transaction what was done so far. With `busy` below 1 it pauses after each transaction,
+    so that it works that share of the time: the live ingest beside it keeps the rest."""
+    version = options.rules_version(RULES_VERSION)
+    total = None
+    if progress is not None:
+        total = await queries.COUNT_STALE_STATUSES.fetchval(
+            conn, every=every, rules_version=version
+        )
+    done = RecomputeResult(0, 0, 0, total)
     after = ("", "")
     while True:
         keys = await queries.STALE_STATUSES.fetch(
@@ -61,7 +86,7 @@ async def recompute(
             after_message_id=after[1],
             chunk=chunk,
             every=every,
-            rules_version=RULES_VERSION,
+            rules_version=version,
         )
         if not keys:
             break
@@ -70,71 +95,106 @@ async def recompute(
         for key in keys:
             by_login.setdefault(key["login"], []).append(key["message_id"])
         for login, message_ids in by_login.items():
+            pass_ = _Chunk(conn, options, version, login, writes, events_by_message)
+            started = time.monotonic()
             async with write_transaction(conn):
-                changed += await _recompute_chunk(
-                    conn, options, login, message_ids, writes, waiting
-                )
-            examined += len(message_ids)
-    return RecomputeResult(examined=examined, changed=changed)
+                changed, retired = await pass_.run(message_ids, waiting)
+            if busy < 1.0:  # no transaction open meanwhile: nothing held back
+                await asyncio.sleep((time.monotonic() - started) * (1.0 / busy - 1.0))
+            done = RecomputeResult(
+                done.examined + len(message_ids),
+                done.changed + changed,
+                done.evidence_retired + retired,
+                total,
+            )
+            if progress is not None:
+                progress(done)
+    return done
 
 
-async def _recompute_chunk(
-    conn: Connection,
-    options: IntegrationOptions,
-    login: str,
-    message_ids: list[str],
-    writes: queries.StatusWrites,
-    waiting: Query,
-) -> int:
-    """Recompute the statuses of `message_ids` of `login` in the caller's transaction, under
-    the message locks; the number of rows changed (each audited)."""
-    correlated = await correlate(conn, login, sorted(message_ids))
-    submitted = correlated.submitted
-    before = {
-        r["message_id"]: r
-        for r in await queries.STATUSES_BEFORE_RECOMPUTE.fetch(
-            conn, login=login, message_ids=message_ids
+@dataclass(slots=True)
+class _Chunk:
+    """One login's part of a chunk, recomputed in the caller's transaction."""
+
+    conn: Connection
+    options: IntegrationOptions
+    version: str
+    login: str
+    writes: queries.StatusWrites
+    events_by_message: bool
+
+    async def run(self, message_ids: list[str], waiting: Query) -> tuple[int, int]:
+        """Recompute the statuses of `message_ids` under their message locks: the number of
+        rows changed (each audited) and of rows left as they were (evidence retired)."""
+        conn, login = self.conn, self.login
+        correlated = await correlate(conn, login, sorted(message_ids))
+        submitted = correlated.submitted
+        before = {
+            r["message_id"]: r
+            for r in await queries.STATUSES_BEFORE_RECOMPUTE.fetch(
+                conn, login=login, message_ids=message_ids
+            )
+        }
+        planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
+        replayed = replay(
+            planner, await waiting.fetch(conn, login=login, correlation_ids=sorted(submitted))
         )
-    }
-    planner = Planner(options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
-    for reception in await waiting.fetch(conn, login=login, correlation_ids=sorted(submitted)):
-        planner.decide(*replayed(reception))
-    audit: list[list[Any]] = []
-    gone: list[str] = []
-    for message_id, old in sorted(before.items()):
-        state = planner.messages.get(message_id, EMPTY_STATE)
-        why = status_change(dict(old), state)
-        if state.basis is None:
-            gone.append(message_id)
-        if why is None:
-            continue
-        basis = state.basis
-        audit.append(
-            [
-                message_id,
-                old["status"],
-                old["is_final"],
-                old["reason"],
-                old["supporting_event_id"],
-                old["rules_version"],
-                None if basis is None else basis.status,
-                None if basis is None else is_final(state),
-                None if basis is None else explain(state),
-                None if basis is None else basis.event_id,
-                f"recomputed under {RULES_VERSION} (was {old['rules_version']}): {why}",
-            ]
-        )
-    if audit:  # most chunks of a recompute change nothing: no round trip for them
-        await queries.RECORD_RECOMPUTE_AUDIT.execute(
-            conn, login=login, rules_version=RULES_VERSION, audit=dumps(audit)
-        )
-    await writes.recompute.execute(
-        conn,
-        login=login,
-        rules_version=RULES_VERSION,
-        statuses=status_json(
-            {m: s for m, s in planner.messages.items() if m in before}, correlated.refs
-        ),
-        gone=gone,
-    )
-    return len(audit)
+        # P21: a status whose deliveries retention took beyond what its events keep is left
+        # as it is (its version too: it was not computed under this one).
+        kept = replayed.retired_messages() & before.keys()
+        audit: list[list[Any]] = []
+        gone: list[str] = []
+        current: list[str] = []
+        for message_id, old in sorted(before.items()):
+            if message_id in kept:
+                continue
+            state = planner.messages.get(message_id, EMPTY_STATE)
+            why = status_change(dict(old), state)
+            if state.basis is None:
+                gone.append(message_id)
+            if why is None:
+                if old["rules_version"] != self.version:
+                    current.append(message_id)
+                continue
+            basis = state.basis
+            audit.append(
+                [
+                    message_id,
+                    old["status"],
+                    old["is_final"],
+                    old["reason"],
+                    old["supporting_event_id"],
+                    old["rules_version"],
+                    None if basis is None else basis.status,
+                    None if basis is None else is_final(state),
+                    None if basis is None else explain(state),
+                    None if basis is None else basis.event_id,
+                    f"recomputed under {self.version} (was {old['rules_version']}): {why}",
+                ]
+            )
+        if audit:  # most chunks of a recompute change nothing: no round trip for them
+            await queries.RECORD_RECOMPUTE_AUDIT.execute(
+                conn, login=login, rules_version=self.version, audit=dumps(audit)
+            )
+        changed = {a[0] for a in audit}
+        if not self.events_by_message:  # an older schema: every status written, as before
+            changed.update(current)
+            current = []
+        if changed or gone:
+            await self.writes.recompute.execute(
+                conn,
+                login=login,
+                rules_version=self.version,
+                statuses=status_json(
+                    {m: s for m, s in planner.messages.items() if m in changed}, correlated.refs
+                ),
+                gone=gone,
+            )
+        if current:
+            await queries.MARK_STATUSES_CURRENT.fetchval(
+                conn, login=login, message_ids=current, rules_version=self.version
+            )
+        if self.events_by_message:
+            recomputed = {m for m in before if m not in kept}
+            await write_as_replayed(conn, login, self.version, planner, replayed, recomputed)
+        return len(audit), len(kept)

@@ -17,7 +17,8 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.rules import EMPTY_STATE, RULES_VERSION, Planner
 from dlrfeed.domain.sent_records import RECORD_FIELDS, record_differences
 from dlrfeed.store import queries
-from dlrfeed.store.rows import column_arrays, planned_exceptions, replayed, status_json
+from dlrfeed.store.replay import replay, with_retired_counts, write_as_replayed
+from dlrfeed.store.rows import column_arrays, planned_exceptions, status_json
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
 
@@ -51,11 +52,14 @@ async def record_submissions(
     submissions: Sequence[Submission],
     writes: queries.StatusWrites,
     waiting: queries.ReceptionStatements,
+    *,
+    events_by_message: bool = True,
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
     transaction, and correlate the receipts that were waiting for them (read back with
     `waiting`), writing their statuses with `writes` (see `Store.record_submissions`, which
-    translates the driver's errors). One
+    translates the driver's errors); with `events_by_message` (a schema since migration 0024)
+    the events' totals and conflicts too, as the live path writes them under `options`. One
     durable step: only the last chunk waits for the WAL flush, which makes every chunk before it
     durable too (sql/submissions.sql, commit_without_flush_wait)."""
     by_login: dict[str, list[Submission]] = {}
@@ -71,7 +75,9 @@ async def record_submissions(
         async with write_transaction(conn):
             if number < len(chunks):
                 await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
-            new, applied = await _record_chunk(conn, options, login, chunk, writes, waiting)
+            new, applied = await _record_chunk(
+                conn, options, login, chunk, writes, waiting, events_by_message=events_by_message
+            )
         recorded += new
         late += applied
     return SubmissionResult(
@@ -88,6 +94,8 @@ async def _record_chunk(
     chunk: list[Submission],
     writes: queries.StatusWrites,
     waiting: queries.ReceptionStatements,
+    *,
+    events_by_message: bool,
 ) -> tuple[int, int]:
     """Record one chunk of `login`'s submissions in the caller's transaction: the number newly
     recorded and the number of events correlated late."""
@@ -120,13 +128,19 @@ async def _record_chunk(
     if not replayed_receptions:
         return len(new_ids), 0
     # Late correlation: every delivery that arrived before the message was recorded,
-    # replayed through the planner in its recorded arrival order (P19), from no state.
+    # replayed through the planner in its recorded arrival order (P19), from no state; the
+    # deliveries retention took count as the live path counted them (P21).
+    version = options.rules_version(RULES_VERSION)
     planner = Planner(options, {}, dict.fromkeys(new_ids, EMPTY_STATE), inserted)
+    replay_ = replay(planner, replayed_receptions)
+    for retired_id in replay_.retired_messages():
+        planner.messages[retired_id] = with_retired_counts(
+            planner.messages[retired_id],
+            (r for r in replay_.retired.values() if r.correlation_id == retired_id),
+        )
     resolutions: dict[int, str] = {}
     exceptions: list[tuple[str, str, str, int | None, int | None]] = []
-    for reception in replayed_receptions:
-        delivery, event_id, reception_id = replayed(reception)
-        outcome, planned = planner.decide(delivery, event_id, reception_id)
+    for delivery, event_id, reception_id, (outcome, planned), _ in replay_.deliveries:
         resolutions.setdefault(
             event_id,
             f"correlated late: message {delivery.correlation_id} recorded; "
@@ -137,7 +151,7 @@ async def _record_chunk(
             (p for p in planned if p.message_level),
             delivery.message_id,
             event_id,
-            reception_id,
+            reception_id or None,
         )
     kinds, message_ids, details, event_ids, reception_ids = column_arrays(exceptions, 5)
     late_events = sorted(resolutions)  # sorted: row locks always taken in one order
@@ -147,7 +161,7 @@ async def _record_chunk(
     await writes.late_correlation.fetchval(
         conn,
         login=login,
-        rules_version=RULES_VERSION,
+        rules_version=version,
         statuses=status_json(planner.messages, {r[0]: r[2] for r in new_rows}),
         exception_ids=[r[0] for r in to_resolve],
         resolutions=[r[1] for r in to_resolve],
@@ -157,6 +171,9 @@ async def _record_chunk(
         exception_event_ids=event_ids,
         exception_reception_ids=reception_ids,
     )
+    if events_by_message:  # P22: what was kept under other options is as these rules see it
+        late = {d.delivery.correlation_id for d in replay_.deliveries}
+        await write_as_replayed(conn, login, version, planner, replay_, late)
     return len(new_ids), len(resolutions)
 
 

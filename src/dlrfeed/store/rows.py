@@ -103,7 +103,7 @@ def status_json(statuses: Mapping[str, MessageState], refs: Mapping[str, int]) -
                 s.conflicts,
                 s.progress_events,
                 s.deadline_superseded,
-                basis.reception_id,
+                basis.reception_id or None,  # 0: its reception retired (P21)
                 basis.level,
                 basis.stat,
                 basis.err,
@@ -212,7 +212,7 @@ def event_contents(
 
 def replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:
     """A stored reception as the planner's delivery, with its event id and its reception id
-    (late correlation, recompute)."""
+    (late correlation, recompute; 0 for a first delivery rebuilt from its event, P21)."""
     stat = row["stat"]
     err = row["err"]
     done_raw = row["done_date_raw"]
@@ -231,4 +231,4 @@ def replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:
         content,
         tuple(row["flags"]),
     )
-    return delivery, row["event_id"], row["id"]
+    return delivery, row["event_id"], row["id"] or 0

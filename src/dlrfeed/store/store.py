@@ -47,6 +47,7 @@ from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.store import copy_rows, queries, recompute, recording
 from dlrfeed.store.correlation import correlate, ids_to_lock
 from dlrfeed.store.migrate import ensure_current, readable_version
+from dlrfeed.store.recompute import Progress
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
 from dlrfeed.store.rows import (
     column_arrays,
@@ -205,6 +206,8 @@ class Store:
         """What `open` found of the server (its synchronous commit settings)."""
         self.writes = writes
         """How this store's schema is written (an older one's: tests only)."""
+        self.rules_version = options.rules_version(RULES_VERSION)
+        """P22: recorded on what this store computes: the rules and the options they read."""
 
     @classmethod
     async def open(
@@ -457,7 +460,7 @@ class Store:
                 conn,
                 login=login,
                 parser_version=PARSER_VERSION,
-                rules_version=RULES_VERSION,
+                rules_version=self.rules_version,
                 events=events_json,
                 correlated=list(found),
                 correlated_refs=list(found.values()),
@@ -550,7 +553,7 @@ class Store:
         await self.writes.statuses.batch.execute(
             conn,
             login=login,
-            rules_version=RULES_VERSION,
+            rules_version=self.rules_version,
             id_blocks=id_blocks,
             id_block_size=queries.RECEPTION_ID_BLOCK,
             exception_kinds=kinds,
@@ -592,19 +595,33 @@ class Store:
                     submissions,
                     self.writes.statuses,
                     self.writes.receptions,
+                    events_by_message=self.writes.events.by_message,
                 )
 
     # ---------------------------------------------------------------- recompute
 
-    async def recompute(self, *, every: bool = False, chunk: int = 200) -> RecomputeResult:
-        """Compute stored statuses again under the current rules (RULES_VERSION), from every
-        delivery of each message replayed in its recorded arrival order through the planner.
+    async def recompute(
+        self,
+        *,
+        every: bool = False,
+        chunk: int = 200,
+        progress: Progress | None = None,
+        busy: float = 1.0,
+    ) -> RecomputeResult:
+        """Compute stored statuses again under the current rules and options
+        (`rules_version`), from every delivery of each message replayed in its recorded arrival
+        order through the planner.
 
-        Rows of another rules version are the stale ones (P8); `every` takes all rows. Each
+        Rows of another version are the stale ones (P8, P22); `every` takes all rows. Each
         change is written to `dlr.status_recomputations` with its before, after and why; a row
-        with no applicable receipt under the current rules is removed (and audited). Chunks of
-        `chunk` messages commit one by one, each under the same message locks as the ingest,
-        so it runs safely beside a live daemon; running it again finds nothing stale.
+        with no applicable receipt under the current rules is removed (and audited); a row the
+        rules compute the same is not written (a stale one gets its version only); the events'
+        totals and conflict exceptions become those the live path writes under these rules. A
+        row whose deliveries retention took beyond what its events keep is left as it is and
+        counted (P21). Chunks of `chunk` messages commit one by one, each under the same
+        message locks as the ingest, so it runs safely beside a live daemon and may be stopped
+        at any moment: running it again finishes the work (`progress` hears after each). With
+        `busy` below 1 it works only that share of the time, pausing between chunks.
         """
         with _refusing("the recompute"):
             async with self._pool.acquire() as conn:
@@ -615,4 +632,7 @@ class Store:
                     chunk=chunk,
                     writes=self.writes.statuses,
                     waiting=self.writes.receptions.waiting,
+                    events_by_message=self.writes.events.by_message,
+                    progress=progress,
+                    busy=busy,
                 )

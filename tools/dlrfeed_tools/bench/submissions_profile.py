@@ -109,6 +109,7 @@ async def profile(dsn: str, login: str, ids: int, late: int, settings: dict[str,
                 submissions,
                 queries.STATUS_WRITES,
                 queries.RECEPTION_STATEMENTS,
+                events_by_message=True,
             )
             total_ms = 1000 * (time.perf_counter() - wall)
             total_cpu_ms = 1000 * (_cpu_seconds(timed.backend) - cpu)

@@ -18,6 +18,12 @@ WHERE (m.login, m.message_id) > (:after_login, :after_message_id)
 ORDER BY m.login, m.message_id
 LIMIT :chunk
 
+-- name: count_stale_statuses
+-- How many statuses a recompute examines (its progress' total): those of another version than
+-- :rules_version (the rules and the options they read, P22) unless :every.
+SELECT count(*) FROM dlr.message_status
+WHERE :every OR rules_version <> :rules_version
+
 -- name: statuses_before_recompute
 -- The statuses of one login's messages as they are before the recompute, read after their
 -- message rows are locked: every status write holds its message row's lock (the ingest, late
@@ -60,3 +66,85 @@ gone AS (
     WHERE s.login = :login AND s.message_id = g.message_id
 )
 SELECT 1
+
+-- name: mark_statuses_current
+-- Statuses of another version that the current rules compute the same: only their version is
+-- written (their updated_at and everything else stay; no change is written, P23), in whichever
+-- table keeps each (by message row id, or by login and gateway id before migration 0020).
+WITH current_rows AS (
+    UPDATE dlr.statuses AS s SET rules_version = :rules_version
+    FROM dlr.messages AS m
+    WHERE m.login = :login AND m.message_id = ANY(:message_ids::text[]) AND s.message_ref = m.id
+    RETURNING 1
+), current_earlier AS (
+    UPDATE dlr.earlier_statuses AS s SET rules_version = :rules_version
+    WHERE s.login = :login AND s.message_id = ANY(:message_ids::text[])
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM current_rows) + (SELECT count(*) FROM current_earlier)
+
+-- name: write_event_contents
+-- P22: the events whose totals the current rules count otherwise (an option switched): the
+-- deliveries accepted (first included), the conflicting ones, the contents accepted after the
+-- first, the results accepted after the first and the contents that conflicted, as the live
+-- path writes them (event_counters in sql/ingest.sql), in whichever table keeps each. None
+-- accepted: NULL, not an empty array.
+WITH c AS (
+    SELECT c.id, c.times_received, c.conflicts,
+           nullif(string_to_array(c.updates, ' '), '{}') AS updates,
+           nullif(string_to_array(c.later_results, ' '), '{}') AS later_results,
+           nullif(string_to_array(c.conflicting_contents, ' '), '{}') AS conflicting_contents
+    FROM unnest(:event_ids::bigint[], :times_received::int[], :conflicts::int[],
+                :updates::text[], :later_results::text[], :conflicting_contents::text[])
+         AS c(id, times_received, conflicts, updates, later_results, conflicting_contents)
+), by_key AS (
+    UPDATE dlr.event_rows AS e
+    SET times_received = c.times_received, conflicting_receptions = c.conflicts,
+        updates = c.updates, later_results = c.later_results,
+        conflicting_contents = c.conflicting_contents
+    FROM c WHERE e.id = c.id
+), by_message AS (
+    UPDATE dlr.message_events AS e
+    SET times_received = c.times_received, conflicting_receptions = c.conflicts,
+        updates = c.updates, later_results = c.later_results,
+        conflicting_contents = c.conflicting_contents
+    FROM c WHERE e.id = c.id
+)
+SELECT 1
+
+-- name: conflicts_of_events
+-- The conflict exceptions of the events recomputed (one probe of the event_id index each),
+-- locked: opened and resolved by write_conflicts as the current rules plan them (P22).
+SELECT x.id, x.event_id, x.reception_id, x.resolved_at, x.resolution
+FROM unnest(:event_ids::bigint[]) AS k(event_id)
+CROSS JOIN LATERAL (
+    SELECT x.id, x.event_id, x.reception_id, x.resolved_at, x.resolution, x.kind
+    FROM dlr.exceptions AS x
+    WHERE x.event_id = k.event_id
+    OFFSET 0
+    FOR NO KEY UPDATE
+) AS x
+WHERE x.kind = 'conflict'
+ORDER BY x.id
+
+-- name: write_conflicts
+-- P22: the conflicts the current rules plan that no exception holds yet, opened, and those
+-- that other rules resolved as none (:reopened_ids), open again; the open ones they no longer
+-- plan, resolved with :resolution.
+WITH reopened AS (
+    UPDATE dlr.exceptions SET resolved_at = NULL, resolution = NULL
+    WHERE id = ANY(:reopened_ids::bigint[])
+    RETURNING 1
+), opened AS (
+    INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
+    SELECT 'conflict', :login, n.message_id, n.details::jsonb, n.event_id, n.reception_id
+    FROM unnest(:message_ids::text[], :details::text[], :event_ids::bigint[],
+                :reception_ids::bigint[]) AS n(message_id, details, event_id, reception_id)
+    RETURNING 1
+), resolved AS (
+    UPDATE dlr.exceptions SET resolved_at = now(), resolution = :resolution
+    WHERE id = ANY(:resolved_ids::bigint[]) AND resolved_at IS NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM reopened),
+       (SELECT count(*) FROM resolved)

@@ -88,32 +88,42 @@ CROSS JOIN LATERAL (
 -- since migration 0024, by the key of dlr.event_rows otherwise; those correlated to it from
 -- another own id (receipt_ids_hex), by each table's partial correlation index.
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
+           e.done_at, e.fingerprint, e.flags,
+           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
+           e.later_results, e.conflicting_contents
     FROM (SELECT m.id, m.message_id FROM dlr.messages AS m
           WHERE m.login = :login AND m.message_id = k.correlation_id
             AND m.id >= dlr.message_events_first_message()
           OFFSET 0) AS m
     CROSS JOIN LATERAL (
-        SELECT e.id, e.level, e.stat, e.err, e.done_date_raw, e.done_at, e.fingerprint, e.flags
+        SELECT e.id, e.level, e.stat, e.err, e.done_date_raw, e.done_at, e.fingerprint, e.flags,
+           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
+           e.later_results, e.conflicting_contents
         FROM dlr.message_events AS e
         WHERE e.message_ref = m.id AND e.correlation_id IS NULL
         OFFSET 0
     ) AS e
     UNION ALL
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
+           e.done_at, e.fingerprint, e.flags,
+           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
+           e.later_results, e.conflicting_contents
     FROM dlr.event_rows AS e
     WHERE e.login = :login AND e.message_id = k.correlation_id
       AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
     UNION ALL
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
+           e.done_at, e.fingerprint, e.flags,
+           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
+           e.later_results, e.conflicting_contents
     FROM dlr.event_rows AS e
     WHERE e.login = :login AND e.correlation_id = k.correlation_id
       AND e.correlation_id <> e.message_id
     UNION ALL
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
+           e.done_at, e.fingerprint, e.flags,
+           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
+           e.later_results, e.conflicting_contents
     FROM dlr.message_events AS e
     CROSS JOIN LATERAL (SELECT m.message_id FROM dlr.messages AS m
                         WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
@@ -122,13 +132,17 @@ CROSS JOIN LATERAL (
 -- fragment: waiting_events_by_key
 -- waiting_events as a store before migration 0024 takes it: every event in dlr.events.
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
+           e.done_at, e.fingerprint, e.flags,
+           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
+           NULL::text[] AS later_results, NULL::text[] AS conflicting_contents
     FROM dlr.events AS e
     WHERE e.login = :login AND e.message_id = k.correlation_id
       AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
     UNION ALL
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags
+           e.done_at, e.fingerprint, e.flags,
+           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
+           NULL::text[] AS later_results, NULL::text[] AS conflicting_contents
     FROM dlr.events AS e
     WHERE e.login = :login AND e.correlation_id = k.correlation_id
       AND e.correlation_id <> e.message_id
@@ -156,26 +170,44 @@ CROSS JOIN LATERAL (
 -- cheaper, and a call read every reception of the day (half a million rows, 0.4 s at 1 M).
 -- A reception with a NULL stat holds none of its parsed fields: they are its event's
 -- (migration 0016), read from the event row already at hand.
-SELECT r.id, r.event_id, e.message_id, e.correlation_id, coalesce(r.level, e.level) AS level,
+-- P21: an event whose first delivery's day was retired keeps that delivery's content; it comes
+-- back as a row of its own (id NULL, received at the event's first time, the event's fields),
+-- first of its correlation id: retention drops the oldest days, so a retired delivery arrived
+-- before every delivery still kept. With each row its event's totals (deliveries accepted and
+-- conflicting, contents accepted), which tell the caller what else retention took.
+SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id,
+       coalesce(r.level, e.level) AS level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
        CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
        CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
        r.received_at,
        CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
-       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags
+       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags,
+       e.times_received, e.conflicting_receptions, coalesce(e.updates, '{}') AS updates,
+       coalesce(e.later_results, '{}') AS later_results,
+       coalesce(e.conflicting_contents, '{}') AS conflicting_contents
 FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
 CROSS JOIN LATERAL (
 -- include: waiting_events
 ) AS e
 CROSS JOIN LATERAL (
-    SELECT r.id, r.event_id, r.level, r.stat, r.err, r.done_date_raw, r.done_at, r.received_at,
+    SELECT r.id, r.level, r.stat, r.err, r.done_date_raw, r.done_at, r.received_at,
            r.fingerprint, r.flags
     FROM dlr.{receptions} AS r
     WHERE r.event_id = e.id AND r.login IN (:login, '') AND r.message_id IN (e.message_id, '')
+    UNION ALL
+    -- The first delivery, retired: no delivery kept as early (1 ms: the event's time and its
+    -- reception's are written apart, each rounded to the microsecond).
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, e.first_received_at, NULL, NULL
+    WHERE NOT EXISTS (
+        SELECT 1 FROM dlr.{receptions} AS r
+        WHERE r.event_id = e.id AND r.login IN (:login, '')
+          AND r.message_id IN (e.message_id, '')
+          AND r.received_at <= e.first_received_at + interval '1 millisecond')
     OFFSET 0
 ) AS r
-ORDER BY e.correlation_id, r.id
+ORDER BY e.correlation_id, r.id NULLS FIRST, e.id
 
 -- name: lock_open_uncorrelated
 -- The open `uncorrelated` exceptions of the events correlated late, locked until they are
