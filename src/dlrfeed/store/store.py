@@ -44,7 +44,7 @@ from dlrfeed.errors import (
     SchemaOutOfDateError,
     StoreUnavailableError,
 )
-from dlrfeed.store import copy_rows, queries, recompute, recording
+from dlrfeed.store import copy_rows, queries, recompute, recording, verification
 from dlrfeed.store.correlation import correlate, ids_to_lock
 from dlrfeed.store.migrate import ensure_current, readable_version
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
@@ -74,6 +74,7 @@ from dlrfeed.store.server_errors import (
 )
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
+from dlrfeed.store.verification import Verification, VerificationResult
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
@@ -570,6 +571,24 @@ class Store:
             # Chunks already committed stay, durable once the server flushes its WAL (within
             # wal_writer_delay); recording is idempotent: run the file again.
             raise BadDataError(f"a submission was refused by the database: {exc}") from exc
+        except CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+
+    # ---------------------------------------------------------------- verifications
+
+    async def record_verifications(
+        self, verifications: Sequence[Verification]
+    ) -> VerificationResult:
+        """Record independent verifications (C6): idempotent, correlated with their messages
+        by message id when read (one recorded before its message waits for it), and never an
+        input of a computed status (P2). Chunks of 1000 commit one by one; BadDataError when
+        the database refuses a value.
+        """
+        try:
+            async with self._pool.acquire() as conn:
+                return await verification.record_verifications(conn, verifications)
+        except DATA_ERRORS as exc:
+            raise BadDataError(f"a verification was refused by the database: {exc}") from exc
         except CONNECTION_ERRORS as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
