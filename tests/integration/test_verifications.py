@@ -11,6 +11,7 @@ import asyncio
 import csv
 import io
 import json
+import random
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,8 @@ import pytest
 from dlrfeed.cli import main
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification
+from fakegw.traffic import LYING_ROUTE, TrafficMix, scenario
+from fakegw.wire import normalize_fields
 from gateway.receipts.v1 import feed_pb2
 
 LOGIN = "acme"
@@ -345,3 +348,51 @@ def test_record_verifications_names_the_bad_line(
     )
     assert code != 0
     assert "line 2" in capsys.readouterr().err
+
+
+async def _fakegw_traffic(dsn: str) -> None:
+    """fakegw's seeded traffic with its lying route, as a sender records it: the messages, the
+    receipts the network returns, and verifications for the messages that really arrived."""
+    batch = scenario(7, 900, TrafficMix(progress_rate=0.5, lying_route_rate=0.2))
+    submissions = [
+        Submission(LOGIN, s["message_id"], "+" + s["destination"], source=s["source"],
+                   submitted_at=datetime.fromisoformat(s["submitted_at"]), route=s["route"])
+        for s in batch.submissions()
+    ]  # fmt: skip
+    receipts = []
+    for body in batch.receipts:
+        wire = feed_pb2.Receipt(**normalize_fields(body), ack_token=f"t{len(receipts)}")  # type: ignore[arg-type]
+        receipts.append(receipt_from_proto(wire, wire.SerializeToString(), time.time()))
+    verifications = [
+        Verification(LOGIN, v["message_id"], v["kind"],
+                     datetime.fromisoformat(v["verified_at"]), v["source"])
+        for v in batch.verifications(random.Random(7), 0.85)
+    ]  # fmt: skip
+    store = await Store.open(dsn, pool_size=1)
+    try:
+        await store.record_submissions(submissions)
+        await store.ingest(LOGIN, receipts)
+        await store.record_verifications(verifications)
+    finally:
+        await store.close()
+
+
+def test_dlrfeed_quality_catches_fakegw_lying_route(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The route whose DELIVRDs fakegw fakes is the one, and the only one, flagged."""
+    asyncio.run(_fakegw_traffic(database_url))
+    code, out = _cli(capsys, "quality", "--database-url", database_url, "--json")
+    assert code == 0
+    routes = {g["route"]: g for g in map(json.loads, out.splitlines())}
+    assert set(routes) == {"smsc-a", "smsc-b", LYING_ROUTE}
+    assert [r for r, g in routes.items() if g["suspicious"]] == [LYING_ROUTE]
+    lying = routes[LYING_ROUTE]
+    assert lying["verified"] == 0
+    assert lying["delivered"] == lying["delivered_without_verification"] > 100
+    assert set(lying["signals"]) == {
+        "delivered_above_verified", "done_at_submit", "uniform_latency",
+        "delivered_never_verified",
+    }  # fmt: skip
+    for honest in ("smsc-a", "smsc-b"):
+        assert routes[honest]["verified"] > 0.7 * routes[honest]["delivered"]
