@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,7 +21,7 @@ from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.feed.reader import Mode
 
-from .metrics import DaemonMetrics
+from .metrics import DaemonMetrics, RouteFigures
 from .sdnotify import SystemdNotifier
 
 if TYPE_CHECKING:
@@ -166,6 +166,18 @@ class Telemetry:
                 store_up=pipeline.gate.is_up,
             )
             last_stored, last_at = totals.stored, now
+
+    async def route_gauges(
+        self, compute: Callable[[], Awaitable[Sequence[RouteFigures]]], interval: float
+    ) -> None:
+        """The route quality gauges (C6), computed now and every `interval` seconds. A store
+        that does not answer keeps the last figures: one warning per failed computation."""
+        while True:
+            try:
+                self.metrics.route_quality.update(await compute())
+            except StoreUnavailableError as exc:
+                log.warning("route_quality_unavailable", error=str(exc))
+            await asyncio.sleep(interval)
 
     async def watchdog(self, notifier: SystemdNotifier, interval: float) -> None:
         """WATCHDOG=1 while the event loop turns. A database outage does not stop the pings:

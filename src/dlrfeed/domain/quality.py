@@ -44,6 +44,14 @@ class Thresholds:
     """uniform_latency: seconds between the 25th and the 75th percentile of submit -> done."""
 
 
+def verification_gap(figures: Mapping[str, int]) -> float | None:
+    """On verifiable traffic, the DELIVRD rate minus the verification rate (None: none)."""
+    verifiable = figures["verifiable"]
+    if not verifiable:
+        return None
+    return (figures["verifiable_delivered"] - figures["verifiable_verified"]) / verifiable
+
+
 def signals(figures: Mapping[str, int], to_done: list[float] | None, t: Thresholds) -> list[str]:
     """The signals that fire for one group, in SIGNALS order.
 
@@ -52,11 +60,9 @@ def signals(figures: Mapping[str, int], to_done: list[float] | None, t: Threshol
     25, 50, 75, 95, 99 of its submit -> done latencies, None without samples.
     """
     fired: list[str] = []
-    verifiable = figures["verifiable"]
-    if verifiable >= t.min_messages:
-        gap = (figures["verifiable_delivered"] - figures["verifiable_verified"]) / verifiable
-        if gap >= t.max_gap:
-            fired.append(DELIVERED_ABOVE_VERIFIED)
+    gap = verification_gap(figures)
+    if figures["verifiable"] >= t.min_messages and gap is not None and gap >= t.max_gap:
+        fired.append(DELIVERED_ABOVE_VERIFIED)
     timed = figures["delivered_with_done_time"]
     if timed >= t.min_messages and figures["done_at_submit"] / timed >= t.max_same_time_share:
         fired.append(DONE_AT_SUBMIT)

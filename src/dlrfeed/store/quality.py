@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
 
-from dlrfeed.domain.quality import Thresholds, prefix_countries, signals
+from dlrfeed.domain.quality import Thresholds, prefix_countries, signals, verification_gap
 from dlrfeed.store.sql import query
+
+if TYPE_CHECKING:
+    from dlrfeed.store.rows import Connection
 
 JsonDict = dict[str, Any]
 GroupBy = Literal["route", "country", "err"]
@@ -43,7 +46,7 @@ def _percentiles(values: list[float] | None, names: tuple[str, ...]) -> dict[str
     return {name: round(value, 3) for name, value in zip(names, values, strict=True)}
 
 
-async def quality(conn: asyncpg.Connection, by: GroupBy, window: Window) -> list[JsonDict]:
+async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDict]:
     """One report per group of the messages sent in `window`, the busiest first.
 
     Each holds the group's key (under the name `by`), the counts (accepted, delivered, failed,
@@ -98,6 +101,7 @@ def _group(by: GroupBy, r: asyncpg.Record, t: Thresholds) -> JsonDict:
         "final_by_status": json.loads(r["final_by_status"]),
         "delivered_rate_verifiable": _rate(counts["verifiable_delivered"], verifiable),
         "verified_rate_verifiable": _rate(counts["verifiable_verified"], verifiable),
+        "verification_gap": None if (gap := verification_gap(counts)) is None else round(gap, 4),
         "silent_countries": list(r["silent_countries"]),
         "latency_submit_to_done_s": _percentiles(to_done, ("p25", "p50", "p75", "p95", "p99")),
         "latency_submit_to_received_s": _percentiles(

@@ -45,6 +45,7 @@ from dlrfeed.errors import (
     StoreUnavailableError,
 )
 from dlrfeed.store import copy_rows, queries, recompute, recording, verification
+from dlrfeed.store import quality as quality_reads
 from dlrfeed.store.correlation import correlate, ids_to_lock
 from dlrfeed.store.migrate import ensure_current, readable_version
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
@@ -590,6 +591,18 @@ class Store:
         except DATA_ERRORS as exc:
             raise BadDataError(f"a verification was refused by the database: {exc}") from exc
         except CONNECTION_ERRORS as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+
+    async def quality(
+        self, by: quality_reads.GroupBy, window: quality_reads.Window
+    ) -> list[quality_reads.JsonDict]:
+        """`dlrfeed quality` on a pooled connection (the daemon's route gauges): see
+        `dlrfeed.store.quality.quality`. StoreUnavailableError when the server does not answer
+        or refuses it for now."""
+        try:
+            async with self._pool.acquire() as conn:
+                return await quality_reads.quality(conn, by, window)
+        except (*CONNECTION_ERRORS, *PASSING_SERVER_ERRORS) as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
     # ---------------------------------------------------------------- recompute

@@ -1,0 +1,43 @@
+"""The route quality gauges (C6): bounded cardinality whatever routes the sender names."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from dlrfeed.daemon.metrics import OTHER_ROUTES, DaemonMetrics, RouteFigures
+from dlrfeed.domain.quality import DONE_AT_SUBMIT, SIGNALS, UNIFORM_LATENCY
+
+
+def _samples(metrics: DaemonMetrics, name: str) -> dict[tuple[str, ...], float]:
+    found: dict[tuple[str, ...], float] = {}
+    for family in metrics.route_quality.collect():
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sample.labels.values())] = sample.value
+    return found
+
+
+def test_the_busiest_routes_by_name_and_every_other_as_one_series() -> None:
+    metrics = DaemonMetrics(quality_routes=3)
+    assert _samples(metrics, "dlrfeed_route_suspicious") == {}  # nothing computed yet
+    routes = [RouteFigures(f"r{n}", (), 0.1) for n in range(50)]
+    routes[1] = RouteFigures("r1", (DONE_AT_SUBMIT,), 0.9)
+    routes[40] = RouteFigures("r40", (UNIFORM_LATENCY,), 0.5)
+    metrics.route_quality.update(routes)
+    assert _samples(metrics, "dlrfeed_route_suspicious") == {
+        ("r0",): 0.0,
+        ("r1",): 1.0,
+        ("r2",): 0.0,
+        (OTHER_ROUTES,): 1.0,  # r40, among the others
+    }
+    signals = _samples(metrics, "dlrfeed_route_signal")
+    assert len(signals) == 4 * len(SIGNALS)
+    assert signals[("r1", DONE_AT_SUBMIT)] == 1.0
+    assert signals[(OTHER_ROUTES, UNIFORM_LATENCY)] == 1.0
+    assert signals[(OTHER_ROUTES, DONE_AT_SUBMIT)] == 0.0
+    assert _samples(metrics, "dlrfeed_route_verification_gap")[(OTHER_ROUTES,)] == 0.5
+    # A later computation replaces the series: a route gone is gone.
+    metrics.route_quality.update([RouteFigures("r9", (), None)])
+    assert _samples(metrics, "dlrfeed_route_suspicious") == {("r9",): 0.0}
+    assert _samples(metrics, "dlrfeed_route_verification_gap") == {}
+    assert b'dlrfeed_route_suspicious{route="r9"} 0.0' in generate_latest(metrics.registry)
