@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
@@ -23,6 +24,7 @@ JsonDict = dict[str, Any]
 GroupBy = Literal["route", "country", "err"]
 GROUP_BY: tuple[GroupBy, ...] = ("route", "country", "err")
 
+_PLAN = query("plan_quality")
 _GROUPS = query("quality_groups")
 _TOTALS = query("verification_totals")
 
@@ -54,22 +56,28 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
     delivered_without_verification on verifiable traffic, ...), the latencies in seconds, and
     `suspicious` with the `signals` that fired (dlrfeed.domain.quality).
     """
-    countries = prefix_countries()
     t = window.thresholds
-    records = await _GROUPS.fetch(
-        conn,
-        key=by,
-        since=window.since,
-        until=window.until,
-        now=window.now,
-        login=window.login,
-        deadline=window.deadline,
-        min_messages=t.min_messages,
-        same_time_seconds=t.same_time_seconds,
-        prefixes=list(countries),
-        countries=list(countries.values()),
-    )
+    async with conn.transaction(readonly=True):
+        await _PLAN.fetchrow(conn)
+        records = await _GROUPS.fetch(
+            conn,
+            key=by,
+            since=window.since,
+            until=window.until,
+            now=window.now,
+            login=window.login,
+            deadline=window.deadline,
+            min_messages=t.min_messages,
+            same_time_seconds=t.same_time_seconds,
+            countries=countries_json(),
+        )
     return [_group(by, r, t) for r in records]
+
+
+@cache
+def countries_json() -> str:
+    """prefix_countries as the JSON object the statement looks prefixes up in."""
+    return json.dumps(prefix_countries(), separators=(",", ":"))
 
 
 def _group(by: GroupBy, r: asyncpg.Record, t: Thresholds) -> JsonDict:

@@ -25,6 +25,9 @@ CREATE TABLE dlr.verifications (
     recorded_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT verifications_key UNIQUE (login, message_id, kind, verified_at)
 );
+-- The reports read a window's verifications by the time verified (never before the message
+-- was sent).
+CREATE INDEX verifications_verified_at_idx ON dlr.verifications (verified_at);
 COMMENT ON TABLE dlr.verifications IS
     'independent verification of a message (C6), correlated by (login, message_id) when read;'
     ' never an input of the computed status (P2)';
