@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 
 from dlrfeed.cli import main
+from dlrfeed.domain.receipt import Receipt
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification
 from fakegw.traffic import LYING_ROUTE, TrafficMix, scenario
@@ -359,7 +360,7 @@ async def _fakegw_traffic(dsn: str) -> None:
                    submitted_at=datetime.fromisoformat(s["submitted_at"]), route=s["route"])
         for s in batch.submissions()
     ]  # fmt: skip
-    receipts = []
+    receipts: list[Receipt] = []
     for body in batch.receipts:
         wire = feed_pb2.Receipt(**normalize_fields(body), ack_token=f"t{len(receipts)}")  # type: ignore[arg-type]
         receipts.append(receipt_from_proto(wire, wire.SerializeToString(), time.time()))
