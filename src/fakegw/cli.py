@@ -166,7 +166,12 @@ def _parser() -> argparse.ArgumentParser:
                 help="write dlrfeed record-verifications lines: the messages that really "
                 "arrived, of which --verify-rate had their code entered",
             )
-            sub.add_argument("--verify-rate", type=float, default=0.85)
+            sub.add_argument(
+                "--verify-rate",
+                type=float,
+                default=0.85,
+                help="the share of the messages really delivered whose code is entered",
+            )
             for knob in (
                 "progress-rate",
                 "duplicate-rate",
