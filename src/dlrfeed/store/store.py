@@ -173,8 +173,11 @@ class Store:
         through_pooler: bool = False,
         server: ServerFacts | None = None,
         writes: queries.SchemaWrites = queries.SCHEMA_WRITES,
+        dsn: str | None = None,
     ) -> None:
         self._pool = pool
+        self._dsn = dsn
+        """Where `quality` opens a connection of its own (None: it takes one of the pool)."""
         self.options = options
         self.through_pooler = through_pooler
         """Whether the pool does without named prepared statements (a transaction pooler)."""
@@ -236,6 +239,7 @@ class Store:
             through_pooler=through_pooler,
             server=facts,
             writes=queries.schema_writes(version, earlier_statuses=earlier_statuses),
+            dsn=dsn,
         )
 
     async def close(self) -> None:
@@ -596,12 +600,21 @@ class Store:
     async def quality(
         self, by: quality_reads.GroupBy, window: quality_reads.Window
     ) -> list[quality_reads.JsonDict]:
-        """`dlrfeed quality` on a pooled connection (the daemon's route gauges): see
-        `dlrfeed.store.quality.quality`. StoreUnavailableError when the server does not answer
-        or refuses it for now."""
+        """`dlrfeed quality` for the daemon's route gauges (`dlrfeed.store.quality.quality`), on a
+        connection of its own: a report over a busy day reads for seconds, and the pool is the
+        ingest's. StoreUnavailableError when the server does not answer or refuses it for now.
+        """
         try:
-            async with self._pool.acquire() as conn:
+            if self._dsn is None:
+                async with self._pool.acquire() as pooled:
+                    return await quality_reads.quality(pooled, by, window)
+            conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
+                self._dsn, timeout=_CONNECT_TIMEOUT_S, **connect_options(self.through_pooler)
+            )
+            try:
                 return await quality_reads.quality(conn, by, window)
+            finally:
+                await conn.close()
         except (*CONNECTION_ERRORS, *PASSING_SERVER_ERRORS) as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
