@@ -12,7 +12,7 @@ SELECT set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', tru
 -- One row per group: the counts, the latencies (seconds; percentiles of the finals with a
 -- usable reported done time, P19), the finals by status, and the countries of the group whose
 -- verifiable DELIVERED messages (at least :min_messages) were never verified.
--- One row per message sent in [since, until): its group's keys, its computed status, the
+-- Below them, the facts: one row per message sent in [since, until), with its group's keys, its computed status, the
 -- reported done time and our receive time of the receipt behind it, and whether it was
 -- verified. Everything is read by ranges, never a whole table: the window's messages by the
 -- index on the time each was sent (migration 0026); their statuses and events by the range of
