@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -160,6 +161,17 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--rate", type=float, default=0.0, help="messages/s (0 = at once)")
             sub.add_argument("--seed", type=int, default=0)
             sub.add_argument("--submissions-out", help="write dlrfeed record-submissions lines")
+            sub.add_argument(
+                "--verifications-out",
+                help="write dlrfeed record-verifications lines: the messages that really "
+                "arrived, of which --verify-rate had their code entered",
+            )
+            sub.add_argument(
+                "--verify-rate",
+                type=float,
+                default=0.85,
+                help="the share of the messages really delivered whose code is entered",
+            )
             for knob in (
                 "progress-rate",
                 "duplicate-rate",
@@ -167,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
                 "conflicting-final-rate",
                 "unknown-id-rate",
                 "malformed-rate",
+                "lying-route-rate",  # fake DELIVRDs at submit time (fakegw.traffic.LYING_ROUTE)
             ):
                 sub.add_argument(f"--{knob}", type=float, default=0.8 if knob[0] == "p" else 0.0)
     return parser
@@ -303,14 +316,21 @@ def _traffic(admin: SyncAdminClient, args: argparse.Namespace) -> dict[str, Any]
         conflicting_final_rate=args.conflicting_final_rate,
         unknown_id_rate=args.unknown_id_rate,
         malformed_rate=args.malformed_rate,
+        lying_route_rate=args.lying_route_rate,
     )
     totals: dict[str, Any] = {"messages": 0, "receipts": 0, "enqueued": 0, "dropped_at_cap": 0}
+    verifying = random.Random(args.seed)
     step = max(1, min(500, int(args.rate))) if args.rate else 500
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         out = (
             stack.enter_context(open(args.submissions_out, "a", encoding="utf-8"))
             if args.submissions_out
+            else None
+        )
+        verified_out = (
+            stack.enter_context(open(args.verifications_out, "a", encoding="utf-8"))
+            if args.verifications_out
             else None
         )
         for first in range(0, args.messages, step):
@@ -321,6 +341,10 @@ def _traffic(admin: SyncAdminClient, args: argparse.Namespace) -> dict[str, Any]
                 out.writelines(json.dumps(line) + "\n" for line in batch.submissions())
                 out.flush()
             result = admin.inject(batch.receipts)
+            if verified_out is not None:
+                verified = batch.verifications(verifying, args.verify_rate)
+                verified_out.writelines(json.dumps(line) + "\n" for line in verified)
+                verified_out.flush()
             totals["messages"] += len(batch.messages)
             totals["receipts"] += len(batch.receipts)
             totals["enqueued"] += result["enqueued"]

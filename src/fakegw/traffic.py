@@ -5,7 +5,11 @@ run replays exactly. The mix adds the content faults a real gateway relays (F13 
 processing rules must cope): duplicates (same id + level again), a result before its progress
 receipt, conflicting finals (two different level-2 receipts for one message), receipts for ids
 nobody sent, and malformed fields (bad dates, unknown `stat`, NUL characters, oversized `text`).
-`fakegw traffic` drives a running fakegw with it.
+It can also lie as grey routes do: messages sent through `LYING_ROUTE` are never delivered, yet
+get a `DELIVRD` receipt whose done date is the submit date (fake DLRs). Each message says
+whether it really reached the handset (`delivered`), which is what a sender's own evidence - an
+OTP code entered - can show (`Scenario.verifications`). `fakegw traffic` drives a running
+fakegw with it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from typing import Any
 _RESULTS = (("DELIVRD", "000"), ("UNDELIV", "001"), ("EXPIRED", "027"), ("REJECTD", "011"))
 _RESULT_WEIGHTS = (90, 6, 3, 1)
 _MALFORMATIONS = ("bad_date", "unknown_stat", "nul", "oversized_text")
+_ROUTES = ("smsc-a", "smsc-b")
+LYING_ROUTE = "smsc-grey"
+"""The route whose receipts lie: DELIVRD at submit time for messages never delivered."""
 
 
 @dataclass
@@ -30,6 +37,7 @@ class TrafficMix:
     conflicting_final_rate: float = 0.0
     unknown_id_rate: float = 0.0
     malformed_rate: float = 0.0
+    lying_route_rate: float = 0.0  # sent through LYING_ROUTE: a fake DELIVRD, never delivered
 
 
 @dataclass
@@ -48,8 +56,25 @@ class Scenario:
                 "source": m["source"],
                 "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m["sent_at"])),
                 "dlr_level": m["dlr_level"],
+                "route": m["route"],
             }
             for m in self.messages
+        ]
+
+    def verifications(self, rng: random.Random, rate: float) -> list[dict[str, Any]]:
+        """The sender's evidence (`dlrfeed record-verifications` lines): of the messages that
+        really reached the handset, the share `rate` whose code was entered, seconds after."""
+        return [
+            {
+                "message_id": m["id"],
+                "kind": "otp_confirmed",
+                "verified_at": time.strftime(
+                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime(m["delivered_at"] + rng.uniform(2, 30))
+                ),
+                "source": "fakegw-traffic",
+            }
+            for m in self.messages
+            if m["delivered"] and rng.random() < rate
         ]
 
 
@@ -77,22 +102,33 @@ def scenario(seed: int, count: int, mix: TrafficMix, first_number: int = 0) -> S
                 "source": "ACME",
             }
         )
+        route = rng.choice(_ROUTES)
+        # Drawn only when asked for, so that other mixes keep their seeded streams.
+        lying = mix.lying_route_rate > 0 and rng.random() < mix.lying_route_rate
+        if lying:
+            route = LYING_ROUTE
         common = {
             "source_addr": "ACME",
             "destination_addr": destination,
             "submit_date": _date(sent_at),
-            "connector": rng.choice(("smsc-a", "smsc-b")),
+            "connector": route,
             "text": "Your code is " + str(rng.randrange(10**6)),
         }
         stat, err = rng.choices(_RESULTS, _RESULT_WEIGHTS)[0]
+        done_at = sent_at + rng.uniform(1, 20)
+        if lying:
+            stat, err, done_at = "DELIVRD", "000", sent_at  # written at submit, never delivered
         final = {
             "id": message_id,
             "level": 2,
             "stat": stat,
             "err": err,
-            "done_date": _date(sent_at + rng.uniform(1, 20)),
+            "done_date": _date(done_at),
             **common,
         }
+        result.messages[-1].update(
+            route=route, delivered=stat == "DELIVRD" and not lying, delivered_at=done_at
+        )
         receipts: list[dict[str, Any]] = [final]
         if rng.random() < mix.progress_rate:
             progress = {"id": message_id, "level": 1, "stat": "ENROUTE", **common}

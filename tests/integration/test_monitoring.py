@@ -17,6 +17,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dlrfeed.daemon.app import Daemon
 from dlrfeed.relay import Relay, RelaySettings
-from dlrfeed.store import Store, Submission
+from dlrfeed.store import Store, Submission, Verification
 from dlrfeed_tools.daemon_harness import (
     LOGIN,
     drained,
@@ -381,6 +382,9 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
     try:  # statuses, hence changes for the relay, for a thousand of the messages
         with_status = sorted({b["id"] for b in bodies})[:1000]
         await store.record_submissions([Submission(LOGIN, m, "+34600000000") for m in with_status])
+        # One verified message: the route gauges have verifiable traffic to measure (C6).
+        verified = Verification(LOGIN, with_status[0], "otp_confirmed", datetime.now(UTC))
+        await store.record_verifications([verified])
     finally:
         await store.close()
     async with running_gateway() as gateway:
@@ -424,6 +428,9 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
     assert idle.value("dlrfeed_readers_backlogged") == 0
     assert idle.value("dlrfeed_readers_configured") == 1
     assert idle.value("dlrfeed_receipts_in_flight") == 0
+    # The route gauges, computed at start: the one route (none) of these messages, honest.
+    assert idle.labels["dlrfeed_route_suspicious"]["route"] == {"(none)"}
+    assert idle.value("dlrfeed_route_suspicious") == 0
 
     relay = await _relay_scrape(database_url, tmp_path)
     assert relay.value("dlrfeed_relay_up") == 1

@@ -268,7 +268,8 @@ def test_stats_counts_and_c6_distinction(
     totals = json.loads(out)
     assert totals["submitted"]["recorded"] == 2
     assert totals["reported_by_network"]["final"] == {"DELIVERED": 2}
-    assert totals["independent_verification"] is None  # C6: never inferred
+    # C6: verification is the sender's own evidence, never inferred from the DLRs.
+    assert totals["quality"]["verifications"] == {"recorded": 0, "waiting_for_message": 0}
     assert totals["receptions"]["total"] == 6
     assert totals["repeats"]["deliveries"] == 1
     assert totals["conflicts"]["open"] == 1
@@ -279,7 +280,7 @@ def test_stats_counts_and_c6_distinction(
     code, out = _cli(capsys, "stats", "--database-url", populated)
     assert "accepted at submit" in out
     assert "status reported by the network" in out
-    assert "independent verification: none" in out
+    assert "independent verification (recorded by the sender, C6): 0 verifications" in out
 
 
 def test_missing_database_url_names_flag_and_env(capsys: pytest.CaptureFixture[str]) -> None:

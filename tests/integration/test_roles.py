@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -27,10 +28,11 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import ConfigError
 from dlrfeed.feed.client import receipt_from_proto
-from dlrfeed.store import Store, Submission
+from dlrfeed.store import Store, Submission, Verification
 from dlrfeed.store import queries as store_queries
 from dlrfeed.store.changes import load_cursor, read_changes, save_cursor
 from dlrfeed.store.migrate import migrate
+from dlrfeed.store.quality import Window, quality
 from dlrfeed.store.reports import list_exceptions, message_reports, resolve_exception, statistics
 from dlrfeed_tools.pgcluster import PgCluster
 from gateway.receipts.v1 import feed_pb2
@@ -44,6 +46,7 @@ TABLES = (
     "statuses",  # the statuses' tables, behind the view dlr.message_status (0019, 0020)
     "earlier_statuses",
     "exceptions",
+    "verifications",
     "schema_version",
 )
 LOGINS = {
@@ -354,6 +357,31 @@ async def test_operator_resolves_an_exception_and_nothing_more(roles_db: RoleDat
         "UPDATE dlr.receptions SET stat = 'x'",
     ):
         assert "permission denied" in await _refused(roles_db.operator, statement)
+
+
+async def test_writer_records_verifications_and_the_reader_reports_quality(
+    roles_db: RoleDatabase,
+) -> None:
+    """C6: the writer records verifications, never changes one; the reader reads them."""
+    await (await _seed(roles_db)).close()
+    store = await Store.open(roles_db.writer, pool_size=1)
+    try:
+        verified = Verification("acme", "m1", "otp_confirmed", datetime.now(UTC))
+        assert (await store.record_verifications([verified])).recorded == 1
+    finally:
+        await store.close()
+    assert "permission denied" in await _refused(
+        roles_db.writer, "UPDATE dlr.verifications SET kind = 'x'"
+    )
+    conn = await asyncpg.connect(roles_db.reader)
+    try:
+        now = datetime.now(UTC)
+        window = Window(since=now - timedelta(days=365), until=now, now=now)
+        (group,) = await quality(conn, "route", window)
+        assert group["verified"] == 1
+        assert (await message_reports(conn, "m1", None))[0]["facts"]["verified"] is not None
+    finally:
+        await conn.close()
 
 
 async def test_privilege_matrix_no_role_but_the_owner_may_delete_or_truncate(

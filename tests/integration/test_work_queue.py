@@ -236,7 +236,7 @@ def test_stats_csv_has_every_figure_of_the_json(
     assert {login for login, _, _ in rows[1:]} == {"acme"}
     assert figures["exceptions.uncorrelated.open"] == "3"
     assert figures["exceptions.conflict.total"] == "1"
-    assert figures["independent_verification"] == ""
+    assert figures["quality.verifications.recorded"] == "0"
     # Every leaf of the all-logins JSON document is a line of the all-logins CSV.
     code, out, _ = _cli(capsys, "stats", "--database-url", queue, "--csv")
     measures = [row[1] for row in csv.reader(io.StringIO(out, newline=""))][1:]

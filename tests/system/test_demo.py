@@ -52,7 +52,7 @@ def test_demo_runs_stops_cleanly_and_summarises(data_dir: Path) -> None:
     python = str(VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable))
     proc = subprocess.run(
         [python, "scripts/demo.py", "--duration", "8", "--data-dir", str(data_dir),
-         "--rate", "100", "--anomaly-rate", "0.1"],
+         "--rate", "100", "--anomaly-rate", "0.1", "--lying-route-rate", "0.5"],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     out = proc.stdout
@@ -73,6 +73,8 @@ def test_demo_runs_stops_cleanly_and_summarises(data_dir: Path) -> None:
     exceptions = re.findall(r"^\s{4}(\w+)\s+([\d,]+) / ([\d,]+)$", out, re.M)
     assert sum(int(total.replace(",", "")) for _, _, total in exceptions) >= 1, out
     assert "stopped: traffic exit 0, dlrfeed exit 0, webhook exit 0, fakegw exit 0" in out
+    # C6: the route whose DELIVRDs fakegw fakes is named, and it alone.
+    assert "lying route: smsc-grey - DELIVRD that no verification backs" in out, out
     # Both paths: receipts by the feed and by HTTP callback (dlr_url) in the one store.
     channels = re.search(r"receptions stored [\d,]+ \(([\d,]+) by feed, ([\d,]+) by webhook\)", out)
     assert channels is not None, out

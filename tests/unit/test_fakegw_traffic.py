@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
-from fakegw.traffic import TrafficMix, scenario
+from fakegw.traffic import LYING_ROUTE, TrafficMix, scenario
 from fakegw.wire import normalize_fields
 
 _EVERYTHING = TrafficMix(
@@ -52,3 +53,24 @@ def test_every_content_fault_appears_and_every_receipt_is_injectable() -> None:
     for receipt in mixed.receipts:
         normalize_fields(receipt)
     assert {s["message_id"] for s in mixed.submissions()} == sent
+
+
+def test_the_lying_route_fakes_delivrd_at_submit_time_and_is_never_verified() -> None:
+    lying = scenario(5, 400, TrafficMix(progress_rate=0.0, lying_route_rate=0.25))
+    routes = Counter(m["route"] for m in lying.messages)
+    assert set(routes) == {"smsc-a", "smsc-b", LYING_ROUTE}
+    assert 60 < routes[LYING_ROUTE] < 140
+    by_id = {m["id"]: m for m in lying.messages}
+    for receipt in lying.receipts:
+        message = by_id[receipt["id"]]
+        assert receipt["connector"] == message["route"]
+        if message["route"] == LYING_ROUTE:
+            assert (receipt["stat"], receipt["done_date"]) == ("DELIVRD", receipt["submit_date"])
+            assert message["delivered"] is False
+        else:
+            assert message["delivered"] == (receipt["stat"] == "DELIVRD")
+    verified = {v["message_id"] for v in lying.verifications(random.Random(1), 1.0)}
+    assert verified == {m["id"] for m in lying.messages if m["delivered"]}
+    assert not any(by_id[i]["route"] == LYING_ROUTE for i in verified)
+    assert {s["route"] for s in lying.submissions()} == set(routes)
+    assert LYING_ROUTE not in {m["route"] for m in scenario(5, 400, TrafficMix()).messages}

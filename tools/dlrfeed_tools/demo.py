@@ -303,6 +303,7 @@ class Demo:
                 "--login", LOGIN, "--database-url", self.database_url,
                 "--rate", str(self.args.rate), "--anomaly-rate", str(self.args.anomaly_rate),
                 "--webhook-url", self.webhook_url, "--webhook-rate", str(self.args.webhook_rate),
+                "--lying-route-rate", str(self.args.lying_route_rate),
             ],
             self.layout.logs / "traffic.log", self.env,
         )  # fmt: skip
@@ -431,6 +432,7 @@ def explore_hint(demo: Demo, message_id: str | None) -> list[str]:
         f"  {dlrfeed} show {show} --database-url {url}",
         f"  {dlrfeed} stats --database-url {url}",
         f"  {dlrfeed} exceptions --database-url {url}",
+        f"  {dlrfeed} quality --by route --database-url {url}",
         f"  {python} scripts/pgcluster.py stop {rel}",
         f"Logs: {_short_path(demo.layout.logs)}/ (fakegw, dlrfeed, webhook, traffic)",
     ]
@@ -461,7 +463,8 @@ def run(args: argparse.Namespace) -> int:
         demo.start_traffic()
         demo.say(
             f"traffic    {args.rate:g} messages/s, anomaly rate {args.anomaly_rate:g}, "
-            f"{args.webhook_rate:.0%} of them sent with dlr_url\n"
+            f"{args.webhook_rate:.0%} of them sent with dlr_url, {args.lying_route_rate:.0%} "
+            "through a route that fakes DELIVRD\n"
         )
         demo.watch()
     except StopSignalError:
@@ -520,6 +523,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--anomaly-rate", type=float, default=0.04, help="see scripts/traffic.py --help"
     )
     parser.add_argument("--streams", type=int, default=2, help="dlrfeed run --streams")
+    parser.add_argument(
+        "--lying-route-rate",
+        type=float,
+        default=0.1,
+        help="messages sent through the route whose DELIVRDs are fake (the summary names it)",
+    )
     parser.add_argument(
         "--webhook-rate",
         type=float,

@@ -218,4 +218,26 @@ def render_summary(
         f"    {kind:<14} {v['open']:>7,} / {v['total']:,}"
         for kind, v in sorted(stats["exceptions"].items())
     ]
+    return lines + quality_summary(stats["quality"])
+
+
+def quality_summary(quality: dict[str, Any]) -> list[str]:
+    """C6 per route: the network's DELIVRD beside the sender's verifications, and the routes
+    whose receipts the verifications contradict, named (dlrfeed quality for the detail)."""
+    lines = [
+        f"  verified by the sender: {quality['verifications']['recorded']:,} verifications "
+        "(OTP codes entered); per route, DELIVRD by the network / verified:",
+    ]
+    lines += [
+        f"    {route:<14} {g['delivered']:>9,} / {g['verified']:,}"
+        + (f"   SUSPICIOUS: {', '.join(g['signals'])}" if g["suspicious"] else "")
+        for route, g in sorted(quality["routes"].items())
+    ]
+    lying = quality["suspicious_routes"]
+    lines.append(
+        f"  lying route{'s' if len(lying) > 1 else ''}: {', '.join(lying)} - DELIVRD that no "
+        "verification backs (dlrfeed quality --by route)"
+        if lying
+        else "  no suspicious route (too few messages yet, or none lies)"
+    )
     return lines

@@ -14,7 +14,11 @@ of the generator's anomalies it adds the ones only time can make:
 - withheld results: no result is ever reported, so the gateway's deadline produces a final
   `UNKNOWN` (F3; needs `fakegw serve --dlr-deadline-seconds` shorter than the run);
 - result-only messages (`dlr_level` 2): the gateway drops their progress receipts (F2);
-- unknown ids go through admin `Inject`, since `Report` only takes ids the gateway sent.
+- unknown ids go through admin `Inject`, since `Report` only takes ids the gateway sent;
+- a lying route (`fakegw.traffic.LYING_ROUTE`, `--lying-route-rate`): fake DELIVRDs at submit
+  time for messages that never arrive. The sender's own evidence tells: the messages that
+  really arrived are verified (`--verify-rate` of them: an OTP code entered seconds after
+  delivery), recorded with `dlrfeed record-verifications -`; those of the lying route never are.
 
 It prints one JSON line of running totals per second and stops on SIGTERM/SIGINT (exit 0),
 after handing over everything still scheduled (see `Simulator.drain`).
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from fakegw.admin_client import SyncAdminClient
-from fakegw.traffic import Scenario, TrafficMix, scenario
+from fakegw.traffic import LYING_ROUTE, Scenario, TrafficMix, scenario
 
 _TICK_SECONDS = 0.1  # how often due receipts are handed to the gateway
 _SUBMIT_EVERY_SECONDS = 1.0  # one `dlrfeed record-submissions` process per second at most
@@ -58,6 +62,7 @@ class LifecycleTiming:
     repeat: tuple[float, float] = (0.3, 3.0)  # a duplicate or a conflicting second final
     late_progress: tuple[float, float] = (5.0, 15.0)
     late_submission: tuple[float, float] = (3.0, 10.0)  # after the message's last receipt
+    verification: tuple[float, float] = (2.0, 8.0)  # after the message's last receipt
 
 
 @dataclass(order=True)
@@ -66,7 +71,7 @@ class _Due:
 
     at: float
     seq: int
-    kind: str = field(compare=False)  # "report" | "inject" | "submission"
+    kind: str = field(compare=False)  # "report" | "inject" | "submission" | "verification"
     body: dict[str, Any] = field(compare=False)
 
 
@@ -85,6 +90,8 @@ class Totals:
     withheld_results: int = 0
     result_only_messages: int = 0
     callback_messages: int = 0
+    lying_route_messages: int = 0
+    verifications_recorded: int = 0
     record_failures: int = 0
 
     def as_json(self, pending: int) -> str:
@@ -108,6 +115,7 @@ class Simulator:
             conflicting_final_rate=a / 4,
             unknown_id_rate=a / 4,
             malformed_rate=a / 4,
+            lying_route_rate=args.lying_route_rate,
         )
         self.late_submission_rate = (
             a / 2 if args.late_submission_rate is None else args.late_submission_rate
@@ -126,6 +134,8 @@ class Simulator:
         batch = scenario(self.args.seed, count, self.mix, self.generated)
         self.generated += count
         for message in batch.messages:
+            if message["route"] == LYING_ROUTE:
+                self.totals.lying_route_messages += 1
             if self.rng.random() < self.args.result_only_rate:
                 message["dlr_level"] = 2  # F2: the gateway will drop its progress receipts
                 self.totals.result_only_messages += 1
@@ -157,6 +167,10 @@ class Simulator:
         for owner_id, receipt in unknown:
             at = last_at.get(owner_id, sent) + self._between(self.timing.repeat)
             self._schedule(at, "inject", receipt)
+        for verification in batch.verifications(self.rng, self.args.verify_rate):
+            # The person enters the code seconds after the message arrived (C6).
+            at = last_at[verification["message_id"]] + self._between(self.timing.verification)
+            self._schedule(at, "verification", verification)
         for submission in batch.submissions():
             if submission["message_id"] in late_ids:
                 # P12: its receipts arrive uncorrelated; recording it correlates them late.
@@ -196,7 +210,9 @@ class Simulator:
         on_time = [s for s in batch.submissions() if s["message_id"] not in late_ids]
         submissions = on_time + due_late
         future = pool.submit(record_submissions, self.args, submissions)
-        return _Recording(future, len(submissions), batch, late_ids)
+        verified = [d.body for d in self.pop_due(now, kinds={"verification"})]
+        verifying = pool.submit(record_verifications, self.args, verified)
+        return _Recording(future, len(submissions), batch, late_ids, verifying, len(verified))
 
     def finish_step(self, recording: _Recording) -> None:
         """Count the recording, then send its messages and plan their receipts: a sender
@@ -207,6 +223,12 @@ class Simulator:
         else:
             # The sender's store being briefly unavailable must not stop the traffic.
             self.totals.record_failures += recording.count
+            print(json.dumps({"event": "record_failed", "error": error}), flush=True)
+        error = recording.verifying.result()
+        if error is None:
+            self.totals.verifications_recorded += recording.verified
+        else:
+            self.totals.record_failures += recording.verified
             print(json.dumps({"event": "record_failed", "error": error}), flush=True)
         if recording.batch.messages:
             self.admin.send(recording.batch.messages)
@@ -249,6 +271,11 @@ class Simulator:
             self.totals.submissions_recorded += len(late)
         else:
             self.totals.record_failures += len(late)
+        verified = [d.body for d in self.pop_due(float("inf"), kinds={"verification"})]
+        if record_verifications(self.args, verified) is None:
+            self.totals.verifications_recorded += len(verified)
+        else:
+            self.totals.record_failures += len(verified)
 
 
 @dataclass
@@ -259,17 +286,27 @@ class _Recording:
     count: int
     batch: Scenario
     late_ids: set[str]
+    verifying: Future[str | None]
+    verified: int
 
 
 def record_submissions(args: argparse.Namespace, submissions: list[dict[str, Any]]) -> str | None:
     """`dlrfeed record-submissions -` with the lines on stdin, as a sender would run it;
     None on success, else its error output."""
-    if not submissions:
+    return _record(args, "record-submissions", submissions)
+
+
+def record_verifications(args: argparse.Namespace, lines: list[dict[str, Any]]) -> str | None:
+    """`dlrfeed record-verifications -` with the lines on stdin: the sender's evidence (C6)."""
+    return _record(args, "record-verifications", lines)
+
+
+def _record(args: argparse.Namespace, command: str, lines: list[dict[str, Any]]) -> str | None:
+    if not lines:
         return None
-    payload = "".join(json.dumps(s) + "\n" for s in submissions)
+    payload = "".join(json.dumps(line) + "\n" for line in lines)
     proc = subprocess.run(
-        [args.dlrfeed, "record-submissions", "-", "--login", args.login,
-         "--database-url", args.database_url],
+        [args.dlrfeed, command, "-", "--login", args.login, "--database-url", args.database_url],
         input=payload, capture_output=True, text=True, check=False,
     )  # fmt: skip
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
@@ -382,6 +419,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.2,
         help="with --webhook-url: the messages sent with it (F2: the webhook wins)",
+    )
+    parser.add_argument(
+        "--lying-route-rate",
+        type=float,
+        default=0.1,
+        help=f"messages sent through {LYING_ROUTE}, whose DELIVRDs are fake (never delivered, "
+        "done date = submit date)",
+    )
+    parser.add_argument(
+        "--verify-rate",
+        type=float,
+        default=0.85,
+        help="of the messages that really arrived, those whose OTP code is entered (recorded "
+        "with dlrfeed record-verifications)",
     )
     parser.add_argument("--result-delay-min", type=float, default=1.0, help="seconds")
     parser.add_argument("--result-delay-max", type=float, default=6.0, help="seconds")

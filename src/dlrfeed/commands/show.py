@@ -73,6 +73,7 @@ def _flags(status: JsonDict, report: JsonDict) -> list[str]:
 def render(report: JsonDict) -> str:
     """One login's report as text: summary first, then history (P20)."""
     lines = [f"message {report['message_id']}   login {report['login']}"]
+    lines += _facts(report["facts"])
     message: JsonDict | None = report["message"]
     if message is None:
         lines.append("  sent:      not recorded — receipts are uncorrelated (P12), no status set")
@@ -108,9 +109,37 @@ def render(report: JsonDict) -> str:
     lines.append(table(_EVENT_HEADERS, [_event_row(e) for e in report["events"]]))
     lines.append("\nreceptions (every delivery, in our receive order; reported dates beside, P19):")
     lines.append(table(_RECEPTION_HEADERS, [_reception_row(r) for r in report["receptions"]]))
+    lines.append("\nverifications (the sender's own evidence, C6; never changes the status):")
+    lines.append(
+        table(
+            ["verified_at", "kind", "source", "recorded_at"],
+            [
+                [v["verified_at"], v["kind"], v["source"], v["recorded_at"]]
+                for v in report["verifications"]
+            ],
+        )
+    )
     lines.append("\nexceptions:")
     lines.append(table(_EXCEPTION_HEADERS, [_exception_row(x) for x in report["exceptions"]]))
     return "\n".join(lines)
+
+
+def _facts(facts: JsonDict) -> list[str]:
+    """C6: the three facts side by side, each in its own words."""
+    accepted = facts["accepted_at_submit"]
+    network = facts["reported_by_network"]
+    verified = facts["verified"]
+    return [
+        "  accepted:  "
+        + ("not recorded by the sender" if accepted is None else
+           f"yes, submitted {cell(accepted['submitted_at'])}"),
+        "  network:   "
+        + ("no receipt applied" if network is None else
+           f"{network['status']} ({'final' if network['is_final'] else 'in progress'})"),
+        "  verified:  "
+        + ("no verification recorded" if verified is None else
+           f"{', '.join(verified['kinds'])} first at {verified['first_at']}"),
+    ]  # fmt: skip
 
 
 _EVENT_HEADERS = [

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dlrfeed.commands.exceptions import duration
 from dlrfeed.commands.output import cell, print_csv, print_json, table
 from dlrfeed.config import add_database_url, required
+from dlrfeed.store.quality import Window, stats_section
 from dlrfeed.store.reports import JsonDict, connect, statistics
 
 
@@ -15,6 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--login to narrow to one login, --json or --csv."""
     add_database_url(parser)
     parser.add_argument("--login", help="only this login (default: all)")
+    parser.add_argument(
+        "--quality-since", type=duration, default=timedelta(days=7), metavar="AGE",
+        help="the quality section covers the messages sent in the last AGE (default: 7d; "
+        "`dlrfeed quality` for the thresholds and other groupings)",
+    )  # fmt: skip
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one JSON document")
     output.add_argument(
@@ -27,6 +35,10 @@ async def run(args: argparse.Namespace) -> int:
     conn = await connect(required(args, "database_url"), args.database_pooler)
     try:
         totals = await statistics(conn, args.login)
+        now = datetime.now(UTC)
+        totals["quality"] = await stats_section(
+            conn, Window(since=now - args.quality_since, until=now, now=now, login=args.login)
+        )
     finally:
         await conn.close()
     if args.json:
@@ -78,7 +90,7 @@ def render(totals: JsonDict) -> str:
             + [[s, "progress", n] for s, n in network["progress"].items()],
         ),
         "",
-        "independent verification: none — dlrfeed has no source beyond the network's reports",
+        *_quality_lines(totals["quality"]),
         "",
         f"receptions {totals['receptions']['total']} ("
         + ", ".join(
@@ -102,6 +114,31 @@ def render(totals: JsonDict) -> str:
         f"p99 {cell(_seconds(latency['p99']))}",
     ]
     return "\n".join(lines)
+
+
+def _quality_lines(quality: JsonDict) -> list[str]:
+    """C6: the sender's verifications and each route's three facts, apart."""
+    verifications = quality["verifications"]
+    rows = [
+        [
+            route,
+            g["accepted"],
+            g["delivered"],
+            g["verified"],
+            g["delivered_without_verification"],
+            " ".join(g["signals"]) or None,
+        ]
+        for route, g in quality["routes"].items()
+    ]
+    return [
+        f"independent verification (recorded by the sender, C6): {verifications['recorded']} "
+        f"verifications, {verifications['waiting_for_message']} waiting for their message",
+        f"routes since {quality['since']} (dlrfeed quality for more):",
+        table(
+            ["route", "accepted", "DELIVRD", "verified", "DELIVRD, not verified", "suspicious"],
+            rows,
+        ),
+    ]
 
 
 def _seconds(value: float | None) -> str | None:

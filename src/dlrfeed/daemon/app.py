@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -23,10 +24,11 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.feed.channel import open_channel, open_stream_channel
 from dlrfeed.feed.client import FeedClient
 from dlrfeed.feed.modes import Mode
+from dlrfeed.store.quality import GroupBy, JsonDict, Window, route_name
 
 from .http import MetricsServer
 from .lifecycle import ServiceStore, checked, handle_stop_signals, open_store, until_stopped
-from .metrics import DaemonMetrics
+from .metrics import DaemonMetrics, RouteFigures
 from .pipeline import Pipeline
 from .sdnotify import SystemdNotifier
 from .settings import DaemonSettings, redact_url
@@ -45,6 +47,23 @@ class DaemonStore(ServiceStore, Protocol):
 
     async def ingest(self, login: str, receipts: Sequence[Receipt]) -> IngestResult: ...
 
+    async def quality(self, by: GroupBy, window: Window) -> list[JsonDict]: ...
+
+
+QUALITY_WINDOW = timedelta(hours=24)
+"""The route gauges cover the messages sent in the last day."""
+
+
+async def route_figures(store: DaemonStore) -> list[RouteFigures]:
+    """`dlrfeed quality --by route` over QUALITY_WINDOW, the busiest route first, as the
+    gauges take it (default thresholds, docs/quality.md)."""
+    now = datetime.now(UTC)
+    groups = await store.quality("route", Window(since=now - QUALITY_WINDOW, until=now, now=now))
+    return [
+        RouteFigures(route_name(g["route"]), tuple(g["signals"]), g["verification_gap"])
+        for g in groups
+    ]
+
 
 StoreOpener = Callable[[DaemonSettings], Awaitable[DaemonStore]]
 
@@ -62,11 +81,12 @@ class Daemon:
         self.settings = settings
         self._store_opener = store_opener
         self._notifier = notifier or SystemdNotifier()
-        self.metrics = DaemonMetrics()
+        self.metrics = DaemonMetrics(quality_routes=settings.quality_routes)
         self._telemetry = Telemetry(self.metrics, lease_seconds=settings.lease_seconds)
         self._stop = asyncio.Event()
         self._metrics_server: MetricsServer | None = None
         self._stopped_in_order = False
+        self._store: DaemonStore | None = None
         self.ready = asyncio.Event()
         """Set once readers run (tests and the supervisor wait on it)."""
 
@@ -100,6 +120,7 @@ class Daemon:
         if store is None:
             return None
         stack.push_async_callback(store.close)  # unwound last: the pool
+        self._store = store
         channel = open_channel(s.gateway, s.tls, max_message_bytes=s.max_message_bytes)
         stack.push_async_callback(channel.close, None)  # grace=None
         stream_channel = None
@@ -125,6 +146,10 @@ class Daemon:
         pipeline.start()
         if s.summary_interval > 0:
             pipeline.spawn(self._telemetry.summaries(s.summary_interval), "summary")
+        store = self._store
+        if store is not None and s.metrics is not None and s.quality_interval > 0:
+            gauges = self._telemetry.route_gauges(lambda: route_figures(store), s.quality_interval)
+            pipeline.spawn(gauges, "route-quality")
         if self._notifier.watchdog_interval:
             watchdog = self._telemetry.watchdog(self._notifier, self._notifier.watchdog_interval)
             pipeline.spawn(watchdog, "watchdog")

@@ -12,8 +12,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+
+from dlrfeed.domain.quality import SIGNALS
 
 NAMESPACE = "dlrfeed"
 
@@ -91,12 +98,80 @@ class CallbackCounters(Collector):
             )
 
 
+OTHER_ROUTES = "(other)"
+"""The one series of the routes past the busiest `--quality-routes`."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFigures:
+    """What the gauges say of one route: its signals and its DELIVRD-minus-verified gap."""
+
+    route: str
+    signals: tuple[str, ...]
+    gap: float | None
+
+
+class RouteQuality(Collector):
+    """Route quality gauges (C6, docs/quality.md), from the latest `dlrfeed quality --by route`
+    the daemon computed: the `limit` busiest routes by name, every other as OTHER_ROUTES, so
+    the series stay bounded whatever routes the sender invents. Empty until the first one."""
+
+    def __init__(self, limit: int, signals: Sequence[str]) -> None:
+        self._limit = limit
+        self._signals = tuple(signals)
+        self._routes: list[RouteFigures] = []
+
+    def update(self, routes: Sequence[RouteFigures]) -> None:
+        """Replace the figures by `routes`, the busiest first."""
+        named = list(routes[: self._limit])
+        others = routes[self._limit :]
+        if others:
+            fired = {s for r in others for s in r.signals}
+            gaps = [r.gap for r in others if r.gap is not None]
+            named.append(
+                RouteFigures(
+                    OTHER_ROUTES,
+                    tuple(s for s in self._signals if s in fired),
+                    max(gaps) if gaps else None,
+                )
+            )
+        self._routes = named
+
+    def collect(self) -> Iterator[Metric]:
+        suspicious = GaugeMetricFamily(
+            f"{NAMESPACE}_route_suspicious",
+            "1 when a signal of docs/quality.md fired for the route over the last 24 h "
+            "(DLRs the sender's verifications contradict), else 0",
+            labels=["route"],
+        )
+        signal = GaugeMetricFamily(
+            f"{NAMESPACE}_route_signal",
+            "1 when this signal fired for the route over the last 24 h, else 0",
+            labels=["route", "signal"],
+        )
+        gap = GaugeMetricFamily(
+            f"{NAMESPACE}_route_verification_gap",
+            "On verifiable traffic of the route, the DELIVRD rate minus the verification rate "
+            "over the last 24 h",
+            labels=["route"],
+        )
+        for r in self._routes:
+            suspicious.add_metric([r.route], 1.0 if r.signals else 0.0)
+            for name in self._signals:
+                signal.add_metric([r.route, name], 1.0 if name in r.signals else 0.0)
+            if r.gap is not None:
+                gap.add_metric([r.route], r.gap)
+        yield from (suspicious, signal, gap)
+
+
 class DaemonMetrics:
     """Every metric `dlrfeed run` exports; names are part of the operator's contract."""
 
-    def __init__(self) -> None:
+    def __init__(self, quality_routes: int = 20) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.route_quality = RouteQuality(quality_routes, SIGNALS)
+        r.register(self.route_quality)
 
         def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
             return Counter(name, doc, labelnames=labels, namespace=NAMESPACE, registry=r)

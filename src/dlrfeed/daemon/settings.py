@@ -188,6 +188,20 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds between `summary` log events (0 = none)",
     )
+    obs.add_argument(
+        "--quality-interval",
+        type=non_negative_float,
+        default=300.0,
+        help="with --metrics: seconds between computations of the route gauges "
+        "(dlrfeed_route_*: `dlrfeed quality --by route` over the last 24 h; 0 = none)",
+    )
+    obs.add_argument(
+        "--quality-routes",
+        type=positive_int,
+        default=20,
+        help="the route gauges name the N busiest routes; the others are one series, "
+        'route="(other)" (bounded cardinality)',
+    )
 
 
 def redact_url(url: str) -> str:
@@ -273,6 +287,10 @@ class DaemonSettings:
     """The integration-specific rules the store applies (P18; off by default)."""
     database_pooler: Pooler = Pooler.AUTO
     require_synchronous_commit: bool = False
+    quality_interval: float = 300.0
+    """Seconds between computations of the route quality gauges (0: none; C6)."""
+    quality_routes: int = 20
+    """The routes the gauges name, the busiest first; the others are one series."""
 
     @classmethod
     def from_args(
@@ -342,6 +360,8 @@ class DaemonSettings:
             log_level=args.log_level,
             log_format=args.log_format,
             summary_interval=args.summary_interval,
+            quality_interval=args.quality_interval,
+            quality_routes=args.quality_routes,
             integration=integration_options(args),
             db_pool_size=args.db_pool_size or args.streams + 1,
             database_pooler=args.database_pooler,

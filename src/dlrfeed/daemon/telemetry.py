@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,7 +21,7 @@ from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import StoreUnavailableError
 from dlrfeed.feed.reader import Mode
 
-from .metrics import DaemonMetrics
+from .metrics import DaemonMetrics, RouteFigures
 from .sdnotify import SystemdNotifier
 
 if TYPE_CHECKING:
@@ -45,6 +45,10 @@ LEASE_WARNING_FRACTION = 0.5
 
 LEASE_WARNING_EVERY_SECONDS = 10.0
 """At most one `ack_latency_near_lease` warning this often: one slow spell, one line."""
+
+
+QUALITY_DUTY = 0.02
+"""The largest share of the time the route gauges' computation may take (ingest first)."""
 
 
 class Telemetry:
@@ -166,6 +170,22 @@ class Telemetry:
                 store_up=pipeline.gate.is_up,
             )
             last_stored, last_at = totals.stored, now
+
+    async def route_gauges(
+        self, compute: Callable[[], Awaitable[Sequence[RouteFigures]]], interval: float
+    ) -> None:
+        """The route quality gauges (C6), computed now and every `interval` seconds - or
+        less often, so that they never take more than QUALITY_DUTY of the time (a day of a
+        busy store's traffic takes a while to read, and the ingest shares the server). A store
+        that does not answer keeps the last figures: one warning per failed computation."""
+        while True:
+            started = self._clock()
+            try:
+                self.metrics.route_quality.update(await compute())
+            except StoreUnavailableError as exc:
+                log.warning("route_quality_unavailable", error=str(exc))
+            took = self._clock() - started
+            await asyncio.sleep(max(interval - took, took * (1 / QUALITY_DUTY - 1)))
 
     async def watchdog(self, notifier: SystemdNotifier, interval: float) -> None:
         """WATCHDOG=1 while the event loop turns. A database outage does not stop the pings:

@@ -41,6 +41,9 @@ _RECEPTION_OUTCOMES = query("stats_reception_outcomes")
 _EVENT_TOTALS = query("stats_event_totals")
 _OPEN_EXCEPTIONS = query("stats_open_exceptions")
 _LATENCY = query("stats_latency")
+_VERIFICATIONS = query("verification_rows")
+_VERIFICATIONS_KEPT = query("verifications_kept")
+_VERIFICATION_LOGINS = query("verification_logins")
 
 
 async def connect(dsn: str, pooler: Pooler = Pooler.AUTO) -> asyncpg.Connection:
@@ -98,7 +101,10 @@ async def message_reports(
 async def _message_reports(
     conn: asyncpg.Connection, message_id: str, login: str | None
 ) -> list[JsonDict]:
+    kept = await _VERIFICATIONS_KEPT.fetchval(conn)
     logins = [login] if login is not None else [r[0] for r in await _LOGINS.fetch(conn)]
+    if login is None and kept:
+        logins = sorted({*logins, *(r[0] for r in await _VERIFICATION_LOGINS.fetch(conn))})
     messages = {
         r["login"]: _row(r)
         for r in await _MESSAGES.fetch(conn, logins=logins, message_id=message_id)
@@ -119,25 +125,62 @@ async def _message_reports(
             conn, logins=logins, message_id=message_id, event_ids=event_ids
         )
     ]
+    verifications = (
+        [_row(r) for r in await _VERIFICATIONS.fetch(conn, logins=logins, message_id=message_id)]
+        if kept
+        else []
+    )
     reports: list[JsonDict] = []
-    # A login may know the id only through exceptions: a receipt kept as `unstorable` (C8).
-    known_at = set(messages) | {e["login"] for e in events} | {x["login"] for x in exceptions}
+    # A login may know the id only through exceptions: a receipt kept as `unstorable` (C8);
+    # or only through a verification recorded before its message (it waits for it).
+    known_at = (
+        set(messages)
+        | {e["login"] for e in events}
+        | {x["login"] for x in exceptions}
+        | {v["login"] for v in verifications}
+    )
     for each_login in sorted(known_at):
         status_record = await _STATUS.fetchrow(conn, login=each_login, message_id=message_id)
         login_events = [e for e in events if e["login"] == each_login]
         login_event_ids = {e["id"] for e in login_events}
+        message = messages.get(each_login)
+        status = _row(status_record) if status_record else None
+        verified = [v for v in verifications if v["login"] == each_login]
         reports.append(
             {
                 "login": each_login,
                 "message_id": message_id,
-                "message": messages.get(each_login),
-                "status": _row(status_record) if status_record else None,
+                "facts": _three_facts(message, status, verified),
+                "message": message,
+                "status": status,
+                "verifications": verified,
                 "events": login_events,
                 "receptions": [r for r in receptions if r["event_id"] in login_event_ids],
                 "exceptions": [x for x in exceptions if x["login"] == each_login],
             }
         )
     return reports
+
+
+def _three_facts(
+    message: JsonDict | None, status: JsonDict | None, verifications: list[JsonDict]
+) -> JsonDict:
+    """C6: the three facts of a message side by side, never merged: accepted at submit (the
+    sender's record, P3), the status the network reported (P2), independent verification."""
+    return {
+        "accepted_at_submit": None
+        if message is None
+        else {"submitted_at": message["submitted_at"], "recorded_at": message["recorded_at"]},
+        "reported_by_network": None
+        if status is None
+        else {"status": status["status"], "is_final": status["is_final"]},
+        "verified": None
+        if not verifications
+        else {
+            "first_at": verifications[0]["verified_at"],
+            "kinds": sorted({v["kind"] for v in verifications}),
+        },
+    }
 
 
 async def list_exceptions(
@@ -232,7 +275,8 @@ async def statistics(conn: asyncpg.Connection, login: str | None) -> JsonDict:
 
     - `submitted`: what the sender recorded as accepted at submit (P3);
     - `reported_by_network`: computed statuses, which are what the network reported (P2);
-    - `independent_verification`: dlrfeed has no such source, and says so rather than infer.
+    independent verification is the `quality` section `dlrfeed stats` adds
+    (dlrfeed.store.quality.stats_section), never inferred from the DLRs.
     """
     submissions = await _aggregate(conn, _SUBMISSIONS, login)
     statuses = [_row(r) for r in await _STATUS_COUNTS.fetch(conn, login=login)]
@@ -263,7 +307,6 @@ async def statistics(conn: asyncpg.Connection, login: str | None) -> JsonDict:
             "final": {s["status"]: int(s["messages"]) for s in statuses if s["is_final"]},
             "progress": {s["status"]: int(s["messages"]) for s in statuses if not s["is_final"]},
         },
-        "independent_verification": None,
         "receptions": {
             "total": receptions,
             "by_outcome": dict(outcomes),

@@ -44,7 +44,8 @@ from dlrfeed.domain.rules import (
 from dlrfeed.domain.status import Outcome, Status
 from dlrfeed.domain.wire_format import callback_evidence_key, evidence_key
 from dlrfeed.errors import StoreUnavailableError
-from dlrfeed.store import copy_rows, queries, recompute, recording
+from dlrfeed.store import copy_rows, queries, recompute, recording, verification
+from dlrfeed.store import quality as quality_reads
 from dlrfeed.store.correlation import correlate, ids_to_lock
 from dlrfeed.store.migrate import ensure_current, readable_version
 from dlrfeed.store.recompute import Progress
@@ -69,6 +70,7 @@ from dlrfeed.store.server import (
 from dlrfeed.store.server_errors import describe, is_bad_data, rolled_back, translated
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
+from dlrfeed.store.verification import Verification, VerificationResult
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
@@ -197,8 +199,11 @@ class Store:
         through_pooler: bool = False,
         server: ServerFacts | None = None,
         writes: queries.SchemaWrites = queries.SCHEMA_WRITES,
+        dsn: str | None = None,
     ) -> None:
         self._pool = pool
+        self._dsn = dsn
+        """Where `quality` opens a connection of its own (None: it takes one of the pool)."""
         self.options = options
         self.through_pooler = through_pooler
         """Whether the pool does without named prepared statements (a transaction pooler)."""
@@ -261,6 +266,7 @@ class Store:
             through_pooler=through_pooler,
             server=facts,
             writes=queries.schema_writes(version, earlier_statuses=earlier_statuses),
+            dsn=dsn,
         )
 
     async def close(self) -> None:
@@ -597,6 +603,39 @@ class Store:
                     self.writes.receptions,
                     events_by_message=self.writes.events.by_message,
                 )
+
+    # ---------------------------------------------------------------- verifications
+
+    async def record_verifications(
+        self, verifications: Sequence[Verification]
+    ) -> VerificationResult:
+        """Record independent verifications (C6): idempotent, correlated with their messages
+        by message id when read (one recorded before its message waits for it), and never an
+        input of a computed status (P2). Chunks of 1000 commit one by one; BadDataError when
+        the database refuses a value.
+        """
+        with _refusing("the verifications"):
+            async with self._pool.acquire() as conn:
+                return await verification.record_verifications(conn, verifications)
+
+    async def quality(
+        self, by: quality_reads.GroupBy, window: quality_reads.Window
+    ) -> list[quality_reads.JsonDict]:
+        """`dlrfeed quality` for the daemon's route gauges (`dlrfeed.store.quality.quality`), on a
+        connection of its own: a report over a busy day reads for seconds, and the pool is the
+        ingest's. StoreUnavailableError when the server does not answer or refuses it for now.
+        """
+        with _refusing("the quality report"):
+            if self._dsn is None:
+                async with self._pool.acquire() as pooled:
+                    return await quality_reads.quality(pooled, by, window)
+            conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
+                self._dsn, timeout=_CONNECT_TIMEOUT_S, **connect_options(self.through_pooler)
+            )
+            try:
+                return await quality_reads.quality(conn, by, window)
+            finally:
+                await conn.close()
 
     # ---------------------------------------------------------------- recompute
 

@@ -1,0 +1,143 @@
+-- `dlrfeed quality` and the quality section of `dlrfeed stats` (dlrfeed.store.quality): the
+-- three facts of C6 kept apart per group - accepted at submit (the sender's record, P3), the
+-- status the network reported (P2), and independent verification - with the DLR latencies.
+
+-- name: plan_quality
+-- For quality_groups, in its transaction: no JIT, whose compilation the estimates of a week's
+-- messages trigger at a cost of seconds, and hash joins rather than merge joins, which would
+-- sort the window's messages once per table they meet.
+SELECT set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true)
+
+-- name: quality_groups
+-- One row per group: the counts, the latencies (seconds; percentiles of the finals with a
+-- usable reported done time, P19), the finals by status, and the countries of the group whose
+-- verifiable DELIVERED messages (at least :min_messages) were never verified.
+-- Below them, the facts: one row per message sent in [since, until), with its group's keys, its computed status, the
+-- reported done time and our receive time of the receipt behind it, and whether it was
+-- verified. Everything is read by ranges, never a whole table: the window's messages by the
+-- index on the time each was sent (migration 0027); their statuses and events by the range of
+-- their row ids (messages are recorded as they are sent, so a window is about one range of
+-- the keys dlr.statuses and dlr.message_events are ordered by); their verifications by the
+-- time verified (never before the message was sent; a day of clock skew allowed). A message
+-- recorded before migration 0020 keeps its status in dlr.earlier_statuses, an event of one
+-- recorded before 0024 is in dlr.event_rows (both small, and empty on a store made since).
+-- The country is looked up by the first four digits of the E.164 destination in the map
+-- dlrfeed.store.quality computes once with the phonenumbers library (:countries, a JSON
+-- object: one lookup per message, no join).
+WITH sent AS MATERIALIZED (
+    SELECT m.id, m.login, m.message_id, m.route, coalesce(m.source, '') AS source,
+           m.submitted_at, coalesce(m.submitted_at, m.recorded_at) AS sent_at,
+           CASE WHEN m.destination_is_e164
+                THEN :countries::jsonb ->> substr(m.destination, 2, 4) END AS country
+    FROM dlr.messages AS m
+    WHERE coalesce(m.submitted_at, m.recorded_at) >= :since
+      AND coalesce(m.submitted_at, m.recorded_at) < :until
+      AND (:login::text IS NULL OR m.login = :login)
+),
+ids AS (
+    SELECT coalesce(min(id), 0) AS first, coalesce(max(id), -1) AS last FROM sent
+),
+statuses AS (
+    SELECT st.message_ref, st.status, st.is_final, st.basis_err, st.basis_done_at,
+           st.supporting_event_id
+    FROM dlr.statuses AS st
+    WHERE st.message_ref BETWEEN (SELECT first FROM ids) AND (SELECT last FROM ids)
+),
+events AS (
+    SELECT me.id, me.first_received_at
+    FROM dlr.message_events AS me
+    WHERE me.message_ref BETWEEN (SELECT first FROM ids) AND (SELECT last FROM ids)
+),
+verified AS (
+    SELECT DISTINCT v.login, v.message_id
+    FROM dlr.verifications AS v
+    WHERE v.verified_at >= :since::timestamptz - interval '1 day'
+      AND (:login::text IS NULL OR v.login = :login)
+),
+facts AS (
+    SELECT s.login, s.route, s.source, s.submitted_at, s.sent_at, s.country,
+           coalesce(st.status, es.status) AS status,
+           coalesce(st.is_final, es.is_final, false) AS is_final,
+           coalesce(st.basis_err, es.basis_err) AS err,
+           coalesce(st.basis_done_at, es.basis_done_at) AS done_at,
+           coalesce(me.first_received_at, er.first_received_at) AS received_at,
+           vd.login IS NOT NULL AS verified
+    FROM sent AS s
+    LEFT JOIN statuses AS st ON st.message_ref = s.id
+    LEFT JOIN dlr.earlier_statuses AS es
+           ON st.message_ref IS NULL AND es.login = s.login AND es.message_id = s.message_id
+    LEFT JOIN events AS me ON me.id = coalesce(st.supporting_event_id, es.supporting_event_id)
+    LEFT JOIN dlr.event_rows AS er
+           ON me.id IS NULL AND er.id = coalesce(st.supporting_event_id, es.supporting_event_id)
+    LEFT JOIN verified AS vd ON vd.login = s.login AND vd.message_id = s.message_id
+),
+-- Verifiable traffic: the messages of a sender address (login and source) with at least one
+-- verification in the window - the kind of message that gets verified (an OTP sender's), not
+-- the kind that never is (docs/quality.md).
+marked AS MATERIALIZED (
+    SELECT CASE :key WHEN 'route' THEN f.route WHEN 'country' THEN f.country ELSE f.err END AS key,
+           f.country, f.status, f.is_final, f.sent_at, f.verified,
+           f.is_final AND f.status = 'DELIVERED' AS delivered,
+           bool_or(f.verified) OVER (PARTITION BY f.login, f.source) AS verifiable,
+           extract(epoch FROM f.done_at - f.submitted_at) AS to_done,
+           extract(epoch FROM f.received_at - f.submitted_at) AS to_received
+    FROM facts AS f
+)
+, by_status AS (
+    SELECT key, jsonb_object_agg(status, messages ORDER BY status)::text AS final_by_status
+    FROM (SELECT key, status, count(*) AS messages FROM marked WHERE is_final
+          GROUP BY key, status) AS x
+    GROUP BY key
+),
+silent AS (
+    SELECT key, array_agg(coalesce(country, '?') ORDER BY delivered DESC, country) AS countries,
+           sum(delivered)::bigint AS delivered
+    FROM (SELECT key, country,
+                 count(*) FILTER (WHERE verifiable AND delivered) AS delivered,
+                 count(*) FILTER (WHERE verifiable AND verified) AS verified
+          FROM marked GROUP BY key, country) AS d
+    WHERE verified = 0 AND delivered >= :min_messages
+    GROUP BY key
+),
+groups AS (
+    SELECT key,
+           count(*) AS accepted,
+           count(*) FILTER (WHERE delivered) AS delivered,
+           count(*) FILTER (WHERE is_final AND NOT delivered) AS failed,
+           count(*) FILTER (WHERE NOT is_final) AS awaiting,
+           count(*) FILTER (WHERE NOT is_final AND sent_at < :now::timestamptz - :deadline::interval)
+               AS pending,
+           count(*) FILTER (WHERE verified) AS verified,
+           count(*) FILTER (WHERE verified AND NOT delivered) AS verified_without_delivered,
+           count(*) FILTER (WHERE verifiable) AS verifiable,
+           count(*) FILTER (WHERE verifiable AND delivered) AS verifiable_delivered,
+           count(*) FILTER (WHERE verifiable AND verified) AS verifiable_verified,
+           count(*) FILTER (WHERE verifiable AND delivered AND NOT verified)
+               AS delivered_without_verification,
+           count(*) FILTER (WHERE delivered AND to_done IS NOT NULL) AS delivered_with_done_time,
+           count(*) FILTER (WHERE delivered AND abs(to_done) < :same_time_seconds)
+               AS done_at_submit,
+           percentile_cont(ARRAY[0.25, 0.5, 0.75, 0.95, 0.99]) WITHIN GROUP (ORDER BY to_done)
+               FILTER (WHERE is_final AND to_done IS NOT NULL) AS to_done,
+           percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY to_received)
+               FILTER (WHERE is_final AND to_received IS NOT NULL) AS to_received
+    FROM marked
+    GROUP BY key
+)
+SELECT g.*, coalesce(b.final_by_status, '{}') AS final_by_status,
+       coalesce(s.countries, '{}') AS silent_countries,
+       coalesce(s.delivered, 0) AS silent_delivered
+FROM groups AS g
+LEFT JOIN by_status AS b ON b.key IS NOT DISTINCT FROM g.key
+LEFT JOIN silent AS s ON s.key IS NOT DISTINCT FROM g.key
+ORDER BY g.accepted DESC, g.key NULLS LAST
+
+-- name: verification_totals
+-- `stats`: every verification recorded, and those whose message is not recorded (yet): they
+-- count once it is.
+SELECT count(*) AS recorded,
+       count(*) FILTER (WHERE NOT EXISTS (
+           SELECT 1 FROM dlr.messages AS m
+           WHERE m.login = v.login AND m.message_id = v.message_id)) AS waiting_for_message
+FROM dlr.verifications AS v
+WHERE (:login::text IS NULL OR v.login = :login)
