@@ -12,9 +12,9 @@ import os
 import stat
 import sys
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO
 
+from dlrfeed.commands import json_lines
 from dlrfeed.commands.progress import ProgressReport, add_progress_every
 from dlrfeed.config import (
     add_database_url,
@@ -22,7 +22,7 @@ from dlrfeed.config import (
     integration_options,
     required,
 )
-from dlrfeed.errors import BadDataError, ConfigError
+from dlrfeed.errors import BadDataError
 from dlrfeed.store import Store, Submission, SubmissionResult
 
 _BATCH = 1000
@@ -37,46 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_every(parser)
 
 
-def _timestamp(value: Any, line: int) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, UTC)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
-            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    raise BadDataError(f"line {line}: submitted_at must be ISO 8601 or epoch seconds")
-
-
-def _text(record: dict[str, Any], key: str, line: int) -> str | None:
-    value = record.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)  # ids are often sent as numbers; the gateway returned their digits
-    raise BadDataError(f"line {line}: {key} must be a string")
-
-
 def parse_lines(stream: Iterable[str], default_login: str | None) -> Iterator[Submission]:
     """One Submission per non-empty JSON line; BadDataError names the first bad line."""
-    for number, text in enumerate(stream, start=1):
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BadDataError(f"line {number}: not JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise BadDataError(f"line {number}: expected a JSON object")
-        login = _text(record, "login", number) or default_login
-        message_id = _text(record, "message_id", number)
-        destination = _text(record, "destination", number)
-        if login is None:
-            raise ConfigError(f"line {number}: no login (give --login or a login key)")
+    for number, record in json_lines.records(stream):
+        login = json_lines.login(record, default_login, number)
+        message_id = json_lines.text(record, "message_id", number)
+        destination = json_lines.text(record, "destination", number)
         if not message_id or destination is None:
             raise BadDataError(f"line {number}: message_id and destination are required")
         level = record.get("dlr_level")
@@ -86,18 +52,13 @@ def parse_lines(stream: Iterable[str], default_login: str | None) -> Iterator[Su
             login=login,
             message_id=message_id,
             destination=destination,
-            internal_id=_text(record, "internal_id", number),
-            source=_text(record, "source", number),
-            submitted_at=_timestamp(record.get("submitted_at"), number),
+            internal_id=json_lines.text(record, "internal_id", number),
+            source=json_lines.text(record, "source", number),
+            submitted_at=json_lines.timestamp(record, "submitted_at", number),
             dlr_requested=bool(record.get("dlr_requested", True)),
             dlr_level=level,
-            route=_text(record, "route", number),
+            route=json_lines.text(record, "route", number),
         )
-
-
-def _open(path: str) -> IO[str]:
-    """The input stream; stdin for `-`. (Reading is line by line, a few KB at a time.)"""
-    return sys.stdin if path == "-" else open(path, encoding="utf-8")
 
 
 class _Counted:
@@ -133,7 +94,7 @@ async def run(args: argparse.Namespace) -> int:
         pooler=args.database_pooler,
     )
     totals = {"recorded": 0, "already_recorded": 0, "late_correlated_events": 0}
-    stream = _open(args.file)
+    stream = json_lines.open_input(args.file)
     lines = _Counted(stream)
     size = lines.size()
     report = ProgressReport("record-submissions", unit="bytes", every_s=args.progress_every)

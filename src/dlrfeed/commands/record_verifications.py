@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from typing import IO, Any
+from collections.abc import Iterable, Iterator
 
+from dlrfeed.commands import json_lines
 from dlrfeed.config import add_database_url, required
-from dlrfeed.errors import BadDataError, ConfigError
+from dlrfeed.errors import BadDataError
 from dlrfeed.store import Store, Verification, VerificationResult
 
 _BATCH = 1000
@@ -29,58 +28,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--login", help="login of lines that do not name one")
 
 
-def _text(record: dict[str, Any], key: str, line: int) -> str | None:
-    value = record.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)  # ids are often sent as numbers; the gateway returned their digits
-    raise BadDataError(f"line {line}: {key} must be a string")
-
-
-def _verified_at(value: Any, line: int) -> datetime:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, UTC)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
-            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    raise BadDataError(f"line {line}: verified_at is required, ISO 8601 or epoch seconds")
-
-
-def parse_lines(stream: IO[str], default_login: str | None) -> Iterator[Verification]:
+def parse_lines(stream: Iterable[str], default_login: str | None) -> Iterator[Verification]:
     """One Verification per non-empty JSON line; BadDataError names the first bad line."""
-    for number, text in enumerate(stream, start=1):
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BadDataError(f"line {number}: not JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise BadDataError(f"line {number}: expected a JSON object")
-        login = _text(record, "login", number) or default_login
-        if login is None:
-            raise ConfigError(f"line {number}: no login (give --login or a login key)")
-        message_id = _text(record, "message_id", number)
-        kind = _text(record, "kind", number)
+    for number, record in json_lines.records(stream):
+        login = json_lines.login(record, default_login, number)
+        message_id = json_lines.text(record, "message_id", number)
+        kind = json_lines.text(record, "kind", number)
         if not message_id or not kind:
             raise BadDataError(f"line {number}: message_id and kind are required")
+        verified_at = json_lines.timestamp(record, "verified_at", number)
+        if verified_at is None:
+            raise BadDataError(f"line {number}: verified_at is required")
         yield Verification(
             login=login,
             message_id=message_id,
             kind=kind,
-            verified_at=_verified_at(record.get("verified_at"), number),
-            source=_text(record, "source", number),
+            verified_at=verified_at,
+            source=json_lines.text(record, "source", number),
         )
-
-
-def _open(path: str) -> IO[str]:
-    """The input stream; stdin for `-`. (Reading is line by line, a few KB at a time.)"""
-    return sys.stdin if path == "-" else open(path, encoding="utf-8")
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -89,7 +54,7 @@ async def run(args: argparse.Namespace) -> int:
         required(args, "database_url"), pool_size=1, pooler=args.database_pooler
     )
     totals = {"recorded": 0, "already_recorded": 0, "waiting_for_message": 0}
-    stream = _open(args.file)
+    stream = json_lines.open_input(args.file)
     try:
         await store.check_schema()
         batch: list[Verification] = []
