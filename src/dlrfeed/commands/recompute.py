@@ -15,7 +15,7 @@ from dlrfeed.domain.rules import RULES_VERSION
 from dlrfeed.store import Store
 from dlrfeed.store.recompute import RecomputeResult
 
-_BUSY = 0.3  # measured: the live ingest beside it keeps >= 0.8 of its rate (docs/rules.md)
+_BUSY = 0.3  # the live ingest beside it keeps nearly its whole rate (docs/rules.md)
 
 
 def _share(text: str) -> float:

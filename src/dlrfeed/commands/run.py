@@ -11,8 +11,8 @@ from dlrfeed.daemon.settings import DaemonSettings, add_run_arguments
 from dlrfeed.daemon.supervisor import Supervisor
 
 LOOP_FACTORY = "uvloop"
-"""Read by dlrfeed.cli: this command runs on uvloop when installed (~40 % less CPU per
-streamed receipt than the default loop, docs/daemon.md)."""
+"""Read by dlrfeed.cli: this command runs on uvloop when installed (less CPU per streamed
+receipt than the default loop, docs/daemon.md)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

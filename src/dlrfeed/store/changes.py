@@ -1,10 +1,10 @@
-"""The status-change log (migration 0009, docs/changes.md): read it, follow it, keep a place.
+"""The status-change log (docs/changes.md): read it, follow it, keep a place.
 
 `dlr.status_changes` gets one row per change of a message's computed status, written by
 triggers in the very transaction that wrote the status. Readers see only positions below the
 horizon of the oldest transaction still running, which makes "changes after P" gap-free: a
 change that commits later always gets a larger position than any change already shown (the
-proof is in the migration). So a reader that keeps the last position it handled never misses a
+proof is in docs/changes.md). So a reader that keeps the last position it handled never misses a
 change and never sees one twice.
 
 - `read_changes(conn, after, limit)`: the next changes after a position, in position order.

@@ -5,7 +5,7 @@ those fields are encoded while the server runs the batch's events insert (the cl
 otherwise wait); the three late fields are appended as the plan decides them. The receipt's
 parsed content (stat, err, done date, fingerprint, flags, parser version) is encoded apart, and
 only for the rows that hold it: whether a row does is known once the batch's events are, and a
-reception whose content is its event's leaves it to the event (`AS_EVENT`, migration 0016).
+reception whose content is its event's leaves it to the event (`AS_EVENT`).
 asyncpg's `copy_records_to_table` would encode every field after the plan, on the critical path. The
 store sends the rows in pieces as its plan completes them, so the server inserts one piece
 while the client plans the next (docs/rules.md, "Throughput").
@@ -29,8 +29,8 @@ from dlrfeed.domain.receipt import Channel
 from dlrfeed.domain.status import Outcome
 
 # The COPY column order: the receipt's own fields, its parsed content, then the late ones
-# (see `complete`). A reception names its login, message id and level by its event (migration
-# 0021); a store before it takes them first in every row (`COLUMNS_WITH_KEY`).
+# (see `complete`). A reception names its login, message id and level by its event; a store at
+# schema version < 21 takes them first in every row (`COLUMNS_WITH_KEY`).
 KEY_COLUMNS = ("login", "message_id", "level")
 OWN_COLUMNS = (
     "submit_date_raw",
@@ -110,7 +110,7 @@ def _text_array(values: Sequence[str]) -> bytes:
 
 _OUTCOME_FIELDS = {outcome: _text(outcome.value) for outcome in Outcome}
 AS_EVENT = _NULL * len(CONTENT_COLUMNS)
-"""The content fields of a reception whose content is its event's: all NULL (migration 0016)."""
+"""The content fields of a reception whose content is its event's: all NULL."""
 # An enum's binary form is its label: the two channels, encoded once.
 _CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_args(Channel)}
 
@@ -118,7 +118,7 @@ _CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_
 def encode_receipt_fields(events: Iterable[LogicalEvent], key_login: str | None) -> list[bytes]:
     """Each reception's own fields (P6): the field count and every field of `OWN_COLUMNS`, in
     that order; each preceded by its key (`KEY_COLUMNS`) when `key_login` is given (a store
-    before migration 0021: the batch's login)."""
+    at schema version < 21: the batch's login)."""
     with_key = key_login is not None
     head = _FIELD_COUNT_WITH_KEY + _text(key_login) if with_key else _FIELD_COUNT
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
@@ -182,7 +182,7 @@ def contents(
 ) -> list[bytes]:
     """The content fields of each reception: `AS_EVENT` where its fingerprint and flags are
     its event's first content (`event_contents`, by event id: rows.event_contents), its own
-    encoding elsewhere, and everywhere when `event_contents` is None (a schema before 0016)."""
+    encoding elsewhere, and everywhere when `event_contents` is None (schema version < 16)."""
     if event_contents is None:
         return encode_contents(events)
     own = [

@@ -23,7 +23,7 @@ class Correlated(NamedTuple):
     submitted: dict[str, datetime | None]
     """Each one's submission time (the planner checks reported times against it, P19)."""
     refs: dict[str, int]
-    """Each one's row id, which its status is kept under (migration 0020)."""
+    """Each one's row id, which its status is kept under."""
 
     def of(self, ids: Iterable[str]) -> dict[str, int]:
         """The row ids of those of `ids` found, in their order."""
@@ -32,8 +32,8 @@ class Correlated(NamedTuple):
 
 def ids_to_lock(events: Iterable[LogicalEvent], *, own_ids: bool) -> list[str]:
     """The ids whose messages a batch locks, sorted: each event's correlation id and, with
-    `own_ids` (since migration 0024), its own id too - the same but with receipt_ids_hex - whose
-    message decides the table the event is kept in (sql/ingest.sql, insert_events)."""
+    `own_ids` (not at schema version < 24), its own id too - the same but with receipt_ids_hex -
+    whose message decides the table the event is kept in (sql/ingest.sql, insert_events)."""
     ids = {e.correlation_id for e in events}
     if own_ids:
         ids.update(e.message_id for e in events)

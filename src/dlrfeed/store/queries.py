@@ -46,33 +46,33 @@ class StatusWrites(NamedTuple):
 STATUS_WRITES = StatusWrites(
     query("write_batch"), query("write_late_correlation"), query("write_recompute")
 )
-# The status upsert each older schema takes, by the first migration that changed it (only tests
-# that migrate an old store meet one: the services refuse a schema behind the code).
+# The status upsert of an older schema, by the first version that no longer takes it (only
+# tests that migrate an old store meet one: the services refuse a schema behind the code).
 _EARLIER_UPSERTS = (
-    # Before 0019: into the table dlr.message_status, each reason as text.
+    # Schema version < 19: into dlr.message_status, each reason as text.
     (19, "upsert_statuses_by_text"),
-    # 0019: into dlr.message_status_rows, keyed by login and gateway id.
+    # Schema version 19: into dlr.message_status_rows, keyed by login and gateway id.
     (20, "upsert_statuses_by_key"),
 )
 _NO_EARLIER = {"upsert_earlier_statuses": "no_earlier_statuses"}
 
-# Since this migration each status is kept under its message row's id (dlr.statuses), behind
-# the view dlr.message_status with those recorded before it (dlr.earlier_statuses).
+# From this schema version each status is kept under its message row's id (dlr.statuses),
+# behind the view dlr.message_status with those recorded before (dlr.earlier_statuses).
 STATUSES_BY_MESSAGE_VERSION = 20
-# Whether the store may keep statuses in dlr.earlier_statuses: messages were recorded before it
-# was migrated to 0020.
+# Whether the store may keep statuses in dlr.earlier_statuses: it had recorded messages when it
+# reached STATUSES_BY_MESSAGE_VERSION.
 HAS_EARLIER_STATUSES = query("has_earlier_statuses")
 STATUSES_TABLE = "statuses"
 EARLIER_STATUSES_TABLE = "earlier_statuses"
-# Since this migration the events of a message recorded after it are kept under its row's id
+# From this schema version the events of a message recorded since are kept under its row's id
 # (dlr.message_events), the others in dlr.event_rows, behind the view dlr.events.
 EVENTS_BY_MESSAGE_VERSION = 24
 
 
 def status_writes(version: int | None, *, earlier_statuses: bool = True) -> StatusWrites:
     """The status writes of a store at schema `version` (None: a schema as new as the code);
-    `earlier_statuses`: whether it may keep statuses in dlr.earlier_statuses (it was migrated
-    to 0020 with messages recorded)."""
+    `earlier_statuses`: whether it may keep statuses in dlr.earlier_statuses (it had recorded
+    messages when it reached STATUSES_BY_MESSAGE_VERSION)."""
     instead: dict[str, str] = {}
     earlier = [u for before, u in _EARLIER_UPSERTS if version is not None and version < before]
     if earlier:
@@ -95,8 +95,9 @@ class EventStatements(NamedTuple):
     lock_existing: Query
     """lock_existing_events."""
     by_message: bool
-    """Whether the events of a recorded message are kept under its row's id (migration 0024):
-    the writers then lock the message of each event's own id too, and pass its row's id."""
+    """Whether the events of a recorded message are kept under its row's id (not at schema
+    version < 24): the writers then lock the message of each event's own id too, and pass its
+    row's id."""
 
 
 EVENT_STATEMENTS = EventStatements(
@@ -121,16 +122,15 @@ def event_statements(version: int | None) -> EventStatements:
 
 
 # Reception ids come in blocks of this many consecutive ids, one nextval each: the sequence's
-# increment (migration 0006). write_batch takes it as its :id_block_size.
+# increment. write_batch takes it as its :id_block_size.
 RECEPTION_ID_BLOCK = 1000
 
-# From this schema on a reception leaves its event's content to it (0016_leaner_rows).
+# From this schema version a reception leaves its event's content to it.
 LEAN_ROWS_VERSION = 16
-# Since this migration a reception names its event's login, message id and level by its
+# From this schema version a reception names its event's login, message id and level by its
 # event: the table is dlr.reception_rows, behind the view dlr.receptions.
 RECEPTION_KEY_FROM_EVENT_VERSION = 21
-# From this schema on an event's last reception time is NULL while it is its first
-# (0023_last_reception_once).
+# From this schema version an event's last reception time is NULL while it is its first.
 LAST_RECEPTION_ONCE_VERSION = 23
 RECEPTIONS_SCHEMA = "dlr"
 
@@ -145,7 +145,7 @@ class ReceptionStatements(NamedTuple):
     dlr.receptions_readable shows it as JSON)."""
     with_key: bool
     """Whether each row holds its login, message id and level (dlrfeed.store.copy_rows
-    encodes them): only before migration 0021."""
+    encodes them): only at schema version < 21."""
     waiting: Query
     """waiting_receptions on that table."""
     waiting_ids: Query
@@ -158,7 +158,7 @@ class ReceptionStatements(NamedTuple):
 
 
 _WAITING_RECEPTIONS = query("waiting_receptions")
-# Before migration 0024 every event is in the table dlr.events.
+# Schema version < 24: every event is in the table dlr.events.
 _WAITING_BY_KEY = query("waiting_receptions", waiting_events="waiting_events_by_key")
 _WAITING_IDS = query("ids_with_waiting_events")
 _WAITING_IDS_BY_KEY = query(
@@ -196,27 +196,27 @@ class SchemaWrites(NamedTuple):
     behind the code)."""
 
     statuses: StatusWrites
-    """By reason id and message row, or as an older schema kept them (0019, 0020)."""
+    """By reason id and message row, or as an older schema kept them (version < 20)."""
     receptions: ReceptionStatements
-    """Where receptions go and are read from (dlr.receptions before 0021)."""
+    """Where receptions go and are read from (dlr.receptions at schema version < 21)."""
     events: EventStatements
-    """Where events go (all by key before 0024)."""
+    """Where events go (all by key at schema version < 24)."""
     full_rows: bool = False
-    """Rows written whole, as before migration 0016."""
+    """Rows written whole (schema version < 16)."""
     last_reception_written: bool = False
-    """An event's last reception time written when it is its first (before 0023)."""
+    """An event's last reception time written when it is its first (schema version < 23)."""
 
     def insert_arguments(self, own_refs: dict[str, int]) -> dict[str, object]:
         """The arguments of `events.insert` this schema takes besides the batch's: the row id
-        of each message named by an event's own id (`own_refs`, 0024), or how rows are written
-        before it."""
+        of each message named by an event's own id (`own_refs`), or, at schema version < 24,
+        how rows are written."""
         if self.events.by_message:
             return {"own_ids": list(own_refs), "own_refs": list(own_refs.values())}
         return {"full_rows": self.full_rows, "last_reception_written": self.last_reception_written}
 
     def lock_arguments(self, refs: list[int | None]) -> dict[str, object]:
         """The arguments of `events.lock_existing` this schema takes besides the keys': the row
-        id of the message named by each key's own id (None: not found), since 0024."""
+        id of the message named by each key's own id (None: not found); none at version < 24."""
         return {"refs": refs} if self.events.by_message else {}
 
 

@@ -66,7 +66,7 @@ async def recompute(
     """Recompute the stale status rows (all with `every`) on `conn`, `chunk` messages at a
     time, each login's part of a chunk in its own transaction, each message's deliveries read
     back with `waiting` and its status written with `writes` (see `Store.recompute`, which
-    translates the driver's errors). With `events_by_message` (a schema since migration 0024)
+    translates the driver's errors). With `events_by_message` (not at schema version < 24)
     the events' totals and the conflict exceptions are written as the current rules plan them
     too, and a status computed the same is left unwritten. `progress` hears after each
     transaction what was done so far. With `busy` below 1 it pauses after each transaction,

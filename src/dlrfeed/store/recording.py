@@ -58,7 +58,7 @@ async def record_submissions(
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
     transaction, and correlate the receipts that were waiting for them (read back with
     `waiting`), writing their statuses with `writes` (see `Store.record_submissions`, which
-    translates the driver's errors); with `events_by_message` (a schema since migration 0024)
+    translates the driver's errors); with `events_by_message` (not at schema version < 24)
     the events' totals and conflicts too, as the live path writes them under `options`. One
     durable step: only the last chunk waits for the WAL flush, which makes every chunk before it
     durable too (sql/submissions.sql, commit_without_flush_wait)."""

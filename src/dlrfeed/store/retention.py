@@ -1,7 +1,7 @@
 """Retention by whole days: partitions created ahead, old ones archived and dropped.
 
-dlr.receptions is partitioned by UTC day of `received_at` (migration 0010), the status-change
-log dlr.status_changes by UTC day of `changed_at` (0011). The schema owner runs `maintain` (the
+dlr.receptions is partitioned by UTC day of `received_at`, the status-change log
+dlr.status_changes by UTC day of `changed_at`. The schema owner runs `maintain` (the
 `dlrfeed maintain` command, daily from a systemd timer): it creates the partitions of the days
 ahead in both, and - only when a retention is given - drops each partition whose whole day lies
 further back than the retention, after writing it to an archive file when asked. Evidence is
@@ -14,7 +14,7 @@ its end is not dropped: `maintain` refuses, naming the consumer, unless told to 
 
 A message's record, status and events cannot be partitioned by time (their keys are unique
 across all time), so with `forget_after_days` they leave row by row instead, a whole message at
-a time, once every delivery of it has left with the evidence (migration 0014, docs/retention.md).
+a time, once every delivery of it has left with the evidence (docs/retention.md).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ RECEPTIONS = DayPartitioned(
     query("create_reception_partitions"),
     "received",
     query("archived_receptions"),
-    # Migration 0021: dlr.receptions shows the rows with their events' keys.
+    # dlr.receptions is the view that shows the rows with their events' keys.
     "reception_rows",
 )
 STATUS_CHANGES = DayPartitioned(
@@ -115,7 +115,7 @@ STATUS_CHANGES = DayPartitioned(
     query("create_status_change_partitions"),
     "changed",
     query("archived_status_changes"),
-    # Migration 0018: dlr.status_changes shows the rows with their reasons' texts.
+    # dlr.status_changes is the view that shows the rows with their reasons' texts.
     "status_change_rows",
 )
 DAY_PARTITIONED = (RECEPTIONS, STATUS_CHANGES)
@@ -353,8 +353,8 @@ async def forget(
 async def _oldest_change_kept(conn: asyncpg.Connection) -> datetime:
     """The earliest time the change log may still hold a change from: the start of its oldest
     day that holds one (the earliest time there is, for rows in the default partition or in a
-    first day unbounded below; the latest, for an empty log). A change written since migration
-    0022 names its message by the message row's id, so no message is forgotten while a change
+    first day unbounded below; the latest, for an empty log). A change names its message by
+    the message row's id, so no message is forgotten while a change
     of it may be kept (a day kept for a consumer that has not read it)."""
     for row in await _PARTITIONS_OLDEST_FIRST.fetch(conn, parent_table=STATUS_CHANGES.parent):
         holds_rows = _PARTITION_HOLDS_ROWS.naming(partition=row["partition_name"])

@@ -182,10 +182,11 @@ def event_contents(
     stored: Iterable[asyncpg.Record],
 ) -> dict[int, Content | None]:
     """Each event's first content, by event id, as the batch's deliveries are compared with it
-    (migration 0016): the events inserted now were written from their first delivery here;
-    an event stored before counts only if its row holds exactly what this process writes for
-    the batch's first delivery of it (another parser version or other options may have
-    written it otherwise: None, and its deliveries keep their own content)."""
+    (a reception of that content leaves it to its event): the events inserted now were written
+    from their first delivery here; an event stored before counts only if its row holds exactly
+    what this process writes for the batch's first delivery of it (another parser version or
+    other options may have written it otherwise: None, and its deliveries keep their own
+    content)."""
     contents: dict[int, Content | None] = {}
     first_of: dict[tuple[str, int], LogicalEvent] = {}
     for e in firsts:
@@ -216,7 +217,7 @@ def replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:
     stat = row["stat"]
     err = row["err"]
     done_raw = row["done_date_raw"]
-    # Receptions stored before migration 0008 have no fingerprint: derived from the stored
+    # A reception an older schema stored may have no fingerprint: derived from the stored
     # values, which equal the raw ones unless a field had to be cut or NUL-escaped.
     content = row["fingerprint"] or fingerprint(stat, err, done_raw)
     delivery = Delivery(

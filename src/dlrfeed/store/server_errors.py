@@ -64,8 +64,8 @@ _CLIENT_BAD_DATA: tuple[type[BaseException], ...] = (
     OverflowError,
 )
 # The statements name a table, column or function the database no longer has, or write a
-# table that has become a view (0019: dlr.message_status, 0020: a view of two tables, 0021:
-# dlr.receptions, which a COPY cannot fill: "wrong object type").
+# table that has become a view (dlr.message_status, dlr.receptions: a COPY cannot fill one,
+# "wrong object type").
 _SCHEMA_CHANGED_STATES = frozenset({"42P01", "42703", "42883", "42809", "0A000", "55000"})
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,

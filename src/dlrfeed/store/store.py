@@ -480,7 +480,7 @@ class Store:
         inserted: dict[tuple[str, int], int] = {}
         held: dict[str, MessageState] = {}
         id_blocks: list[int] = []
-        by_message: set[int] = set()  # the events kept under their message (0024)
+        by_message: set[int] = set()  # the events kept under their message
         for row in returned:
             if row["message_id"] is None:  # only the id block rows have none
                 id_blocks.append(row["id"])
@@ -523,7 +523,7 @@ class Store:
         event_ids = [
             inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
         ]
-        # A delivery whose parsed content is its event's leaves it to the event (0016).
+        # A delivery whose parsed content is its event's leaves it to the event.
         firsts_held = (
             None if self.writes.full_rows else event_contents(firsts, inserted, existing_rows)
         )

@@ -1,7 +1,7 @@
--- The status-change log (dlrfeed.store.changes, migration 0009). Readers see only positions
+-- The status-change log (dlrfeed.store.changes, docs/changes.md). Readers see only positions
 -- below the exposure horizon, pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19:
 -- the positions below the oldest running transaction's id, which makes "changes after P"
--- gap-free (the proof is in the migration).
+-- gap-free (docs/changes.md gives the proof).
 
 -- name: read_changes
 -- The next :limit changes after :after that are exposed: one index range scan of the primary

@@ -11,11 +11,11 @@
 -- progress_events, deadline_superseded, supporting_reception_id, basis_level, basis_stat,
 -- basis_err, basis_done_at, flags joined by spaces, the message row's id). Each reason by its
 -- id in dlr.reasons, resolved once for the statement's distinct texts (dlr.reason_ids adds
--- those the dictionary lacks, migration 0019), as text where the dictionary has none; no flags
--- as NULL. Each status under its message row's id (migration 0020; the writers read it with the
--- row's lock) into dlr.statuses, unless its message was recorded before that migration
--- (upsert_earlier_statuses). A status with no id given fails its batch (NOT NULL), which keeps
--- its receipts as unstorable (C8): never dropped.
+-- those the dictionary lacks), as text where the dictionary has none; no flags as NULL. Each
+-- status under its message row's id (the writers read it with the row's lock) into
+-- dlr.statuses, so its index grows at its end, unless its message was recorded before the
+-- store kept statuses so (upsert_earlier_statuses). A status with no id given fails its batch
+-- (NOT NULL), which keeps its receipts as unstorable (C8): never dropped.
 status_rows AS (
     SELECT s.r, (s.r->>15)::bigint AS message_ref, d.id AS reason_id
     FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
@@ -49,8 +49,9 @@ st AS (
 ),
 
 -- fragment: upsert_earlier_statuses
--- The statuses of messages recorded before migration 0020, into dlr.earlier_statuses, keyed by
--- login and gateway id as they were stored (after upsert_statuses, whose status_rows it reads).
+-- The statuses of messages recorded before the store kept statuses under message rows (row id
+-- below dlr.statuses_first_message()), into dlr.earlier_statuses, keyed by login and gateway id
+-- as they were stored (after upsert_statuses, whose status_rows it reads).
 st_earlier AS (
     INSERT INTO dlr.earlier_statuses (
         login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
@@ -77,14 +78,13 @@ st_earlier AS (
 ),
 
 -- fragment: no_earlier_statuses
--- upsert_earlier_statuses where no status is kept in dlr.earlier_statuses: a store created at
--- migration 0020 or later (every message recorded after it), whose writes then leave that empty
--- table and its triggers alone (~0.1 ms a statement), and a store before 0020.
+-- upsert_earlier_statuses where no status is kept in dlr.earlier_statuses: a store whose every
+-- status is under its message row, whose writes then leave that empty table and its triggers
+-- alone (they cost every statement), and a store at schema version < 20.
 st_earlier AS (SELECT),
 
 -- fragment: upsert_statuses_by_key
--- upsert_statuses as a store at migration 0019 takes it: every status into the table
--- dlr.message_status_rows, keyed by login and gateway id.
+-- upsert_statuses for a store at schema version 19: into dlr.message_status_rows by key.
 st AS (
     INSERT INTO dlr.message_status_rows (
         login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
@@ -113,9 +113,7 @@ st AS (
 ),
 
 -- fragment: upsert_statuses_by_text
--- upsert_statuses as a store before migration 0019 takes it: into the table dlr.message_status,
--- every reason as text, no flags as an empty array. The Store writes so to a store it finds
--- at an older schema (dlrfeed.store.queries.StatusWrites).
+-- upsert_statuses for a store at schema version < 19: reasons as text, no flags as '{}'.
 st AS (
     INSERT INTO dlr.message_status (
         login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
@@ -144,8 +142,8 @@ st AS (
 -- against (P19). :message_ids is sorted (Python order), and the rows are locked in that order,
 -- one primary-key probe per id: the locking LATERAL subquery cannot be flattened, so even a
 -- plan made on a young table's stale statistics never hashes every message of the login
--- (which cost more than the rest of the batch's reads together; bench_store). With each
--- message its row's id, which its status is kept under (migration 0020).
+-- (which costs more than the rest of the batch's reads together; bench_store). With each
+-- message its row's id, which its status is kept under.
 SELECT m.message_id, m.submitted_at, m.id
 FROM unnest(:message_ids::text[]) WITH ORDINALITY AS k(message_id, position)
 CROSS JOIN LATERAL (
@@ -167,8 +165,8 @@ FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 -- fragment: insert_events
 -- P14: the batch's new events (the WITH items of insert_events_read_statuses, ending with `new`:
 -- id, message_id and level of each event inserted). An event whose own id names a message
--- recorded since migration 0024 (:own_ids, each with its row's id in :own_refs, found and locked
--- by correlate) goes into dlr.message_events under that row's id; every other one into
+-- that keeps its events (:own_ids, each with its row's id in :own_refs, found and locked by
+-- correlate) goes into dlr.message_events under that row's id; every other one into
 -- dlr.event_rows, keyed by login, gateway id and level. Its message decides which, and recording
 -- a message moves its events there (the trigger dlr.move_events_to_messages), so a key is in one table only
 -- and each insert detects its repeats by that table's key. The ids are drawn first, in :events
@@ -218,8 +216,7 @@ new AS (
 )
 
 -- fragment: insert_events_by_key
--- insert_events as a store before migration 0024 takes it: every event into dlr.events, keyed
--- by login, gateway id and level.
+-- insert_events for a store at schema version < 24: every event into dlr.events.
 new AS (
     INSERT INTO dlr.events (
         login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
@@ -229,12 +226,12 @@ new AS (
            CASE WHEN :full_rows::boolean THEN coalesce(u.r->>1, u.r->>0) ELSE u.r->>1 END,
            (u.r->>2)::bigint, u.r->>3, u.r->>4,
            u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
-           -- No flags: NULL, not an empty array (migration 0016), unless :full_rows.
+           -- No flags: NULL, not an empty array, unless :full_rows (schema version < 16).
            CASE WHEN :full_rows::boolean THEN string_to_array(u.r->>9, ' ')
                 ELSE nullif(string_to_array(u.r->>9, ' '), '{}') END,
            :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
-           -- The first delivery is the last one too: NULL (migration 0023), unless
-           -- :last_reception_written (a schema before it).
+           -- The first delivery is the last one too: NULL, unless :last_reception_written
+           -- (schema version < 23).
            CASE WHEN :last_reception_written::boolean
                 THEN to_timestamp((u.r->>10)::float8 / 1000000) END
     FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
@@ -247,9 +244,9 @@ new AS (
 -- The counters of the events stored for correlated id k.message_id (its message row's id in
 -- k.ref) while it has no status (s.status IS NULL), each found by a plain equality probe of an
 -- index's leading columns: those whose own id it is under its message's row id where its
--- message was recorded since migration 0024 (dlr.message_events), by the key of
--- dlr.event_rows where not; those correlated to it from another own id (receipt_ids_hex) by
--- the partial correlation index of each table (migration 0005).
+-- message keeps its events (dlr.message_events), by the key of dlr.event_rows where not; those
+-- correlated to it from another own id (receipt_ids_hex) by the partial correlation index of
+-- each table.
         SELECT x.times_received, x.updates, x.conflicting_receptions
         FROM dlr.message_events AS x
         WHERE s.status IS NULL AND k.ref >= dlr.message_events_first_message()
@@ -273,9 +270,7 @@ new AS (
           AND m.login = :login AND m.message_id <> k.message_id
 
 -- fragment: earlier_events_by_key
--- earlier_events as a store before migration 0024 takes it: every event in dlr.events, by the
--- unique key those whose correlation id is their own id (NULL since migration 0016, written out
--- before it), by the partial correlation index the others (k.ref unused).
+-- earlier_events for a store at schema version < 24: every event in dlr.events (k.ref unused).
         SELECT x.times_received, x.updates, x.conflicting_receptions
         FROM dlr.events AS x
         WHERE s.status IS NULL AND x.login = :login AND x.message_id = k.message_id
@@ -295,18 +290,18 @@ new AS (
 --   the driver's per-element array encoding costs more than the server's JSON parse
 --   (bench_store). Cheap to encode: correlation_id is null when it is the message id (nearly
 --   always), received_at integer microseconds (a float costs the JSON encoder a Python call).
---   That null is stored as it is (migration 0016: NULL is the event's own id) unless
---   :full_rows (a store at a schema before 0016, which wants the id written out).
+--   That null is stored as it is (NULL is the event's own id) unless :full_rows (a store at
+--   schema version < 16 wants the id written out).
 --   Returns (id, message_id, level) per new event.
 -- - The planner's held state of each correlated message in :correlated, from its status row
---   alone (the basis is kept on the row, migration 0008), and - for messages with no status
+--   alone (the basis is kept on the row), and - for messages with no status
 --   yet - the repeat/conflict counts of their earlier (unapplied) events. These rows have a
 --   NULL id. Read in the statement's snapshot, taken after the locks were granted, so every
 --   status committed under those locks is seen; events inserted by this same statement are
 --   not (the counts are of earlier events, as intended). Events of a correlation id are found
---   by id where the two are equal, by the partial correlation index where they differ
---   (migration 0005); waiting_receptions reads them the same way.
--- - The id blocks of the batch's receptions (migration 0006), drawn here, under the locks, so
+--   by id where the two are equal, by the partial correlation index where they differ;
+--   waiting_receptions reads them the same way.
+-- - The id blocks of the batch's receptions, drawn here, under the locks, so
 --   that reception ids follow the arrival order of each id's deliveries (P19) and the
 --   receptions can be copied in as soon as the planner decides each one's outcome.
 WITH
@@ -357,9 +352,9 @@ FROM generate_series(1, :id_blocks::int)
 -- and status, the further accepted fingerprints), rows locked (their counters are updated at
 -- the end of the transaction; every writer of a key holds its message's lock first, so the
 -- order they are locked in cannot make a cycle); and the first content's parsed fields, which a
--- reception of the same content leaves to its event (migration 0016). Each key from the table
--- its message decides (insert_events): under :refs, its own id's message row id where that
--- message was recorded since migration 0024 (NULL otherwise).
+-- reception of the same content leaves to its event. Each key from the table its message
+-- decides (insert_events): under :refs, its own id's message row id where that message keeps
+-- its events (NULL otherwise).
 WITH k AS (
     SELECT k.message_id, k.level, k.ref
     FROM unnest(:message_ids::text[], :levels::bigint[], :refs::bigint[])
@@ -391,8 +386,7 @@ FROM (SELECT * FROM by_message UNION ALL SELECT * FROM by_key) AS e
 ORDER BY e.message_id, e.level
 
 -- name: lock_existing_events_by_key
--- lock_existing_events as a store before migration 0024 takes it: every event in dlr.events,
--- which keeps no later results or conflicting contents (migration 0026).
+-- lock_existing_events for a store at schema version < 24: every event in dlr.events.
 SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
        e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
        e.parser_version, false AS by_message, '{}'::text[] AS later_results,
@@ -405,7 +399,7 @@ ORDER BY e.message_id, e.level
 FOR NO KEY UPDATE OF e
 
 -- fragment: event_contents_seen
--- P14: what an event's key learnt in the batch beside its accepted contents (migration 0026):
+-- P14: what an event's key learnt in the batch beside its accepted contents:
 -- the statuses of results it accepted after its first content (c.results), and the contents
 -- that conflicted with its result (c.conflicting), each joined by spaces; NULL while none.
         later_results = CASE WHEN c.results = '' THEN e.later_results
@@ -417,7 +411,7 @@ FOR NO KEY UPDATE OF e
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
 
 -- fragment: no_contents_seen
--- event_contents_seen as a store before migration 0026 takes it: only the counter.
+-- event_contents_seen for a store at schema version < 26: only the counter.
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
 
 -- fragment: event_counters
@@ -427,13 +421,13 @@ FOR NO KEY UPDATE OF e
 -- content once, its redeliveries being repeats (P14, C1) counted in times_received.
         times_received = e.times_received + c.accepted,
 -- include: event_contents_seen
-        -- NULL while no delivery came after the first (migration 0023); a row that holds
-        -- its last time (written before 0023) keeps it written.
+        -- NULL while no delivery came after the first; a row an older schema wrote with its
+        -- last time keeps it written.
         last_received_at = nullif(
             greatest(coalesce(e.last_received_at, e.first_received_at),
                      to_timestamp(c.received_at)),
             CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
-        -- Left as it is when nothing is added: NULL stays NULL (no empty array, 0016).
+        -- Left as it is when nothing is added: NULL stays NULL (no empty array).
         updates = CASE WHEN c.updates = '' THEN e.updates
                        ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
@@ -459,7 +453,7 @@ ev_by_message AS (
 )
 
 -- fragment: count_deliveries_by_key
--- count_deliveries as a store before migration 0024 takes it: every event in dlr.events.
+-- count_deliveries for a store at schema version < 24: every event in dlr.events.
 ev AS (
     UPDATE dlr.events AS e SET
 -- include: event_counters
@@ -482,8 +476,8 @@ WITH exc AS (
                 :exception_details::text[], :exception_event_ids::bigint[],
                 :exception_positions::int[])
          AS x(kind, message_id, details, event_id, position)
-    -- P14/C1: one open conflict per content of a key (exceptions_open_conflict_key, migration
-    -- 0026), whatever races; the key layer already makes a redelivery a repeat.
+    -- P14/C1: one open conflict per content of a key (exceptions_open_conflict_key), whatever
+    -- races; the key layer already makes a redelivery a repeat.
     ON CONFLICT DO NOTHING
 ),
 -- include: upsert_statuses
@@ -493,7 +487,7 @@ SELECT 1
 
 -- name: open_unstorable
 -- C8: a receipt the database refused, kept as raw bytes in the exceptions queue - unless an
--- open exception already holds the same receipt (`evidence_key`, migration 0004): then
+-- open exception already holds the same receipt (`evidence_key`): then
 -- nothing, and the caller keeps this delivery's bytes with record_unstorable_redelivery.
 INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence, evidence_key)
 VALUES ('unstorable', :login, :message_id, :details::jsonb, :evidence, :evidence_key)

@@ -15,12 +15,13 @@ SELECT set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', tru
 -- Below them, the facts: one row per message sent in [since, until), with its group's keys, its computed status, the
 -- reported done time and our receive time of the receipt behind it, and whether it was
 -- verified. Everything is read by ranges, never a whole table: the window's messages by the
--- index on the time each was sent (migration 0027); their statuses and events by the range of
+-- index on the time each was sent; their statuses and events by the range of
 -- their row ids (messages are recorded as they are sent, so a window is about one range of
 -- the keys dlr.statuses and dlr.message_events are ordered by); their verifications by the
 -- time verified (never before the message was sent; a day of clock skew allowed). A message
--- recorded before migration 0020 keeps its status in dlr.earlier_statuses, an event of one
--- recorded before 0024 is in dlr.event_rows (both small, and empty on a store made since).
+-- recorded before the store kept statuses and events under message rows has them in
+-- dlr.earlier_statuses and dlr.event_rows (both small, and empty on a store that kept them so
+-- from its creation).
 -- The country is looked up by the first four digits of the E.164 destination in the map
 -- dlrfeed.store.quality computes once with the phonenumbers library (:countries, a JSON
 -- object: one lookup per message, no join).

@@ -5,7 +5,7 @@
 -- The next statuses after (:after_login, :after_message_id) in key order, those of another
 -- rules version unless :every (every one); :chunk at most. Walked along the messages' key, with
 -- one probe of the view per message (LATERAL ... OFFSET 0): the view joins two tables
--- (migration 0020), and an ORDER BY ... LIMIT on it would sort every status for each chunk.
+-- (dlr.statuses, dlr.earlier_statuses), and an ORDER BY ... LIMIT on it would sort every status for each chunk.
 SELECT m.login, m.message_id
 FROM dlr.messages AS m
 CROSS JOIN LATERAL (
@@ -28,7 +28,7 @@ WHERE :every OR rules_version <> :rules_version
 -- The statuses of one login's messages as they are before the recompute, read after their
 -- message rows are locked: every status write holds its message row's lock (the ingest, late
 -- correlation, the recompute), so none changes under us. Not locked themselves: the view
--- joins two tables (migration 0020), which FOR UPDATE cannot go through.
+-- joins two tables, which FOR UPDATE cannot go through.
 -- LATERAL ... OFFSET 0: one probe of the view per message, whatever the statistics say.
 SELECT s.message_id, s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats,
        s.conflicts, s.progress_events, s.deadline_superseded, s.rules_version
@@ -70,7 +70,7 @@ SELECT 1
 -- name: mark_statuses_current
 -- Statuses of another version that the current rules compute the same: only their version is
 -- written (their updated_at and everything else stay; no change is written, P23), in whichever
--- table keeps each (by message row id, or by login and gateway id before migration 0020).
+-- table keeps each (by message row id, or by login and gateway id in dlr.earlier_statuses).
 WITH current_rows AS (
     UPDATE dlr.statuses AS s SET rules_version = :rules_version
     FROM dlr.messages AS m

@@ -48,12 +48,12 @@ WHERE s.login = :login AND s.message_id = :message_id
 -- name: event_rows
 -- Events correlate by correlation_id (the id used to find the message, P10); a receipt that
 -- never correlated is found by its own id. Written so that both event indexes serve it: the
--- correlation index holds only ids that differ (migration 0005).
+-- correlation index holds only ids that differ.
 SELECT id, login, level, stat, status, err, done_date_raw, done_at, fingerprint,
        coalesce(flags, '{}') AS flags,
        times_received, conflicting_receptions, parser_version, rules_version,
        first_received_at,
-       coalesce(last_received_at, first_received_at) AS last_received_at,  -- 0023
+       coalesce(last_received_at, first_received_at) AS last_received_at,  -- NULL: the first
        message_id AS receipt_id
 FROM dlr.events
 WHERE login = ANY(:logins::text[])
@@ -61,17 +61,16 @@ WHERE login = ANY(:logins::text[])
 ORDER BY login, level, id
 
 -- name: receptions_table
--- The receptions' table: dlr.reception_rows since migration 0021, dlr.receptions before (met
--- only by the tests that read a store before migrating it).
+-- The receptions' table: dlr.reception_rows, or dlr.receptions at schema version < 21.
 SELECT CASE WHEN to_regclass('dlr.reception_rows') IS NULL THEN 'receptions'
             ELSE 'reception_rows' END
 
 -- name: reception_rows
 -- The receptions of those events, as dlr.receptions_readable shows them, read from the table
--- ({receptions}: receptions_table) so that every day is probed through the key it has: (event_id, id) since migration 0016,
--- (login, event_id, id) since 0013, (login, message_id as received, id) on the days stored
--- before it. A row written since 0021 holds an empty login and message id (they are its
--- event's): each is matched as itself or empty. The view's filled-in columns are written out
+-- ({receptions}: receptions_table) so that every day is probed through the key it has:
+-- (event_id, id), or on a day an older schema stored, (login, event_id, id) or (login,
+-- message_id as received, id). A row that names its key by its event holds an empty login and
+-- message id: each is matched as itself or empty. The view's filled-in columns are written out
 -- here, as in archived_receptions: a filter on them would reach no day's key.
 SELECT r.id,
        CASE WHEN r.level IS NULL THEN e.login ELSE r.login END AS login,

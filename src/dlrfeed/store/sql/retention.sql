@@ -11,13 +11,12 @@
 SELECT set_config('lock_timeout', :lock_timeout, true)
 
 -- name: create_reception_partitions
--- The partitions of dlr.receptions for every day before :through (migration 0010); returns
+-- The partitions of dlr.receptions for every day before :through; returns
 -- the names of the ones created.
 SELECT dlr.create_reception_partitions(:through) AS name
 
 -- name: create_status_change_partitions
--- The partitions of the change log (dlr.status_change_rows) for every day before :through
--- (migrations 0011, 0018).
+-- The partitions of the change log (dlr.status_change_rows) for every day before :through.
 SELECT dlr.create_status_change_partitions(:through) AS name
 
 -- name: partitions_to_drop
@@ -63,9 +62,9 @@ DROP TABLE dlr_partitions.{partition}
 
 -- name: archived_receptions
 -- A day of dlr.receptions as its archive holds it: the view's columns in their order, each
--- row with its key and parsed fields filled in from its event where the row defers to it
--- (migrations 0021 and 0016), so that an archive loaded back reads as the rows did before the
--- day was dropped, without the events it came with.
+-- row with its key and parsed fields filled in from its event where the row defers to it, so
+-- that an archive loaded back reads as the rows did before the day was dropped, without the
+-- events it came with.
 SELECT r.id,
        CASE WHEN r.level IS NULL THEN e.login ELSE r.login END AS login,
        CASE WHEN r.level IS NULL THEN e.message_id ELSE r.message_id END AS message_id,
@@ -87,7 +86,7 @@ LEFT JOIN dlr.events AS e ON (r.stat IS NULL OR r.level IS NULL) AND e.id = r.ev
 
 -- name: archived_status_changes
 -- A day of the change log as its archive holds it: dlr.status_changes' columns in their order,
--- each reason its text (migration 0018) and each message by its login and id (0022), so that
+-- each reason its text and each message by its login and id, so that
 -- an archive loaded back needs neither the dictionary nor the messages.
 SELECT c.position, c.changed_at,
        coalesce(c.login, m.login) AS login,
@@ -108,7 +107,7 @@ SELECT count(*) FROM dlr_partitions.{partition}
 SELECT EXISTS (SELECT 1 FROM dlr_partitions.{partition})
 
 -- name: start_forgetting
--- This transaction forgets (migration 0014): the statuses it deletes are not withdrawals, so
+-- This transaction forgets: the statuses it deletes are not withdrawals, so
 -- no change is written for them. Local to the transaction, as set_lock_timeout.
 SELECT set_config('dlrfeed.forgetting', 'on', true)
 
@@ -144,12 +143,12 @@ FOR UPDATE SKIP LOCKED
 -- anything of it happened at or after :cutoff (it is recent: kept), and whether an open
 -- exception refers to it or to one of its events (kept for the operator: the investigation
 -- queue never loses what it still investigates), and whether a reception that names its key
--- by one of its events is still stored (migration 0021: kept, or that reception would lose
+-- by one of its events is still stored (kept, or that reception would lose
 -- its login and message id), or an event kept under its row but correlated to another id. The
 -- drops before have taken every day older than the retention,
 -- so only a day not dropped can hold one (the default partition, whose rows wait for an
 -- operator): pruned to the days before :cutoff, one probe of each one's key. And whether a
--- change of its status may still be stored (migration 0022: kept, or that change would lose
+-- change of its status may still be stored (kept, or that change would lose
 -- its login and message id): every change is written at or before its status's updated_at,
 -- or, for a status withdrawn, at or before its withdrawal (found by the days' index of
 -- withdrawals), and the change log holds nothing from before :changes_since.
@@ -165,7 +164,7 @@ SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
        (EXISTS (SELECT 1 FROM dlr.reception_rows AS r
                 WHERE r.received_at < :cutoff AND r.login = '' AND r.message_id = ''
                   AND r.event_id = ANY(e.ids))
-        -- An event kept under the message's row (migration 0024) but correlated to another
+        -- An event kept under the message's row but correlated to another
         -- id (receipt_ids_hex): it is that id's, and needs this row for its own id.
         OR EXISTS (SELECT 1 FROM dlr.message_events AS x
                    WHERE x.message_ref = m.id AND x.correlation_id <> m.message_id))
@@ -178,9 +177,9 @@ SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
        END AS changes_kept
 FROM dlr.messages AS m
 CROSS JOIN LATERAL (
-    SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest  -- 0023
+    SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest
     FROM (
-        -- Each table by probes of its own keys (migration 0024): under the message's row id,
+        -- Each table by probes of its own keys: under the message's row id,
         SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
         FROM dlr.message_events AS e
         WHERE e.message_ref = m.id AND e.correlation_id IS NULL
@@ -189,7 +188,7 @@ CROSS JOIN LATERAL (
         SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
         FROM dlr.event_rows AS e
         WHERE e.login = m.login AND e.message_id = m.message_id
-          AND coalesce(e.correlation_id, e.message_id) = m.message_id  -- NULL: its own (0016)
+          AND coalesce(e.correlation_id, e.message_id) = m.message_id  -- NULL: its own
         UNION ALL
         -- and by the partial correlation indexes.
         SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
@@ -204,8 +203,8 @@ CROSS JOIN LATERAL (
         WHERE e.correlation_id = m.message_id AND e.correlation_id <> o.message_id
     ) AS k
 ) AS e
--- LATERAL ... OFFSET 0: one probe of the view per message (by the message row's id, or the key
--- of the statuses recorded before migration 0020), never a join of all its rows.
+-- LATERAL ... OFFSET 0: one probe of the view per message (by the message row's id, or by login
+-- and gateway id in dlr.earlier_statuses), never a join of all its rows.
 LEFT JOIN LATERAL (
     SELECT s.updated_at FROM dlr.message_status AS s
     WHERE s.login = m.login AND s.message_id = m.message_id
@@ -229,11 +228,11 @@ SELECT count(*) FROM closed_gone
 
 -- name: forget_messages
 -- Whole messages: their events, their statuses (no change written: start_forgetting) from
--- whichever table keeps each (by message row id, or by login and gateway id for a message
--- recorded before migration 0020), their records. Returns how many of each went.
+-- whichever table keeps each (by message row id, or by login and gateway id in
+-- dlr.earlier_statuses), their records. Returns how many of each went.
 WITH events_gone AS (
     DELETE FROM dlr.event_rows WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
-), message_events_gone AS (  -- migration 0024
+), message_events_gone AS (
     DELETE FROM dlr.message_events WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
 ), statuses_gone AS (
     DELETE FROM dlr.statuses WHERE message_ref = ANY(:ids::bigint[]) RETURNING 1

@@ -22,20 +22,19 @@ SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'o
 -- The rest of this transaction (is_local) plans its statements as the index probes they are
 -- written to be. Without JIT compilation: their cost estimates grow with the tables (a join
 -- to partitioned dlr.receptions, whose parent has no statistics, is estimated with default
--- selectivities: ~364,000 rows for a few hundred); past jit_above_cost PostgreSQL compiles
--- each into machine code, 100-500 ms every time, far more than the statement itself: on a
--- store of 9.7 M receptions a record_submissions of 5,000 ids spent ~1,000 ms of backend CPU
--- with JIT and ~300 ms without (docs/postgresql.md). And with sequential scans priced out
--- where an index can answer: a table whose live rows stay few, such as dlr.event_rows on a
--- store created at migration 0024 (its events move under their messages as these are
--- recorded), looks cheaper to scan than to probe, and once a burst of moves leaves dead rows
--- in it, one scan per key cost a record_submissions of 5,000 ids 7 s of CPU. Every statement
--- of these transactions is a probe by key, so nothing is lost where a table is large.
+-- selectivities, far above the rows it reads); past jit_above_cost PostgreSQL compiles each
+-- into machine code every time, which costs far more than the statement itself
+-- (docs/postgresql.md). And with sequential scans priced out where an index can answer: a
+-- table whose live rows stay few, such as dlr.event_rows where events are kept under their
+-- messages (they move there as messages are recorded), looks cheaper to scan than to probe,
+-- and once a burst of moves leaves dead rows in it, one scan per key costs far more than the
+-- probes. Every statement of these transactions is a probe by key, so nothing is lost where a
+-- table is large.
 -- Transaction-scoped, so it holds behind a transaction pooler and leaves the session as it
 -- was.
 SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true)
 
 -- name: has_earlier_statuses
 -- Whether the store may keep statuses in dlr.earlier_statuses: it had recorded messages when it
--- was migrated to 0020 (queries.status_writes). A constant of the store.
+-- began to keep statuses under message rows (queries.status_writes). A constant of the store.
 SELECT dlr.statuses_first_message() > 1

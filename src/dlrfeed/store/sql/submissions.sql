@@ -5,8 +5,7 @@
 -- P5: the sending side; a message id already recorded is left as it was (idempotent; a
 -- different record of it is compared by the caller, P12). Returns each new message with its
 -- submission time (the planner checks reported times against it, P19) and its row's id (its
--- status is kept under it, migration 0020). The arrays are the
--- columns of Submission.normalised, in its order.
+-- status is kept under it). The arrays are the columns of Submission.normalised, in its order.
 INSERT INTO dlr.messages (
     login, message_id, internal_id, destination, destination_raw, destination_is_e164, source,
     route, submitted_at, dlr_requested, dlr_level)
@@ -44,7 +43,7 @@ WHERE NOT EXISTS (
 
 -- fragment: correlated_from_other_ids
 -- Whether events correlated to k.id from another own id (receipt_ids_hex) are stored: by the
--- partial correlation index of each table (migrations 0005, 0024), as waiting_events reads them.
+-- partial correlation index of each table, as waiting_events reads them.
     SELECT 1 FROM dlr.event_rows AS e
     WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
     UNION ALL
@@ -54,7 +53,7 @@ WHERE NOT EXISTS (
     WHERE e.correlation_id = k.id AND e.correlation_id <> m.message_id
 
 -- fragment: correlated_from_other_ids_by_key
--- correlated_from_other_ids as a store before migration 0024 takes it (dlr.events).
+-- correlated_from_other_ids for a store at schema version < 24 (dlr.events).
     SELECT 1 FROM dlr.events AS e
     WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
 
@@ -64,11 +63,11 @@ WHERE NOT EXISTS (
 -- delivery opened an `uncorrelated` exception under the receipt's id in the same transaction
 -- (P12; resolving it by hand leaves the row). So the small, hot exceptions queue answers for
 -- nearly every id, where a probe of the events key (the largest random-keyed index of the
--- store) read a random leaf per id recorded. Events whose correlation id differs from their
--- own id are found as waiting_receptions finds them, by the partial correlation index
--- (migration 0005). LATERAL ... LIMIT 1: one probe per id of each index, whatever the
--- statistics say (as an EXISTS, stale statistics of a young queue had the whole login's
--- exceptions read into a hash table on every call).
+-- store) reads a random leaf per id recorded. Events whose correlation id differs from their
+-- own id are found as waiting_receptions finds them, by the partial correlation index.
+-- LATERAL ... LIMIT 1: one probe per id of each index, whatever the statistics say (as an
+-- EXISTS, stale statistics of a young queue have the whole login's exceptions read into a hash
+-- table on every call).
 SELECT k.id
 FROM unnest(:ids::text[]) AS k(id)
 CROSS JOIN LATERAL (
@@ -82,10 +81,10 @@ CROSS JOIN LATERAL (
 -- fragment: waiting_events
 -- The events of correlation id k.correlation_id, each table read by plain equality probes on
 -- its index's leading columns, in an order no plan can change (LATERAL ... OFFSET 0): a view
--- of both tables left the planner a scan of dlr.message_events per id, which a generic plan
--- made while the table was young kept once it had grown. Those whose own id it is: under its
--- message's row id (the message row found by its key first) where that message was recorded
--- since migration 0024, by the key of dlr.event_rows otherwise; those correlated to it from
+-- of both tables leaves the planner a scan of dlr.message_events per id, which a generic plan
+-- made while the table is young keeps once it has grown. Those whose own id it is: under its
+-- message's row id (the message row found by its key first) where that message keeps its
+-- events, by the key of dlr.event_rows otherwise; those correlated to it from
 -- another own id (receipt_ids_hex), by each table's partial correlation index.
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
@@ -130,7 +129,7 @@ CROSS JOIN LATERAL (
     WHERE e.correlation_id = k.correlation_id AND e.correlation_id <> m.message_id
 
 -- fragment: waiting_events_by_key
--- waiting_events as a store before migration 0024 takes it: every event in dlr.events.
+-- waiting_events for a store at schema version < 24: every event in dlr.events.
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
@@ -150,26 +149,26 @@ CROSS JOIN LATERAL (
 -- name: waiting_receptions
 -- Late correlation and recompute: every delivery of the events of each correlation id in
 -- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
--- needs of it. The receptions are read from their table ({receptions}: dlr.reception_rows since
--- migration 0021, dlr.receptions before) by their day's primary key: (event_id, id) since
--- migration 0016, (login, event_id, id) since 0013, (login, message_id, id) on the days stored
--- before it. A row written since 0021 holds an empty login and message id and no level (they
--- are its event's), so each is matched as itself or empty, and the level read from the event
+-- needs of it. The receptions are read from their table ({receptions}: dlr.reception_rows, or
+-- dlr.receptions at schema version < 21) by their day's primary key, whichever it is:
+-- (event_id, id), or on a day an older schema stored, (login, event_id, id) or (login,
+-- message_id, id). A row that names its key by its event holds an empty login and message id
+-- and no level, so each is matched as itself or empty, and the level read from the event
 -- where the row has none. P10:
 -- the events are found per id by two index probes - those whose id is the correlation id, by
--- the unique key; the others, by the partial correlation index (migration 0005) - each a
--- plain equality on an index's leading columns. One OR of the two would leave the planner a
--- choice: a generic plan made while dlr.events was young (statements prepared on an empty
--- database) chose a scan of the table per id, and kept it while a first drain grew the table
--- faster than autovacuum analyzed it (minutes for 5,000 ids at 400 k events). An equality
--- probe stays the cheapest plan at any table size and any statistics. An event's correlation
--- id is NULL where it is its own id (migration 0016; written out on events stored before it).
+-- the unique key; the others, by the partial correlation index - each a plain equality on an
+-- index's leading columns. One OR of the two would leave the planner a choice: a generic plan
+-- made while dlr.events is young (statements prepared on an empty database) chooses a scan of
+-- the table per id, and keeps it while a first drain grows the table faster than autovacuum
+-- analyzes it. An equality probe stays the cheapest plan at any table size and any
+-- statistics. An event's correlation id is NULL where it is its own id (written out on events
+-- an older schema stored).
 -- The receptions of each event found are probed the same way, by their day's key (LATERAL ...
 -- OFFSET 0): as a join, the estimates of a day partition growing faster than autovacuum
--- analyzes it, and of a young dlr.message_events, made a hash of the whole day's partition look
--- cheaper, and a call read every reception of the day (half a million rows, 0.4 s at 1 M).
--- A reception with a NULL stat holds none of its parsed fields: they are its event's
--- (migration 0016), read from the event row already at hand.
+-- analyzes it, and of a young dlr.message_events, make a hash of the whole day's partition
+-- look cheaper than probes, and a call reads every reception of the day.
+-- A reception with a NULL stat holds none of its parsed fields: they are its event's, read
+-- from the event row already at hand.
 -- P21: an event whose first delivery's day was retired keeps that delivery's content; it comes
 -- back as a row of its own (id NULL, received at the event's first time, the event's fields),
 -- first of its correlation id: retention drops the oldest days, so a retired delivery arrived
@@ -213,9 +212,9 @@ ORDER BY e.correlation_id, r.id NULLS FIRST, e.id
 -- The open `uncorrelated` exceptions of the events correlated late, locked until they are
 -- resolved by write_late_correlation, with the resolution of their event. LATERAL ... OFFSET 0:
 -- one probe of the event_id index per event, the kind and the resolution checked on the locked
--- (newest) row. As one UPDATE joined on the event id, a young queue's default estimates made
--- the partial index of open exceptions look like a handful of rows, so every call read all of
--- the login's open ones into a hash table (400,000 after a first drain: ~0.5 s per chunk).
+-- (newest) row. As one UPDATE joined on the event id, a young queue's default estimates make
+-- the partial index of open exceptions look like a handful of rows, so every call reads all of
+-- the login's open ones into a hash table.
 SELECT o.id, r.resolution
 FROM unnest(:event_ids::bigint[], :resolutions::text[]) AS r(event_id, resolution)
 CROSS JOIN LATERAL (
@@ -256,8 +255,8 @@ SELECT count(*) FROM resolved
 -- WAL to be flushed (synchronous_commit off, this transaction only). The call's last chunk
 -- commits with the session's setting, and waits for its own WAL to be flushed (and, with a
 -- synchronous standby, replicated): WAL is written and flushed in order, so that wait covers
--- every earlier chunk too. A call of 5,000 ids then waits for one flush instead of ten, each
--- behind the ingest's full-page images (docs/postgresql.md). No durable transaction can build
+-- every earlier chunk too. A call of many chunks then waits for one flush, not one per chunk,
+-- each behind the ingest's full-page images (docs/postgresql.md). No durable transaction can build
 -- on a chunk lost in a crash (its WAL precedes theirs), and a call that did not return is run
 -- again: recording is idempotent. Each chunk still holds at most 500 ids' locks.
 SELECT set_config('synchronous_commit', 'off', true)

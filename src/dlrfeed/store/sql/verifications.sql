@@ -30,8 +30,7 @@ WHERE login = ANY(:logins::text[]) AND message_id = :message_id
 ORDER BY login, verified_at, kind
 
 -- name: verifications_kept
--- Whether the store keeps verifications (migration 0027; an older one is met only by the
--- tests that read a store before migrating it).
+-- Whether the store keeps verifications (not at schema version < 27).
 SELECT to_regclass('dlr.verifications') IS NOT NULL
 
 -- name: verification_logins
