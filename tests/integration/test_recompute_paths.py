@@ -178,6 +178,32 @@ async def test_a_recompute_leaves_a_status_whose_evidence_was_retired_and_says_s
     assert (result.examined, result.changed, result.evidence_retired) == (2, 0, 1)
 
 
+async def test_a_message_recorded_after_its_first_conflict_retired_is_recorded(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """P21: a conflicting content whose first delivery left with its day, redelivered on a
+    day still kept, stays one open conflict when its message is recorded late: the replay
+    meets the open exception retention kept, and the recording goes through."""
+    await maintain(database_url, RetentionPolicy(days_ahead=25))
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        await store.ingest(LOGIN, [_receipt("m", 2, "DELIVRD", 0, "1")])
+        await store.ingest(LOGIN, [_receipt("m", 2, "UNDELIV", 0, "2", err="001")])
+        await store.ingest(LOGIN, [_receipt("m", 2, "UNDELIV", 18, "3", err="001")])
+        await _retire_the_first_day(database_url)
+        assert await _record(store, LOGIN, "m") == 1
+    finally:
+        await store.close()
+    status = await db.fetchrow(
+        "SELECT status, conflicts, repeats FROM dlr.message_status WHERE message_id = 'm'"
+    )
+    assert tuple(status) == ("DELIVERED", 1, 1)
+    open_conflicts = await db.fetchval(
+        "SELECT count(*) FROM dlr.exceptions WHERE kind = 'conflict' AND resolved_at IS NULL"
+    )
+    assert open_conflicts == 1
+
+
 async def _traffic(store: Store, login: str) -> None:
     """A deadline UNKNOWN after DELIVRD (a, one key), DELIVRD after UNKNOWN (b), each
     redelivered; c a plain final."""

@@ -130,7 +130,9 @@ ORDER BY x.id
 -- name: write_conflicts
 -- P22: the conflicts the current rules plan that no exception holds yet, opened, and those
 -- that other rules resolved as none (:reopened_ids), open again; the open ones they no longer
--- plan, resolved with :resolution.
+-- plan, resolved with :resolution. A content whose first conflicting delivery left with its
+-- day still has that delivery's open exception: the one open conflict of a content (P14)
+-- stays that one.
 WITH reopened AS (
     UPDATE dlr.exceptions SET resolved_at = NULL, resolution = NULL
     WHERE id = ANY(:reopened_ids::bigint[])
@@ -140,6 +142,7 @@ WITH reopened AS (
     SELECT 'conflict', :login, n.message_id, n.details::jsonb, n.event_id, n.reception_id
     FROM unnest(:message_ids::text[], :details::text[], :event_ids::bigint[],
                 :reception_ids::bigint[]) AS n(message_id, details, event_id, reception_id)
+    ON CONFLICT DO NOTHING
     RETURNING 1
 ), resolved AS (
     UPDATE dlr.exceptions SET resolved_at = now(), resolution = :resolution
