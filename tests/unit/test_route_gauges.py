@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog.testing
 from prometheus_client import generate_latest
 
 from dlrfeed.daemon import telemetry
@@ -74,4 +75,31 @@ async def test_the_gauges_take_at_most_their_duty_of_the_time(
     with pytest.raises(asyncio.CancelledError):
         await watcher.route_gauges(compute, 300.0)
     assert waits == [pytest.approx(490.0), pytest.approx(299.5)]
+    assert _samples(metrics, "dlrfeed_route_suspicious") == {("r",): 1.0}
+
+
+async def test_a_failing_computation_keeps_the_last_figures_and_never_stops_the_daemon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever a computation raises (a refused login, a bug), the gauges keep their figures
+    and the next interval computes again: the report never ends the ingest beside it."""
+    calls = [0]
+
+    async def compute() -> list[RouteFigures]:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("password authentication failed")
+        return [RouteFigures("r", (DONE_AT_SUBMIT,), 0.9)]
+
+    async def sleep(_seconds: float) -> None:
+        if calls[0] == 3:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    metrics = DaemonMetrics()
+    watcher = telemetry.Telemetry(metrics, lease_seconds=120, clock=lambda: 0.0)
+    with structlog.testing.capture_logs() as logs, pytest.raises(asyncio.CancelledError):
+        await watcher.route_gauges(compute, 300.0)
+    assert calls[0] == 3
+    assert [e["event"] for e in logs] == ["route_quality_failed"]
     assert _samples(metrics, "dlrfeed_route_suspicious") == {("r",): 1.0}

@@ -176,14 +176,18 @@ class Telemetry:
     ) -> None:
         """The route quality gauges (C6), computed now and every `interval` seconds - or
         less often, so that they never take more than QUALITY_DUTY of the time (a day of a
-        busy store's traffic takes a while to read, and the ingest shares the server). A store
-        that does not answer keeps the last figures: one warning per failed computation."""
+        busy store's traffic takes a while to read, and the ingest shares the server). A
+        computation that fails keeps the last figures with one warning: the gauges are a report
+        beside the ingest, and nothing about them may stop it (a refused login or privilege is
+        logged as an error, and the next interval tries again)."""
         while True:
             started = self._clock()
             try:
                 self.metrics.route_quality.update(await compute())
             except StoreUnavailableError as exc:
                 log.warning("route_quality_unavailable", error=str(exc))
+            except Exception as exc:  # a report's failure never stops the ingest
+                log.exception("route_quality_failed", error=str(exc))
             took = self._clock() - started
             await asyncio.sleep(max(interval - took, took * (1 / QUALITY_DUTY - 1)))
 
