@@ -73,7 +73,13 @@ def test_the_rule_is_the_sqlstate_class_for_every_state_the_driver_knows() -> No
         got = verdict(cls("x"))
         if cls is asyncpg.exceptions.InvalidCachedStatementError:
             assert got is Verdict.TRANSIENT, "a plan outdated by DDL is prepared again"
-        elif state[:2] in {"08", "25", "40", "53", "57"} or state in {"55P03", "55006"}:
+        elif state[:2] in {"08", "40", "53", "57"} or state in {
+            "25006",
+            "25P03",
+            "25P04",
+            "55P03",
+            "55006",
+        }:
             assert got is Verdict.TRANSIENT, state
         elif state[:2] in {"22", "23", "54"}:
             assert got is Verdict.BAD_DATA, state
@@ -135,3 +141,9 @@ def test_the_description_names_the_condition_that_started_it() -> None:
         "SQLSTATE 57P01 AdminShutdownError: terminating connection due to admin command"
     )
     assert describe(TimeoutError()) == "TimeoutError: no answer in time"
+
+
+@pytest.mark.parametrize("state", ["25001", "25P01", "25P02"])
+def test_a_transaction_misused_is_fatal_not_retried_for_ever(state: str) -> None:
+    """Class 25 but for read-only and the timeouts is the program's fault: retrying repeats it."""
+    assert verdict(_error(state)) is Verdict.FATAL

@@ -34,16 +34,18 @@ class Verdict(enum.Enum):
     """Retrying cannot help: a privilege, a setting or the schema must change first."""
 
 
-# SQLSTATE classes whose every condition passes by itself: 08 connection exception, 25 invalid
-# transaction state (25006 read-only: a standby, a failover under way, read-only mode;
-# 25P03/25P04 a session or transaction timeout), 40 transaction rollback (40001 serialization
-# failure, 40P01 deadlock), 53 insufficient resources (53300 too many connections, 53100 disk
-# full, 53200 out of memory), 57 operator intervention (57014 statement timeout or cancel,
-# 57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
-TRANSIENT_CLASSES = frozenset({"08", "25", "40", "53", "57"})
-# Conditions of other classes that pass: 55P03 lock_not_available (lock_timeout, NOWAIT) and
-# 55006 object_in_use. The rest of class 55 is a schema matter (55000: a view cannot be written).
-TRANSIENT_STATES = frozenset({"55P03", "55006"})
+# SQLSTATE classes whose every condition passes by itself: 08 connection exception, 40
+# transaction rollback (40001 serialization failure, 40P01 deadlock), 53 insufficient resources
+# (53300 too many connections, 53100 disk full, 53200 out of memory), 57 operator intervention
+# (57014 statement timeout or cancel, 57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot
+# connect now).
+TRANSIENT_CLASSES = frozenset({"08", "40", "53", "57"})
+# Conditions of other classes that pass: 25006 read-only (a standby, a failover under way,
+# read-only mode) and 25P03/25P04 (an idle-session or transaction timeout) - the rest of class
+# 25 is a transaction misused, a fault of the program that a retry would only repeat; 55P03
+# lock_not_available (lock_timeout, NOWAIT) and 55006 object_in_use - the rest of class 55 is
+# a schema matter (55000: a view cannot be written).
+TRANSIENT_STATES = frozenset({"25006", "25P03", "25P04", "55P03", "55006"})
 # 22 data exception, 23 integrity constraint violation, 54 program limit exceeded (an index row
 # too large): the rows themselves.
 BAD_DATA_CLASSES = frozenset({"22", "23", "54"})
