@@ -397,3 +397,16 @@ def test_dlrfeed_quality_catches_fakegw_lying_route(
     }  # fmt: skip
     for honest in ("smsc-a", "smsc-b"):
         assert routes[honest]["verified"] > 0.7 * routes[honest]["delivered"]
+
+
+async def test_a_verification_of_an_id_kept_altered_joins_its_message(database_url: str) -> None:
+    """P24: an id the store cannot keep as received (a NUL) is kept for its verification as for
+    its message, so the two join; the NUL refuses nothing."""
+    crafted = "v\x00" + "x" * 600
+    store = await Store.open(database_url, pool_size=1)
+    try:
+        await store.record_submissions([Submission(LOGIN, crafted, "+34610000001")])
+        result = await store.record_verifications([_verification(crafted)])
+    finally:
+        await store.close()
+    assert (result.recorded, result.waiting) == (1, 0)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from dlrfeed.domain.parse import stored_id
 from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
@@ -63,7 +64,8 @@ async def record_verifications(
             row = await _INSERT_VERIFICATIONS.fetchrow(
                 conn,
                 logins=[v.login for v in chunk],
-                message_ids=[v.message_id for v in chunk],
+                # P24: kept as the message's own id is, so an altered id still joins.
+                message_ids=[stored_id(v.message_id) for v in chunk],
                 kinds=[v.kind for v in chunk],
                 verified_at=[v.verified_at for v in chunk],
                 sources=[v.source for v in chunk],
