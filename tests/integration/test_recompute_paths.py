@@ -197,6 +197,7 @@ async def test_a_message_recorded_after_its_first_conflict_retired_is_recorded(
     status = await db.fetchrow(
         "SELECT status, conflicts, repeats FROM dlr.message_status WHERE message_id = 'm'"
     )
+    assert status is not None
     assert tuple(status) == ("DELIVERED", 1, 1)
     open_conflicts = await db.fetchval(
         "SELECT count(*) FROM dlr.exceptions WHERE kind = 'conflict' AND resolved_at IS NULL"

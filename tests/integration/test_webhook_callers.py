@@ -171,6 +171,41 @@ async def test_bodies_compressed_or_framed_wrongly_are_refused_4xx_and_kept(
     assert "Traceback" not in capfd.readouterr().err
 
 
+async def test_a_broken_body_is_kept_only_for_a_caller_with_the_secret_and_never_the_secret(
+    database_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A broken chunked framing keeps its body as evidence for a caller that presents the
+    secret (here in the path), and its reason quotes no line of the request; a caller without
+    it has nothing stored (401's rule), and its connection holds no body while it sends."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(f"{SECRET}\n")
+    secret_file.chmod(0o600)
+    settings = webhook_settings(database_url, "--secret-file", str(secret_file))
+    broken = b'5\r\n{"id"\r\nZZ\r\n'
+    with structlog.testing.capture_logs() as logs:
+        async with running_webhook(settings) as service:
+            for target in (f"/dlr/{SECRET}?x=\x01", "/anything"):
+                reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
+                writer.write(
+                    f"POST {target} HTTP/1.1\r\nHost: x\r\n".encode()
+                    + b"Transfer-Encoding: chunked\r\n\r\n"
+                    + broken
+                )
+                await writer.drain()
+                status_line = await asyncio.wait_for(reader.readline(), 20)
+                writer.close()
+                assert status_line.split(b" ")[1].startswith(b"4"), status_line
+
+            async def kept() -> bool:
+                return bool(await db.fetchval("SELECT count(*) FROM dlr.exceptions"))
+
+            await _until(kept)
+    rows = await db.fetch("SELECT evidence, details::text AS details FROM dlr.exceptions")
+    assert [bytes(r["evidence"]) for r in rows] == [broken], "the authenticated caller's only"
+    assert not any(SECRET in r["details"] for r in rows)
+    assert not any(SECRET in repr(event) for event in logs)
+
+
 async def test_a_flood_of_distinct_garbage_opens_few_investigations_keeps_every_body(
     database_url: str, db: asyncpg.Connection
 ) -> None:

@@ -157,6 +157,7 @@ class WebhookService:
                 *s.listen,
                 max_connections=s.max_connections,
                 keep_broken=server.keep_broken_request,
+                wants_body=server.wants_broken_body,
                 max_body_bytes=s.max_body_bytes,
             )
             await site.start()

@@ -37,6 +37,10 @@ _OVER_CAP = (
 
 KeepBroken = Callable[[bytes, str, asyncio.BaseTransport | None], Awaitable[None]]
 """Keeps the body bytes of a request aiohttp could not parse: (bytes, reason, transport)."""
+WantsBody = Callable[[bytes], bool]
+"""Given a request's head (its line and headers), whether its body is worth keeping should
+its framing break: only a caller that authenticates, sending a chunked body."""
+_HEAD_LIMIT = 16384  # bytes of a request's line and headers held until the head is complete
 
 
 class CappedSite(web.TCPSite):
@@ -51,11 +55,13 @@ class CappedSite(web.TCPSite):
         *,
         max_connections: int,
         keep_broken: KeepBroken,
+        wants_body: WantsBody,
         max_body_bytes: int,
     ):
         super().__init__(runner, host, port)
         self._max_connections = max_connections
         self._keep_broken = keep_broken
+        self._wants_body = wants_body
         self._max_body_bytes = max_body_bytes
 
     async def start(self) -> None:
@@ -75,6 +81,7 @@ class CappedSite(web.TCPSite):
             server,
             loop=asyncio.get_running_loop(),
             keep_broken=self._keep_broken,
+            wants_body=self._wants_body,
             limit=self._max_body_bytes,
             **server._kwargs,  # the options the runner was given
         )
@@ -83,37 +90,63 @@ class CappedSite(web.TCPSite):
 class RecordingHandler(RequestHandler):
     """aiohttp's connection handler, keeping the bytes of the request being received (at
     most `limit` of its body) so that a body aiohttp's parser refuses (a broken chunked
-    framing) is kept as evidence before its 400, never lost. The request line and headers
-    are never kept: a secret may stand in them."""
+    framing) is kept as evidence before its 400, never lost. Only the body of a caller that
+    authenticates is held (`wants_body`); of anyone else, at most the head until it is
+    complete, so an unauthenticated connection pins no more than that. The request line and
+    headers are never kept: a secret may stand in them."""
 
     def __init__(
-        self, server: web.Server, *, keep_broken: KeepBroken, limit: int, **kwargs: Any
+        self,
+        server: web.Server,
+        *,
+        keep_broken: KeepBroken,
+        wants_body: WantsBody,
+        limit: int,
+        **kwargs: Any,
     ) -> None:
         super().__init__(server, **kwargs)
         self._keep_broken = keep_broken
+        self._wants_body = wants_body
         self._limit = limit
         self._arrived = bytearray()
+        self._recording = True
 
     def data_received(self, data: bytes) -> None:
-        room = self._limit * 2 + 16384 - len(self._arrived)  # the head, and the body framed
-        if room > 0:
-            self._arrived += data[:room]
+        if self._recording:
+            self._record(data)
         super().data_received(data)
+
+    def _record(self, data: bytes) -> None:
+        head_done = b"\r\n\r\n" in self._arrived
+        self._arrived += data[: self._limit * 2 + _HEAD_LIMIT - len(self._arrived)]
+        if head_done:
+            return
+        head, separator, _ = bytes(self._arrived).partition(b"\r\n\r\n")
+        if separator and not self._wants_body(head):
+            self._stop_recording()
+        elif not separator and len(self._arrived) >= _HEAD_LIMIT:
+            self._stop_recording()  # a head past any the parser takes: it refuses it itself
+
+    def _stop_recording(self) -> None:
+        self._arrived = bytearray()
+        self._recording = False
 
     def request_answered(self) -> None:
         """The request being received is answered: what comes next is another one."""
-        self._arrived.clear()
+        self._arrived = bytearray()
+        self._recording = True
 
     def _make_error_handler(self, err_info: Any) -> Callable[[Any], Awaitable[web.StreamResponse]]:
         plain = super()._make_error_handler(err_info)
         _, separator, body = bytes(self._arrived).partition(b"\r\n\r\n")
-        self._arrived.clear()
+        self._arrived = bytearray()
         error = getattr(err_info, "exc", None)
         if not separator or not body or not isinstance(error, HttpProcessingError):
             return plain  # nothing of a body arrived: there is nothing to keep
+        # The parser's own message quotes the line it refused, which may hold a secret.
         reason = (
-            f"the request's framing is broken ({type(error).__name__}: "
-            f"{' '.join(str(error.message).split())[:120]}); its body as it arrived is kept"
+            f"the request's framing is broken ({type(error).__name__}); "
+            "its body as it arrived is kept"
         )
         transport = self.transport
 

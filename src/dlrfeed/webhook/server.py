@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import unquote_to_bytes
 
 import structlog
 from aiohttp import web
@@ -233,12 +234,36 @@ class CallbackServer:
         path's last segment (/dlr/SECRET), against every secret valid now, each compared in
         constant time; every request passes when no secret is set. A path that names a
         secret is judged by it alone."""
-        if not self._secrets:
-            return "secret" not in request.match_info
         in_path = request.match_info.get("secret")
+        return self._presents_a_secret(
+            None if in_path is None else in_path.encode("utf-8", "surrogateescape"),
+            request.headers.get("Authorization"),
+        )
+
+    def wants_broken_body(self, head: bytes) -> bool:
+        """Whether the body of the request whose line and headers are `head` is kept should
+        its chunked framing break: a chunked body from a caller that authenticates (evidence
+        is written for callers that may write it, never for anyone who connects)."""
+        request_line, *header_lines = head.split(b"\r\n")
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().decode("latin-1")
+        if "chunked" not in headers.get(b"transfer-encoding", "").lower():
+            return False
+        target = request_line.split(b" ")[1] if request_line.count(b" ") >= 2 else b""
+        path = unquote_to_bytes(target.partition(b"?")[0])
+        prefix = PATH_WITH_SECRET.partition("{")[0].encode()
+        in_path = path[len(prefix) :] if path.startswith(prefix) else None
+        if in_path is not None and (not in_path or b"/" in in_path):
+            return False  # not the route of a secret: aiohttp answers it 404
+        return self._presents_a_secret(in_path, headers.get(b"authorization"))
+
+    def _presents_a_secret(self, in_path: bytes | None, header: str | None) -> bool:
+        if not self._secrets:
+            return in_path is None
         if in_path is not None:
-            return self._matches(in_path.encode("utf-8", "surrogateescape"))
-        header = request.headers.get("Authorization")
+            return self._matches(in_path)
         if header is None:
             return False
         scheme, _, credentials = header.strip().partition(" ")
