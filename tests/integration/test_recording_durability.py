@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from dlrfeed.store.queries import RECEPTION_STATEMENTS, STATUS_WRITES
 from dlrfeed.store.recording import record_submissions
 from dlrfeed.store.submission import SubmissionResult
 from dlrfeed_tools.pgcluster import PgCluster, free_port
+from dlrfeed_tools.rule_receipts import feed_receipt
 
 CHUNKS = 6
 CHUNK = 500
@@ -82,6 +84,39 @@ async def test_only_the_last_chunk_of_a_call_waits_for_durability(own_dsn: str) 
         await store.close()
         await admin.close()
     assert result.recorded == CHUNKS * CHUNK
+
+
+async def test_a_chunk_that_changes_statuses_waits_for_durability(own_dsn: str) -> None:
+    """P23: a chunk whose late correlation wrote status changes waits for its flush before they
+    are visible: a change a consumer read, lost in a crash and written again at another
+    position, would reach it twice. Here the first chunk correlates a waiting receipt."""
+    admin = await asyncpg.connect(own_dsn)
+    store = await Store.open(own_dsn, pool_size=1)
+    recording: asyncio.Task[SubmissionResult] | None = None
+    try:
+        early = feed_receipt("m-000000", 2, "DELIVRD", ack_token="t", received_at=time.time())
+        await store.ingest("acme", [early])
+        await _set_synchronous_standby(admin, "a_standby_that_never_answers")
+        recording = asyncio.create_task(store.record_submissions(_submissions("m", CHUNKS * CHUNK)))
+        for _ in range(1000):
+            waiting = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert waiting == 1, "the recorder never waited for durability"
+        assert await admin.fetchval("SELECT count(*) FROM dlr.messages") == 0
+        assert await admin.fetchval("SELECT count(*) FROM dlr.status_changes") == 0
+        await _set_synchronous_standby(admin, "")
+        result = await asyncio.wait_for(recording, 30)
+    finally:
+        await _set_synchronous_standby(admin, "")
+        if recording is not None and not recording.done():
+            recording.cancel()
+        await store.close()
+        await admin.close()
+    assert (result.recorded, result.late_correlated_events) == (CHUNKS * CHUNK, 1)
 
 
 async def test_a_chunk_holds_its_ids_locks_and_a_few_more_whatever_the_call(

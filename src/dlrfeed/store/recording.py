@@ -60,8 +60,9 @@ async def record_submissions(
     `waiting`), writing their statuses with `writes` (see `Store.record_submissions`, which
     translates the driver's errors); with `events_by_message` (not at schema version < 24)
     the events' totals and conflicts too, as the live path writes them under `options`. One
-    durable step: only the last chunk waits for the WAL flush, which makes every chunk before it
-    durable too (sql/submissions.sql, commit_without_flush_wait)."""
+    durable step: only the last chunk, and a chunk whose late correlation changed statuses,
+    waits for the WAL flush, which makes every chunk before it durable too
+    (sql/submissions.sql, commit_without_flush_wait)."""
     by_login: dict[str, list[Submission]] = {}
     for submission in submissions:
         by_login.setdefault(submission.login, []).append(submission)
@@ -73,11 +74,11 @@ async def record_submissions(
     recorded = late = 0
     for number, (login, chunk) in enumerate(chunks, 1):
         async with write_transaction(conn):
-            if number < len(chunks):
-                await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
             new, applied = await _record_chunk(
                 conn, options, login, chunk, writes, waiting, events_by_message=events_by_message
             )
+            if number < len(chunks) and not applied:  # read at the commit
+                await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
         recorded += new
         late += applied
     return SubmissionResult(

@@ -258,5 +258,8 @@ SELECT count(*) FROM resolved
 -- every earlier chunk too. A call of many chunks then waits for one flush, not one per chunk,
 -- each behind the ingest's full-page images (docs/postgresql.md). No durable transaction can build
 -- on a chunk lost in a crash (its WAL precedes theirs), and a call that did not return is run
--- again: recording is idempotent. Each chunk still holds at most 500 ids' locks.
+-- again: recording is idempotent. Each chunk still holds at most 500 ids' locks. A chunk
+-- that late-correlated receipts wrote status changes, which a consumer may read and act on
+-- as soon as they are visible: it waits for its flush (P23: a change lost in a crash and
+-- written again at another position would reach a billing consumer twice).
 SELECT set_config('synchronous_commit', 'off', true)
