@@ -49,6 +49,7 @@ def nginx_in_front(tmp_path: Path) -> Iterator[tuple[Path, int, int]]:
         .replace("/etc/ssl/dlrfeed/fullchain.pem", str(cert))
         .replace("/etc/ssl/dlrfeed/privkey.pem", str(key))
         .replace("server 127.0.0.1:8080;", f"server 127.0.0.1:{upstream};")
+        .replace("/var/log/nginx/error.log", f"{tmp_path}/error.log")
     )
     (tmp_path / "dlrfeed-webhook.conf").write_text(server_block)
     scratch = tmp_path / "scratch"
@@ -124,3 +125,25 @@ async def test_callbacks_through_the_documented_nginx_are_stored_with_both_addre
     assert peer.endswith(" for 127.0.0.1")  # the caller's address, as nginx forwarded it
     evidence = await db.fetchval("SELECT evidence FROM dlr.exceptions WHERE kind = 'unstorable'")
     assert bytes(evidence) == oversized[: 64 * 1024]
+
+
+async def test_nginx_logs_no_secret_from_the_path_when_dlrfeed_is_down(
+    nginx_in_front: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    """With dlrfeed down, a callback to /dlr/SECRET is a 502 that nginx's error log does not
+    quote (the line would hold the secret); one to /dlr is logged as usual."""
+    cert, public, _ = nginx_in_front
+    async with httpx.AsyncClient(
+        verify=ssl.create_default_context(cafile=cert), base_url=f"https://localhost:{public}"
+    ) as client:
+        for _ in range(100):  # nginx binds its port just after it starts
+            try:
+                in_path = await client.post(f"/dlr/{SECRET}", content=b"{}")
+                break
+            except httpx.ConnectError:
+                await asyncio.sleep(0.05)
+        in_header = await client.post("/dlr", content=b"{}")
+    assert (in_path.status_code, in_header.status_code) == (502, 502)
+    log = (tmp_path / "error.log").read_text()
+    assert "connect() failed" in log, "the /dlr failure is logged"
+    assert SECRET not in log
