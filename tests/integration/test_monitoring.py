@@ -428,9 +428,12 @@ async def test_live_scrape_has_every_metric_of_rules_and_dashboard_and_is_promto
     assert idle.value("dlrfeed_readers_backlogged") == 0
     assert idle.value("dlrfeed_readers_configured") == 1
     assert idle.value("dlrfeed_receipts_in_flight") == 0
-    # The route gauges, computed at start: the one route (none) of these messages, honest.
+    # The route gauges, computed at start: the one route (none) of these messages. Whether a
+    # signal fired depends on how much the drain had stored by then (one verification among a
+    # thousand DELIVRDs is suspicious), so only the export is checked here; the signals are
+    # test_route_gauges' and test_verifications'.
     assert idle.labels["dlrfeed_route_suspicious"]["route"] == {"(none)"}
-    assert idle.value("dlrfeed_route_suspicious") == 0
+    assert idle.value("dlrfeed_route_suspicious") in (0, 1)
 
     relay = await _relay_scrape(database_url, tmp_path)
     assert relay.value("dlrfeed_relay_up") == 1
