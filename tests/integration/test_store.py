@@ -13,7 +13,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import SchemaOutOfDateError, StoreUnavailableError
-from dlrfeed.store import Store, Submission, queries
+from dlrfeed.store import Store, Submission, evidence, queries
 from dlrfeed_tools.rule_receipts import feed_receipt
 from gateway.receipts.v1 import feed_pb2
 
@@ -263,7 +263,7 @@ async def test_connection_lost_while_bisecting_commits_no_half_c7_c8(
         raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost (test)")
 
     with monkeypatch.context() as patch:
-        patch.setattr(store, "_store_unstorable", connection_lost)
+        patch.setattr(evidence, "keep_unstorable", connection_lost)
         with pytest.raises(StoreUnavailableError):
             await store.ingest(LOGIN, batch)
     assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 0

@@ -9,6 +9,8 @@ the boundary).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import asyncpg
 import asyncpg.exceptions._base as asyncpg_base  # the client-side errors live only here
@@ -161,3 +163,15 @@ def translated(exc: BaseException, what: str) -> DlrfeedError | None:
             "`dlrfeed migrate`, and start the dlrfeed that matches the schema"
         )
     return FatalError(f"PostgreSQL refused {what}: {describe(exc)}")
+
+
+@contextmanager
+def refusing(what: str) -> Iterator[None]:
+    """Driver errors raised in the block, as the project's own (`translated`)."""
+    try:
+        yield
+    except Exception as exc:
+        error = translated(exc, what)
+        if error is None:
+            raise
+        raise error from exc

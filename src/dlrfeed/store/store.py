@@ -11,20 +11,14 @@ anything else → one fatal line.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections import Counter
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterator,
     Mapping,
     Sequence,
 )
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, cast
 
 import asyncpg
 import structlog
@@ -33,7 +27,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from dlrfeed.backoff import Backoff
 from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.parse import MAX_ID_CHARS, PARSER_VERSION, LogicalEvent, parse
+from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent, parse
 from dlrfeed.domain.receipt import Receipt, UnreadableCallback
 from dlrfeed.domain.rules import (
     RULES_VERSION,
@@ -42,9 +36,8 @@ from dlrfeed.domain.rules import (
     Planner,
 )
 from dlrfeed.domain.status import Outcome, Status
-from dlrfeed.domain.wire_format import callback_evidence_key, evidence_key
 from dlrfeed.errors import StoreUnavailableError
-from dlrfeed.store import copy_rows, queries, recompute, recording, verification
+from dlrfeed.store import copy_rows, evidence, queries, recompute, recording, verification
 from dlrfeed.store import quality as quality_reads
 from dlrfeed.store.correlation import correlate, ids_to_lock
 from dlrfeed.store.migrate import ensure_current, readable_version
@@ -55,7 +48,6 @@ from dlrfeed.store.rows import (
     event_contents,
     first_events,
     planned_exceptions,
-    printable,
     reception_ids_in_blocks,
     state_from_row,
     status_json,
@@ -67,9 +59,9 @@ from dlrfeed.store.server import (
     check_server,
     connect_options,
 )
-from dlrfeed.store.server_errors import describe, is_bad_data, rolled_back, translated
+from dlrfeed.store.server_errors import describe, is_bad_data, refusing, rolled_back
 from dlrfeed.store.submission import Submission, SubmissionResult
-from dlrfeed.store.transactions import write_transaction
+from dlrfeed.store.transactions import overlapped, write_transaction
 from dlrfeed.store.verification import Verification, VerificationResult
 
 if TYPE_CHECKING:
@@ -89,8 +81,6 @@ _COPY_PIECE = 100
 # another worker, so its bound is generous, but well inside the gateway's 120 s lease (F6).
 _CONNECT_TIMEOUT_S = 10.0
 _STATEMENT_TIMEOUT_S = 60.0
-_T = TypeVar("_T")
-_U = TypeVar("_U")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,33 +103,6 @@ class _Plan:
     outcomes: list[Outcome] = field(default_factory=list)
     event_ids: list[int] = field(default_factory=list)
     exceptions: list[tuple[str, str, str, int | None, int | None]] = field(default_factory=list)
-
-
-async def _overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple[_T, _U]:
-    """Await `statement` while running `work` (client CPU) as the server executes it.
-
-    On this 2-core design point the client's per-receipt Python and the server's statement run
-    in parallel instead of one after the other; the connection is only used by `statement`.
-    """
-    pending = asyncio.ensure_future(statement)
-    try:
-        await asyncio.sleep(0)  # one turn of the loop: the statement is sent
-        done = work()
-    finally:
-        result = await pending
-    return result, done
-
-
-@contextmanager
-def _refusing(what: str) -> Iterator[None]:
-    """Driver errors raised in the block, as the project's own (`server_errors.translated`)."""
-    try:
-        yield
-    except Exception as exc:
-        error = translated(exc, what)
-        if error is None:
-            raise
-        raise error from exc
 
 
 async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
@@ -230,7 +193,7 @@ class Store:
         or, with `require_synchronous_commit`, does not confirm synchronous replication.
         `pooler` says whether `dsn` reaches PostgreSQL through a transaction pooler (server).
         """
-        with _refusing("a connection"):
+        with refusing("a connection"):
             through_pooler = await behind_transaction_pooler(dsn, pooler)
             pool = await asyncpg.create_pool(
                 dsn,
@@ -244,7 +207,7 @@ class Store:
                 **connect_options(through_pooler),
             )
         try:
-            with _refusing("a connection"):
+            with refusing("a connection"):
                 async with pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
                     facts = await check_server(
                         conn, require_synchronous_commit=require_synchronous_commit
@@ -276,7 +239,7 @@ class Store:
     async def ping(self) -> None:
         """One round trip to the server; StoreUnavailableError when it does not answer or can
         no longer take writes (a primary demoted, or failed over to while still a standby)."""
-        with _refusing("a ping"):
+        with refusing("a ping"):
             async with self._pool.acquire(timeout=_CONNECT_TIMEOUT_S) as conn:
                 writable = await conn.fetchval(WRITABLE.text, timeout=_CONNECT_TIMEOUT_S)
         if not writable:
@@ -290,7 +253,7 @@ class Store:
 
     async def check_schema(self) -> None:
         """SchemaOutOfDateError (one line naming `dlrfeed migrate`) unless the schema is current."""
-        with _refusing("the schema check"):
+        with refusing("the schema check"):
             async with self._pool.acquire() as conn:
                 # ensure_current is typed for a bare Connection; the pool proxy delegates to one.
                 await ensure_current(cast("asyncpg.Connection[asyncpg.Record]", conn))
@@ -310,7 +273,7 @@ class Store:
         if not receipts:
             return IngestResult([], {})
         events = [parse(receipt, self.options) for receipt in receipts]
-        with _refusing("the batch"):
+        with refusing("the batch"):
             async with self._pool.acquire() as conn:
                 outcomes, retries, bisections = await self._ingest_bisecting(
                     conn, login, receipts, events
@@ -347,7 +310,7 @@ class Store:
         """`receipts` failed for a data reason: store each half on its own, recursively."""
         if len(events) == 1:
             # C8: the poison receipt, isolated; kept raw so it can be acked and studied.
-            await self._store_unstorable(conn, login, receipts[0], error)
+            await evidence.keep_unstorable(conn, login, receipts[0], error)
             return [Outcome.UNSTORABLE], 0, 0
         half = len(events) // 2
         outcomes: list[Outcome] = []
@@ -387,21 +350,6 @@ class Store:
                     outcomes = await self._ingest_once(conn, login, events)
         return outcomes, attempt_number - 1
 
-    async def _store_unstorable(
-        self, conn: Connection, login: str, receipt: Receipt, error: BaseException
-    ) -> None:
-        details: dict[str, object] = {
-            "error": f"{type(error).__name__}: {error}"[:2000],
-            "receipt": printable(repr(receipt)[:4000]),
-            "delivery_count": receipt.delivery_count,
-        }
-        if receipt.channel == "feed":
-            key = evidence_key(receipt.raw)
-        else:
-            details |= {"channel": receipt.channel, "peer": receipt.peer}
-            key = callback_evidence_key(receipt.raw)
-        await self._keep_evidence(conn, login, receipt.message_id, details, receipt.raw, key)
-
     async def keep_unreadable_callbacks(
         self, login: str, callbacks: Sequence[UnreadableCallback]
     ) -> None:
@@ -410,41 +358,9 @@ class Store:
         id it names (P24), one open exception however often the same bytes are posted (or,
         with a `flood_key`, one for the flood), all in one transaction. StoreUnavailableError
         when the store cannot take them (nothing kept: the senders must post them again)."""
-        with _refusing("the callback"):
+        with refusing("the callback"):
             async with self._pool.acquire() as conn, write_transaction(conn):
-                for callback in callbacks:
-                    details = {
-                        "error": callback.reason[:2000],
-                        "channel": "webhook",
-                        "peer": callback.peer,
-                    }
-                    key = callback.flood_key or callback_evidence_key(callback.raw)
-                    await self._keep_evidence(
-                        conn, login, callback.message_id, details, callback.raw, key
-                    )
-
-    async def _keep_evidence(
-        self,
-        conn: Connection,
-        login: str,
-        message_id: str,
-        details: Mapping[str, object],
-        raw: bytes,
-        key: str,
-    ) -> None:
-        arguments = {
-            "login": login,
-            "message_id": printable(message_id)[:MAX_ID_CHARS],
-            "details": json.dumps(details, ensure_ascii=True),
-            "evidence": bytes(raw),
-            "evidence_key": key,
-        }
-        # Delivered again while an earlier delivery is under investigation: one open exception
-        # per receipt (never counted twice), every delivery's bytes kept. Only an operator
-        # resolving that exception between our two statements sends us round again.
-        while await queries.OPEN_UNSTORABLE.fetchval(conn, **arguments) is None:
-            if await queries.RECORD_UNSTORABLE_REDELIVERY.fetchval(conn, **arguments) is not None:
-                return
+                await evidence.keep_unreadable(conn, login, callbacks)
 
     async def _ingest_once(
         self, conn: Connection, login: str, events: list[LogicalEvent]
@@ -452,7 +368,7 @@ class Store:
         # P10: correlation and the message locks first (sorted), then held statuses. Meanwhile
         # the client prepares the events insert (it depends on the receipts alone).
         correlation_ids = sorted({e.correlation_id for e in events})
-        correlated, (firsts, events_json) = await _overlapped(
+        correlated, (firsts, events_json) = await overlapped(
             correlate(conn, login, ids_to_lock(events, own_ids=self.writes.events.by_message)),
             lambda: first_events(events),
         )
@@ -461,7 +377,7 @@ class Store:
         # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
         # the held statuses and the batch's reception id blocks, in one statement, while the
         # client encodes the receptions.
-        returned, receipt_fields = await _overlapped(
+        returned, receipt_fields = await overlapped(
             self.writes.events.insert.fetch(
                 conn,
                 login=login,
@@ -593,7 +509,7 @@ class Store:
         """
         # On BadDataError, chunks already committed stay, durable once the server flushes its
         # WAL (within wal_writer_delay); recording is idempotent: run the file again.
-        with _refusing("a submission"):
+        with refusing("a submission"):
             async with self._pool.acquire() as conn:
                 return await recording.record_submissions(
                     conn,
@@ -614,7 +530,7 @@ class Store:
         input of a computed status (P2). Chunks of 1000 commit one by one; BadDataError when
         the database refuses a value.
         """
-        with _refusing("the verifications"):
+        with refusing("the verifications"):
             async with self._pool.acquire() as conn:
                 return await verification.record_verifications(conn, verifications)
 
@@ -625,7 +541,7 @@ class Store:
         connection of its own: a report over a busy day reads for seconds, and the pool is the
         ingest's. StoreUnavailableError when the server does not answer or refuses it for now.
         """
-        with _refusing("the quality report"):
+        with refusing("the quality report"):
             if self._dsn is None:
                 async with self._pool.acquire() as pooled:
                     return await quality_reads.quality(pooled, by, window)
@@ -662,7 +578,7 @@ class Store:
         at any moment: running it again finishes the work (`progress` hears after each). With
         `busy` below 1 it works only that share of the time, pausing between chunks.
         """
-        with _refusing("the recompute"):
+        with refusing("the recompute"):
             async with self._pool.acquire() as conn:
                 return await recompute.recompute(
                     conn,

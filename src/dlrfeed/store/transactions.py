@@ -8,14 +8,18 @@ which a table with few live rows invites.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from dlrfeed.store import queries
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
+
+_T = TypeVar("_T")
+_U = TypeVar("_U")
 
 
 @asynccontextmanager
@@ -25,3 +29,18 @@ async def write_transaction(conn: Connection) -> AsyncIterator[None]:
     async with conn.transaction():
         await queries.PLAN_AS_PROBES.fetchval(conn)
         yield
+
+
+async def overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple[_T, _U]:
+    """Await `statement` while running `work` (client CPU) as the server executes it.
+
+    On this 2-core design point the client's per-receipt Python and the server's statement run
+    in parallel instead of one after the other; the connection is only used by `statement`.
+    """
+    pending = asyncio.ensure_future(statement)
+    try:
+        await asyncio.sleep(0)  # one turn of the loop: the statement is sent
+        done = work()
+    finally:
+        result = await pending
+    return result, done
