@@ -443,3 +443,31 @@ def test_the_latency_run_reads_receipts_by_mode_from_the_daemon_metrics() -> Non
     )
     assert received_by_mode(text) == {"subscribe": 8470.0, "pull": 160587.0}
     assert latency_id("lat1-", 255) == "lat1-" + "0" * 22 + "ff"
+
+
+def test_store_ingest_against_the_write_floor_in_its_section_and_at_a_glance() -> None:
+    """Both writers' rates and CPU, the ratio of the rates, with no verdict."""
+    side = {"server_cpu_us": 10.0, "client_cpu_us": 4.0, "wal_bytes": 520.0}
+    results = _results() | {
+        "write_floor": {
+            "receipts": 20_000,
+            "messages": 9_480,
+            "batch_size": 500,
+            "repetitions": 3,
+            "median": {
+                "store": side | {"receipts_per_s": 12_000.0, "server_cpu_us": 55.0},
+                "floor": side | {"receipts_per_s": 96_000.0},
+            },
+            "rate_ratio": 0.125,
+            "rate_ratios": [0.13, 0.125, 0.11],
+        }
+    }
+    report = render_report(results)
+    section = report.split("## Store.ingest against the write floor", 1)[1].split("\n## ", 1)[0]
+    assert "| `Store.ingest` | 12,000 | 55.0 | 4.0 | 520 |" in section
+    assert "| write floor | 96,000 | 10.0 | 4.0 | 520 |" in section
+    assert "**0.12** of the floor's rate (repetitions: 0.13, 0.12, 0.11)" in section
+    assert "PostgreSQL CPU per receipt 5.5 x the floor's" in section
+    assert "59.0 against 14.0 µs per receipt" in section
+    assert "- `Store.ingest` at 0.12 of the write floor's rate (reported, no target" in report
+    assert "write floor" not in render_report(_results())

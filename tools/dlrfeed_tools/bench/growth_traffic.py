@@ -46,16 +46,17 @@ class Traffic:
         """Progress of this batch's messages, results of the previous batch's, ~5 % repeats."""
         now = time.time()
         ids = self._upcoming[index * MESSAGES_PER_BATCH : (index + 1) * MESSAGES_PER_BATCH]
-        receipts = [self._receipt(m, 1, "ENROUTE", now) for m in ids]
+        receipts = [self.receipt(m, 1, "ENROUTE", now) for m in ids]
         receipts += self._pending_results
-        self._pending_results = [self._receipt(m, 2, "DELIVRD", now) for m in ids]
+        self._pending_results = [self.receipt(m, 2, "DELIVRD", now) for m in ids]
         repeats = self._rng.sample(self._last_batch, int(len(self._last_batch) * REDELIVERED_SHARE))
         receipts += [r._replace(delivery_count=2, received_at=now) for r in repeats]
         self._rng.shuffle(receipts)
         self._last_batch = receipts
         return receipts
 
-    def _receipt(self, message_id: str, level: int, stat: str, now: float) -> Receipt:
+    def receipt(self, message_id: str, level: int, stat: str, now: float) -> Receipt:
+        """One receipt of `message_id` as the gateway sends it: its wire bytes are `raw`."""
         wire = feed_pb2.Receipt(
             id=message_id,
             level=level,

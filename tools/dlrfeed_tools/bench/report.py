@@ -25,6 +25,7 @@ from dlrfeed_tools.bench.report_subscribe import (
     subscribe_section,
     subscribe_walls,
 )
+from dlrfeed_tools.bench.write_floor import report_section as write_floor_section
 
 # The documented targets (docs/benchmarks.md), reported beside each figure (met / not met),
 # never asserted. `auto` against Pull (TARGET_AUTO_TO_PULL) sits with the section that shows
@@ -185,6 +186,7 @@ def render_report(results: dict[str, Any], hand_written: str = "") -> str:
         lines += ["", f"![throughput per configuration]({results['chart']})"]
     lines += (
         _cpu_section(results)
+        + (write_floor_section(results["write_floor"]) if "write_floor" in results else [])
         + subscribe_section(results)
         + gateway_apart_section(results)
         + _backlog_section(results)
@@ -378,6 +380,12 @@ def _glance(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"- p99 receive → ack at {lat['rate']:,}/s: {_ms(p99)} ms ({verdict(met)}, ≤ "
             f"{TARGET_P99_MS:.0f} ms)"
+        )
+    floor = results.get("write_floor")
+    if floor:
+        lines.append(
+            f"- `Store.ingest` at {floor['rate_ratio']:.2f} of the write floor's rate (reported, "
+            "no target; about 0.3 would be as cheap as its four writes a receipt)"
         )
     return lines
 

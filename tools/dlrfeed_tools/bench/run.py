@@ -13,7 +13,9 @@ on this machine, so every figure is comparable with the others of the same run:
 - (e) peak RSS (VmHWM from /proc) of `dlrfeed run` with a backlog of 10k, 100k and 1M;
 - (f) receive→ack latency at about half of (c)'s Subscribe throughput, from a paced injector,
   computed per receipt from fakegw's ledger (enqueue time → ack time);
-- with py-spy installed, a profile of the daemon on Subscribe and on Pull.
+- with py-spy installed, a profile of the daemon on Subscribe and on Pull;
+- (g) `Store.ingest` against the write floor, one idempotent INSERT per receipt of the same
+  batches on one connection, alternately (`bench.write_floor`).
 
 Repetitions of (a)-(d) are interleaved (config 1, 2, …, then again) so that a burst of load from
 other work on the shared machine spreads over every configuration instead of one.
@@ -44,7 +46,7 @@ from typing import Any
 
 import asyncpg
 
-from dlrfeed_tools.bench import daemon_process, naive_consumer, placement
+from dlrfeed_tools.bench import daemon_process, naive_consumer, placement, write_floor
 from dlrfeed_tools.bench import e2e as bench_e2e
 from dlrfeed_tools.bench.latency import (
     latency_id,
@@ -108,6 +110,8 @@ class Sizes:
     latency_warmup_seconds: float = 3.0
     profile_seconds: float = 10.0
     profile_receipts: int = 80_000
+    write_floor_receipts: int = 20_000
+    write_floor_repetitions: int = 5
 
 
 QUICK_SIZES = Sizes(
@@ -121,6 +125,8 @@ QUICK_SIZES = Sizes(
     latency_warmup_seconds=1.0,
     profile_seconds=3.0,
     profile_receipts=20_000,
+    write_floor_receipts=2_000,
+    write_floor_repetitions=3,
 )
 
 
@@ -280,6 +286,17 @@ class Bench:
         )
         self.drop_database(url)
         return figures
+
+    def write_floor(self) -> dict[str, Any]:
+        """(g): Store.ingest and the write floor alternately, on this run's PostgreSQL."""
+        return self.runner.run(
+            write_floor.measure(
+                self.cluster,
+                "bench_template",
+                receipts=self.sizes.write_floor_receipts,
+                repetitions=self.sizes.write_floor_repetitions,
+            )
+        )
 
     def backlog_rss(self, backlog: int) -> dict[str, Any]:
         """(e): peak RSS of `dlrfeed run` (auto, defaults) draining a preloaded backlog.
@@ -488,6 +505,8 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                     }
                 results["store_reference"] = bench.store_reference()
                 log(f"store reference: {results['store_reference']['store_receipts_per_s']}/s")
+                results["write_floor"] = bench.write_floor()
+                log(f"write floor: Store.ingest / floor {results['write_floor']['rate_ratio']}")
                 subscribe = results["configurations"][CONFIGURATIONS[0].name]["e2e"]["median"]
                 results["latency"] = bench.latency(subscribe / 2)
                 log(f"latency: {results['latency']}")
