@@ -205,6 +205,8 @@ class FeedReader:
                         # A stream's release drops what the sink holds: commit what was pulled
                         # first (the module docstring).
                         await self._sink.drain()
+                        if self._stop_requested():
+                            continue  # no stream opened while stopping
                     await self._run_subscribe()
                 else:
                     await self._run_pull()
