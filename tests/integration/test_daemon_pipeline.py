@@ -58,12 +58,27 @@ async def test_auto_falls_back_to_pull_when_subscribe_is_unimplemented(database_
 
 async def test_auto_moves_to_pull_when_streams_keep_failing(database_url: str) -> None:
     """F7: streams cut every 50 receipts → after 3 failures auto mode drains through
-    Pull for the cool-down; reopens stay under the cap."""
+    Pull for the cool-down; reopens stay under the cap. The daemon starts on an empty queue,
+    so auto is on Subscribe (three short Pulls) when the receipts come; a rate no stream
+    reaches keeps the backlog rule out of it."""
     async with running_gateway(faults=Faults(cut_stream_every=50)) as gateway:
-        await gateway.inject(LOGIN, receipt_bodies(3000))
-        daemon = Daemon(settings_for(gateway.target, database_url, "--mode", "auto"))
+        settings = settings_for(
+            gateway.target, database_url, "--mode", "auto", "--pull-wait-seconds", "1",
+            "--auto-pull-rate", "1000000000",
+        )  # fmt: skip
+        daemon = Daemon(settings)
         with capture_logs() as logs:
-            assert await run_until_drained(daemon, gateway) == 0
+            task = asyncio.create_task(daemon.run(), name="daemon-under-test")
+
+            async def on_subscribe() -> bool:
+                caught_up = sum(1 for e in logs if e.get("reason") == "caught_up")
+                return caught_up >= 2  # both readers
+
+            await wait_until(on_subscribe, 30, "auto to move to Subscribe")
+            await gateway.inject(LOGIN, receipt_bodies(3000))
+            await wait_until(lambda: drained(gateway), 60, "the receipts to drain")
+            daemon.stop()
+            assert await asyncio.wait_for(task, 15) == 0
         await assert_ledger_matches_store(gateway, database_url)
     switches = [e for e in logs if e["event"] == "auto_switch"]
     assert any(e["reason"] == "stream_failures" and e["to"] == "pull" for e in switches)
@@ -99,42 +114,47 @@ async def test_reopens_are_capped_per_reader(database_url: str) -> None:
 async def test_auto_drains_a_backlog_through_pull_then_returns_to_subscribe(
     database_url: str,
 ) -> None:
-    """Auto starts on Subscribe, moves to Pull as soon as batches keep closing full
-    (a backlog: Pull costs far less CPU per receipt), and returns to Subscribe once caught up.
+    """Auto starts on Pull, where a backlog found at the start drains for less CPU per
+    receipt; moves to Subscribe once caught up, for the live trickle; and back to Pull as soon
+    as a new backlog shows on the stream.
 
     Here the in-process gateway is the slower side, so batches close on linger and the stream's
     rate is the sign: judged over half a second, the switch comes within the first few thousand
     receipts rather than after seconds."""
     async with running_gateway() as gateway:
-        await gateway.inject(LOGIN, receipt_bodies(20_000))
+        await gateway.inject(LOGIN, receipt_bodies(10_000))
         settings = settings_for(
             gateway.target, database_url, "--mode", "auto", "--streams", "1",
             "--batch-size", "200", "--ack-batch", "200", "--pull-wait-seconds", "1",
             "--auto-pull-rate", "500", "--auto-cooldown", "2",
         )  # fmt: skip
         daemon = Daemon(settings)
+        received = daemon.metrics.received
         with capture_logs() as logs:
             task = asyncio.create_task(daemon.run(), name="daemon-under-test")
-            await wait_until(lambda: drained(gateway), 30, "the backlog to drain")
+            await wait_until(lambda: drained(gateway), 30, "the first backlog to drain")
 
             async def back_on_subscribe() -> bool:
                 return any(e.get("reason") == "caught_up" for e in logs)
 
-            await wait_until(back_on_subscribe, 15, "auto to return to Subscribe")
+            await wait_until(back_on_subscribe, 15, "auto to move to Subscribe")
+            first_backlog_on_subscribe = received.labels(mode="subscribe")._value.get()
             # Caught up, the live trickle comes by Subscribe.
-            before = daemon.metrics.received.labels(mode="subscribe")._value.get()
             await gateway.inject(LOGIN, receipt_bodies(50, prefix="t"))
             await wait_until(lambda: drained(gateway), 15, "the trickle to drain")
-            trickle = daemon.metrics.received.labels(mode="subscribe")._value.get() - before
+            trickle = received.labels(mode="subscribe")._value.get() - first_backlog_on_subscribe
+            # A new backlog, seen on the stream, goes back to Pull.
+            await gateway.inject(LOGIN, receipt_bodies(20_000, prefix="b"))
+            await wait_until(lambda: drained(gateway), 30, "the second backlog to drain")
             daemon.stop()
             assert await asyncio.wait_for(task, 15) == 0
         await assert_ledger_matches_store(gateway, database_url)
+    assert first_backlog_on_subscribe == 0
     assert trickle == 50
     switches = [(e["to"], e["reason"]) for e in logs if e["event"] == "auto_switch"]
+    assert switches[0] == ("subscribe", "caught_up")
     assert ("pull", "backlog") in switches
-    assert switches[-1] == ("subscribe", "caught_up")
-    on_subscribe = daemon.metrics.received.labels(mode="subscribe")._value.get()
-    assert daemon.metrics.received.labels(mode="pull")._value.get() > 0
+    on_subscribe = received.labels(mode="subscribe")._value.get() - 50
     # Half a second of Subscribe (~2,500 here) before the switch, not the 2 s (~10,000) of a
-    # per-second rule: a quarter of the backlog at most.
+    # per-second rule: a quarter of the second backlog at most.
     assert on_subscribe < 5_000, on_subscribe

@@ -61,8 +61,11 @@ def failover_acks(report: dict[str, Any]) -> tuple[int, int]:
 FAULT_EVIDENCE: dict[str, Any] = {
     "daemon_kill9": lambda r: r["daemon_kills"] == 3,
     "gateway_kill9": lambda r: r["gateway_kills"] == 2 and r["reader_reconnects"] > 0,
-    # The 8 s outage outlasts --release-after 5: streams closed, receipts released (F7).
-    "postgres_outages": lambda r: r["gateway_redelivered"] > 0,
+    # The 8 s outage outlasts --release-after 5, and the readers met the release: a Subscribe
+    # reader's stream closed and its receipts came back (F7), or a Pull reader kept its own.
+    "postgres_outages": lambda r: (
+        r["store_releases"] > 0 and r["gateway_redelivered"] + r["pulled_kept"] > 0
+    ),
     "stream_cuts": lambda r: r["gateway_redelivered"] > 0,
     # A lost Ack reply is retried and answered already_gone (F9); a failed Pull reconnects.
     "unavailable_bursts": lambda r: r["gateway_already_gone"] + r["reader_reconnects"] > 0,

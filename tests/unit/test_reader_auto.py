@@ -17,12 +17,41 @@ BATCH = 500
 START = 1_000.0
 
 
-def auto(*, rate: float = 2000.0, cooldown: float = 60.0, failures: int = 3) -> AutoPolicy:
+def fresh(*, rate: float = 2000.0, cooldown: float = 60.0, failures: int = 3) -> AutoPolicy:
     return AutoPolicy(
         AutoSettings(
             batch_size=BATCH, pull_max=BATCH, cooldown=cooldown, pull_rate=rate, failures=failures
         )
     )
+
+
+def auto(*, rate: float = 2000.0, cooldown: float = 60.0, failures: int = 3) -> AutoPolicy:
+    """A policy past its start: its first Pulls came back short, so it is on Subscribe."""
+    policy = fresh(rate=rate, cooldown=cooldown, failures=failures)
+    policy.opened(Mode.PULL, 0.0)
+    for at in (0.1, 0.2, 0.3):
+        policy.pulled(0, at)
+    policy.closed()
+    assert policy.mode(0.4) is Mode.SUBSCRIBE
+    assert policy.take_switch() == Switch(Mode.SUBSCRIBE, "caught_up")
+    return policy
+
+
+def test_a_reader_starts_on_pull_and_drains_a_backlog_there_before_subscribing() -> None:
+    """After a start the queue most likely holds a backlog: Pull drains it; full Pulls keep
+    it, and three short ones in a row move to Subscribe."""
+    policy = fresh()
+    assert policy.mode(0.0) is Mode.PULL
+    policy.opened(Mode.PULL, 0.0)
+    for at in range(1, 50):
+        policy.pulled(BATCH, float(at))
+        assert policy.mode(float(at)) is Mode.PULL
+    for short_at in (50.0, 51.0):
+        policy.pulled(3, short_at)
+        assert policy.mode(short_at) is Mode.PULL
+    policy.pulled(0, 52.0)
+    assert policy.mode(52.0) is Mode.SUBSCRIBE
+    assert policy.take_switch() == Switch(Mode.SUBSCRIBE, "caught_up")
 
 
 def stream(policy: AutoPolicy, arrivals: list[float]) -> float | None:

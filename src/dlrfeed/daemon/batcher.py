@@ -8,9 +8,12 @@ store is slow or down. The commit of a batch runs as its own task: a cancelled b
 before re-raising, so a batch is never abandoned half-way between commit and ack. A commit that
 fails with `StoreUnavailableError` (any transient SQLSTATE class, or a lost connection)
 committed nothing: the batch is put back in front of the buffer and taken again once the gate
-sees the store up and a backoff delay has passed — or it is dropped unacked when the gate
-releases the streams (F7), for the gateway to redeliver. The delay matters when the server
-answers pings but refuses the batch (a table lock past lock_timeout, a statement timeout).
+sees the store up and a backoff delay has passed — or, on a Subscribe reader, it is dropped
+unacked when the outage outlasts `--release-after` and the reader closes its stream (F7), for
+the gateway to redeliver at once. A Pull reader's batch is kept and retried however long the
+outage: the gateway gives pulled receipts back only when their lease ends (F6). The delay
+matters when the server answers pings but refuses the batch (a table lock past lock_timeout, a
+statement timeout).
 """
 
 from __future__ import annotations
@@ -142,13 +145,14 @@ class Batcher:
     async def wait_writable(self) -> None:
         await self._gate.wait_up()
 
-    # -- the daemon's side ----------------------------------------------------------------
     def release(self) -> None:
-        """The store has been down past `--release-after`: drop everything in hand, unacked;
-        the reader closes its stream and the gateway redelivers (F7)."""
+        """The store has been down past `--release-after` and the reader closes its stream:
+        drop everything in hand, unacked; the gateway redelivers (F7)."""
         self._generation += 1
         dropped = self.discard_pending()
         log.warning("batch_released", batcher=self.name, dropped=dropped)
+
+    # -- the daemon's side ----------------------------------------------------------------
 
     def abandon(self) -> None:
         """Teardown after a failure or timeout: drop what is in hand, unacked (redelivered)."""

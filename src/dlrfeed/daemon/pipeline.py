@@ -203,8 +203,7 @@ class Pipeline:
                 log.error("task_error_on_stop", task=self._tasks[task], error=repr(result))
 
     def _release(self) -> None:
-        """F7: the store is down past --release-after; give the receipts back to the gateway."""
-        for batcher in self.batchers:
-            batcher.release()
+        """F7: the store is down past --release-after; each reader gives back what a closed
+        stream gives back (a Pull reader keeps what it pulled: `FeedReader.release`)."""
         for reader in self.readers:
             reader.release()

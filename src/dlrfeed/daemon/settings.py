@@ -169,8 +169,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--release-after",
         type=non_negative_float,
         default=60.0,
-        help="seconds of database outage after which streams close so the gateway releases "
-        "their receipts (F7)",
+        help="seconds of database outage after which Subscribe streams close so the gateway "
+        "releases their receipts (F7); Pull readers keep what they pulled",
     )
     work.add_argument(
         "--shutdown-timeout",

@@ -3,9 +3,10 @@
 A batch whose commit fails with `StoreUnavailableError` (any transient SQLSTATE class, or a
 lost connection) marks the gate down. While it is down, readers take no new receipts (their
 batch in hand is retried), a prober pings the store with backoff and jitter, and once the
-outage has lasted `release_after` seconds the gate fires the release callbacks: readers close
-their streams so the gateway hands the receipts to readers that can store them (F7). The first
-successful ping or commit opens the gate again.
+outage has lasted `release_after` seconds the gate fires the release callbacks: Subscribe
+readers close their streams so the gateway hands the receipts to readers that can store them
+(F7; Pull readers keep theirs, `FeedReader.release`). The first successful ping or commit opens
+the gate again.
 """
 
 from __future__ import annotations

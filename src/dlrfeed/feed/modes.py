@@ -6,12 +6,16 @@ happened, and ask `mode(now)`: the RPC to use now, both when it opens a call and
 receipt or Pull, to know whether to leave the current one. No clock, no I/O, no logging:
 `switch` tells the reader why the answer changed, for its `auto_switch` log.
 
-Auto's rules (docs/daemon.md, "Modes"): start on Subscribe; move to Pull when Subscribe is
-UNIMPLEMENTED or failed `auto_failures` times within `auto_cooldown` (Subscribe then blocked for
-the cool-down), or on a backlog: the stream carried `auto_pull_rate` receipts/s over a span of
-`AUTO_RATE_SPAN_SECONDS`, or `BACKLOG_FULL_BATCHES` batches in a row closed full. Back to
-Subscribe after three Pulls in a row came back less than half full, unless Subscribe is blocked
-or a backlog switch is younger than min(`AUTO_MIN_PULL_SECONDS`, `auto_cooldown`).
+Auto's rules (docs/daemon.md, "Modes"): start on Pull - a reader that starts (or restarts)
+most likely meets a backlog, which Pull drains for about half the daemon CPU per receipt, and
+a store outage costs a Pull reader nothing since it keeps what it pulled
+(`dlrfeed.feed.reader`) - and move to Subscribe once three Pulls in a row came back less than
+half full. Move to Pull when Subscribe is UNIMPLEMENTED or failed `auto_failures` times within
+`auto_cooldown` (Subscribe then blocked for the cool-down), or on a backlog: the stream carried
+`auto_pull_rate` receipts/s over a span of `AUTO_RATE_SPAN_SECONDS`, or `BACKLOG_FULL_BATCHES`
+batches in a row closed full. Back to Subscribe after three short Pulls in a row again, unless
+Subscribe is blocked or a backlog switch is younger than min(`AUTO_MIN_PULL_SECONDS`,
+`auto_cooldown`).
 """
 
 from __future__ import annotations
@@ -136,7 +140,9 @@ class AutoPolicy:
     def __init__(self, settings: AutoSettings) -> None:
         self._settings = settings
         self._open: Mode | None = None
-        self._prefer_pull = False  # a backlog was seen; cleared once Pulls come back short
+        # A backlog is expected at the start, or was seen since; cleared once Pulls come back
+        # short.
+        self._prefer_pull = True
         self._subscribe_blocked_until = float("-inf")  # UNIMPLEMENTED or repeated failures
         self._pull_at_least_until = float("-inf")  # after a backlog switch (no flapping)
         self._failures: deque[float] = deque()  # Subscribe failures within the cool-down

@@ -7,6 +7,14 @@ cap on reopens per 10 s (reconnect storms are the most reported failure of peer 
 closing its stream when the store has been down long enough that the gateway should give the
 receipts to someone else (F7). It tells the policy what happens and asks it which RPC to use;
 the policy decides.
+
+A store outage past `--release-after` gives back only what a closed stream gives back: a
+Subscribe reader drops what it holds and closes its stream, and the gateway redelivers at once
+(F7). A Pull reader keeps what it pulled and stores it once the store is back: the gateway
+would hold those receipts leased until their lease ended (F6), since no call of the feed gives
+a lease back. The sink therefore never holds pulled receipts while a stream is open: a reader
+commits what it pulled before it subscribes. And a Pull reader pulls only while the store
+takes writes, so it leases nothing it cannot store.
 """
 
 from __future__ import annotations
@@ -50,6 +58,10 @@ class ReceiptSink(Protocol):
 
     async def wait_writable(self) -> None:
         """Return when the store accepts writes (at once when it is up)."""
+
+    def release(self) -> None:
+        """Drop everything in hand, committing or not, unacked; the reader closes its stream
+        and the gateway redelivers (F7)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +138,7 @@ class FeedReader:
         self._closed = asyncio.Event()
         self._release_requested = False
         self._current: SubscribeStream | PullCall | None = None
+        self._holding: Mode | None = None  # the RPC whose receipts the sink may hold
         self._pull_done = asyncio.Event()
         self._pull_done.set()
         self._opens: deque[float] = deque()
@@ -160,9 +173,17 @@ class FeedReader:
 
     def release(self) -> None:
         """The store has been down too long: close the stream so the gateway releases our
-        receipts at once to readers that can store them (F7); reopen when the store is back."""
+        receipts at once to readers that can store them (F7); reopen when the store is back.
+
+        A Pull reader keeps what it pulled (see the module docstring): dropped, those receipts
+        would stay leased until their lease ended (F6). Its Pull in flight is left to return:
+        cancelled, what the gateway had leased for it would be lost the same way."""
         if self._stopping:
             return
+        if self._holding is Mode.PULL:
+            log.warning("pulled_receipts_kept", reader=self.name)
+            return
+        self._sink.release()
         self._release_requested = True
         if self._current is not None:
             self._current.cancel()
@@ -180,6 +201,12 @@ class FeedReader:
             mode = self._policy.mode(self._clock())
             try:
                 if mode == Mode.SUBSCRIBE:
+                    if self._holding is Mode.PULL:
+                        # A stream's release drops what the sink holds: commit what was pulled
+                        # first (the module docstring).
+                        await self._sink.drain()
+                        if self._stop_requested():
+                            continue  # no stream opened while stopping
                     await self._run_subscribe()
                 else:
                     await self._run_pull()
@@ -220,6 +247,7 @@ class FeedReader:
     async def _run_subscribe(self) -> None:
         stream = self._client.subscribe(self._settings.window)
         self._current = stream
+        self._holding = Mode.SUBSCRIBE
         self._set_state(Mode.SUBSCRIBE)
         policy = self._policy
         policy.opened(Mode.SUBSCRIBE, self._clock())
@@ -258,9 +286,15 @@ class FeedReader:
     async def _run_pull(self) -> None:
         settings = self._settings
         policy = self._policy
+        self._holding = Mode.PULL
         self._set_state(Mode.PULL)
         policy.opened(Mode.PULL, self._clock())
         while not self._stopping:
+            # Lease nothing the store cannot take now: the receipts stay queued for readers
+            # that can store them.
+            await self._sink.wait_writable()
+            if self._stop_requested():
+                return
             call = self._client.pull(settings.pull_max, settings.pull_wait_seconds)
             self._current = call
             self._pull_done.clear()

@@ -187,10 +187,10 @@ def subscribe_walls(results: dict[str, Any]) -> list[str]:
             )
         walls.append(
             f"- `{name}` reaches {rate:.2f} of `{pull_name}`'s rate (target "
-            f"≥ {TARGET_AUTO_TO_PULL:.2f}){cpu or '.'} Each reader starts on Subscribe and "
-            "moves to Pull once its stream carries `--auto-pull-rate` receipts/s over half a "
-            "second: what it drains before the switch, and the switch itself, are paid on "
-            f"Subscribe: {PER_MESSAGE_WORK}. Compare the min-max of both in the throughput "
+            f"≥ {TARGET_AUTO_TO_PULL:.2f}){cpu or '.'} Each reader starts on Pull and moves "
+            "to Subscribe once three Pulls in a row come back less than half full: what it "
+            "reads on Subscribe before a backlog sends it back to Pull is paid at Subscribe's "
+            f"cost: {PER_MESSAGE_WORK}. Compare the min-max of both in the throughput "
             "table: a ratio within their spread is the machine's noise."
             + _apart_sentence(results, name, pull_name)
         )

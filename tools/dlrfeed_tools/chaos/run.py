@@ -86,16 +86,23 @@ async def run_scenario(
         daemon_processes=len(exits),
         daemon_kills=sum(d.kills for d in rig.daemons),
         gateway_kills=gateway.kills,
-        # Every daemon's JSON log: how often a reader lost its stream/Pull and reconnected.
-        reader_reconnects=sum(
-            d.log.read_text(errors="replace").count('"reader_reconnect"') for d in rig.daemons
-        ),
+        # Every daemon's JSON log: how often a reader lost its stream/Pull and reconnected;
+        # how often a store outage outlasted --release-after, and a Pull reader kept what it
+        # had pulled through it.
+        reader_reconnects=_log_events(rig, "reader_reconnect"),
+        store_releases=_log_events(rig, "streams_released"),
+        pulled_kept=_log_events(rig, "pulled_receipts_kept"),
     )
     report["failed"] = [*report["failed"], *rig.extra_failures]
     if report["clean_exits"] != len(exits):
         report["failed"].append("a daemon did not stop cleanly on SIGTERM")
     report["ok"] = not report["failed"]
     return report
+
+
+def _log_events(rig: Rig, event: str) -> int:
+    """How many `event` lines the daemons of `rig` logged, all together."""
+    return sum(d.log.read_text(errors="replace").count(f'"{event}"') for d in rig.daemons)
 
 
 @contextlib.asynccontextmanager

@@ -365,8 +365,9 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
         "postgres_outages",
         "PostgreSQL restarted fast, then stopped",
         "A database outage stops reading instead of acking or dropping: batches in hand are "
-        "retried whole, streams are closed after --release-after so the gateway can release "
-        "their receipts (F7), and draining resumes by itself when PostgreSQL is back.",
+        "retried whole, Subscribe streams are closed after --release-after so the gateway can "
+        "release their receipts (F7) while Pull readers keep what they pulled (its lease would "
+        "hold it, F6), and draining resumes by itself when PostgreSQL is back.",
         postgres_outages,
     ),
     ScenarioSpec(
