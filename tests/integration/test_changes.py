@@ -123,11 +123,11 @@ async def test_a_rewrite_that_keeps_the_status_writes_no_change(
     store: Store, db: asyncpg.Connection
 ) -> None:
     """Only status, is_final or reason count as a change (counters and timestamps do not), and
-    a reason is what it reads, whether a row holds its text or its id (migration 0019)."""
+    a reason is what it reads, whether a row holds its text or its id (the dictionary full)."""
     await _record(store, "m1")
     await store.ingest(LOGIN, [receipt("m1")])
-    await db.execute("UPDATE dlr.message_status SET repeats = repeats + 1, updated_at = now()")
-    # The same reason as text, as a row stored before migration 0019 holds it.
+    await db.execute("UPDATE dlr.statuses SET repeats = repeats + 1, updated_at = now()")
+    # The same reason as text, as a row holds it when the dictionary is full.
     await db.execute(
         "UPDATE dlr.statuses SET reason = dlr.reason_text(reason, reason_id), reason_id = NULL"
     )
@@ -520,14 +520,18 @@ async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages
         old_xid = await _begin_with_xid(old)  # an id older than the next change's
         await _write_status(db, LOGIN, "d1", "DELIVERED")
         await old.execute(
-            "DELETE FROM dlr.message_status WHERE login = $1 AND message_id = ANY($2::text[])",
+            "DELETE FROM dlr.statuses AS s USING dlr.messages AS m WHERE m.id = s.message_ref"
+            " AND m.login = $1 AND m.message_id = ANY($2::text[])",
             LOGIN,
             ["d1", "d2"],
         )
         await old.execute("COMMIT")
     finally:
         await old.close()
-    await db.execute("DELETE FROM dlr.message_status WHERE message_id = 'none'")  # no row
+    await db.execute(  # no row
+        "DELETE FROM dlr.statuses AS s USING dlr.messages AS m"
+        " WHERE m.id = s.message_ref AND m.message_id = 'none'"
+    )
     changes = await _all_changes(db)
     withdrawn = sorted((c for c in changes if c.status is None), key=lambda c: c.message_id)
     assert [(c.message_id, c.previous_status, c.previous_reason) for c in withdrawn] == [
@@ -561,7 +565,10 @@ async def test_a_first_status_after_a_withdrawal_follows_it_even_from_an_older_t
     old = await asyncpg.connect(database_url)
     try:
         old_xid = await _begin_with_xid(old)  # older than the withdrawal's
-        await db.execute("DELETE FROM dlr.message_status WHERE message_id = 'w1'")
+        await db.execute(
+            "DELETE FROM dlr.statuses AS s USING dlr.messages AS m"
+            " WHERE m.id = s.message_ref AND m.message_id = 'w1'"
+        )
         await _write_status(old, LOGIN, "w1", "DELIVERED")
         await old.execute("COMMIT")
     finally:
