@@ -544,6 +544,9 @@ $$;
 COMMENT ON FUNCTION dlr.callback_json(bytea) IS
     'an HTTP callback''s payload as JSON: the posted object, {"form": text}, or {"undecodable": hex}';
 
+-- The dictionary of reasons is bounded (100000 texts of at most 1000 bytes): a reason it cannot
+-- hold (full, too long, or added by a concurrent serializable writer) stays as text in the
+-- status's or change's own row, so a status is never refused for its wording.
 CREATE FUNCTION dlr.add_reasons(candidates text[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -582,12 +585,15 @@ $$;
 COMMENT ON FUNCTION dlr.reason_ids(text[]) IS
     'the ids of texts in dlr.reasons, adding those it lacks while it has room (the writers'' one way in)';
 
+-- A reason as read: the row's own text, else its id's text in the dictionary.
 CREATE FUNCTION dlr.reason_text(stored text, id integer) RETURNS text
     LANGUAGE sql STABLE
     AS $_$
     SELECT coalesce($1, (SELECT r.reason FROM dlr.reasons AS r WHERE r.id = $2))
 $_$;
 
+-- A status may name only an id the dictionary holds (the change log's triggers check it, since
+-- the writers pass ids, not texts).
 CREATE FUNCTION dlr.check_reason_ids(ids integer[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -622,6 +628,8 @@ JOIN pg_class AS parent ON parent.oid = i.inhparent
 JOIN pg_class AS child ON child.oid = i.inhrelid
 WHERE parent.relnamespace = 'dlr'::regnamespace AND parent.relkind = 'p';
 
+-- `dlrfeed maintain` (the owner) creates the days ahead, from the last one that exists; each day
+-- of receptions keyed by (event_id, id), so a day's index grows where its events are written.
 CREATE FUNCTION dlr.create_reception_partitions(through timestamp with time zone) RETURNS SETOF text
     LANGUAGE plpgsql
     SET "TimeZone" TO 'UTC'
@@ -644,6 +652,8 @@ BEGIN
 END;
 $$;
 
+-- The same for the change log; each day indexes its withdrawals (status NULL) by message, for
+-- dlr.latest_withdrawal.
 CREATE FUNCTION dlr.create_status_change_partitions(through timestamp with time zone) RETURNS SETOF text
     LANGUAGE plpgsql
     SET "TimeZone" TO 'UTC'
@@ -676,6 +686,9 @@ $$;
 COMMENT ON FUNCTION dlr.forgetting() IS
     'true in a transaction of the schema owner that forgets old messages (set_config of dlrfeed.forgetting, local to it): their statuses go without a withdrawn change';
 
+-- The epoch of a message's latest withdrawal in [since, before): a status written again after
+-- a withdrawal is positioned past it (a withdrawn status has no row to carry its epoch). Reads
+-- only the days of that window.
 CREATE FUNCTION dlr.latest_withdrawal(login text, message_id text, since timestamp with time zone, before timestamp with time zone) RETURNS TABLE(epoch numeric)
     LANGUAGE sql STABLE
     AS $_$
@@ -685,6 +698,8 @@ CREATE FUNCTION dlr.latest_withdrawal(login text, message_id text, since timesta
           AND c.changed_at >= $3 AND c.changed_at < $4
 $_$;
 
+-- A status row carries at least the epoch of its latest change, whatever its writer sets: the
+-- next change of the message is positioned after it.
 CREATE FUNCTION dlr.keep_change_epoch() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -701,6 +716,9 @@ BEGIN
 END;
 $$;
 
+-- The change log's writer: one row per status inserted, changed (status, finality or reason)
+-- or deleted, in the transaction that wrote it; it runs as the owner (the writer role may not
+-- write the log itself).
 CREATE FUNCTION dlr.record_status_changes() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -800,6 +818,8 @@ BEGIN
 END;
 $$;
 
+-- P14: the events that waited for a message move under its row id when it is recorded, with
+-- their ids, so a key is in one table only.
 CREATE FUNCTION dlr.move_events_to_messages() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -830,7 +850,10 @@ BEGIN
         flags, updates, parser_version, rules_version, later_results, conflicting_contents)
     SELECT m.id, k.ref, m.level, m.first_received_at, m.last_received_at, m.done_at,
            m.times_received, m.conflicting_receptions, m.stat, m.status, m.err,
-           m.done_date_raw, m.fingerprint, m.correlation_id, m.flags, m.updates,
+           -- Its own id as its correlation id is NULL under its message, as the ingest
+           -- writes it there (a writer of the waiting room may have written it out).
+           m.done_date_raw, m.fingerprint, nullif(m.correlation_id, m.message_id), m.flags,
+           m.updates,
            m.parser_version, m.rules_version, m.later_results, m.conflicting_contents
     FROM moved AS m
     JOIN unnest(early, refs) AS k(id, ref) ON k.id = m.id;
