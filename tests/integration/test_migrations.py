@@ -26,6 +26,7 @@ from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.sql import query
+from dlrfeed_tools.migration_probe import apply_measured, install_before
 from dlrfeed_tools.pgcluster import PgCluster, server_bindir
 from support.schema import describe
 
@@ -101,6 +102,22 @@ def test_the_schema_file_follows_the_migrations() -> None:
     if len(available_migrations()) > 1:
         assert SCHEMA_FILE == _STORE / "schema.sql"
     assert available_migrations()[0].name == BASELINE.name
+
+
+async def test_the_migration_probe_applies_a_migration_as_migrate_does(
+    empty_database: str,
+) -> None:
+    """The tooling that measures the next migration's online claim (migration_probe): a store
+    as released before a migration, then that migration applied and measured the way `dlrfeed
+    migrate` applies it. On the baseline, before which a store is an empty version table."""
+    newest = available_migrations()[-1].version
+    await install_before(empty_database, newest)
+    cost = await apply_measured(empty_database, newest)
+    assert cost.rewritten == []  # what existed before (the version table) kept its file
+    assert cost.locks["dlr.schema_version"] == {"RowExclusiveLock"}  # its row, written
+    assert cost.wal_bytes > 0
+    assert cost.statements_ms > 0
+    assert await describe(empty_database) == EXPECTED.read_text()
 
 
 async def test_migrating_an_empty_database_gives_exactly_the_expected_schema(
