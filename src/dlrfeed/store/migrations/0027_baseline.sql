@@ -228,12 +228,33 @@ COMMENT ON COLUMN dlr.reception_rows.peer IS
 
 -------------------------------------------------------------------------------------------
 -- Status changes: one row per change of a message's computed status (docs/changes.md),
--- written by the triggers of dlr.statuses, one partition per UTC day of changed_at. position
--- orders the log for readers: the writing transaction's epoch (its xid, raised past the
--- message's previous change) * 10^19 + a tick.
+-- written by the triggers of dlr.statuses in the transaction that wrote the status, so every
+-- writer (live ingest, late correlation, a recompute) is covered without knowing of the log;
+-- one partition per UTC day of changed_at.
+--
+-- Positions and the gap. A reader asks for "changes after position P". A sequence alone cannot
+-- serve that: a writer may draw 5, another 6 and commit first, and a reader that moved to 6
+-- never sees 5. So a position is two parts, printed as one decimal integer
+--     position = epoch * 10^19 + tick
+-- - tick: nextval of dlr.status_changes_tick (< 2^63 < 10^19), drawn as the row is written;
+-- - epoch: the writing transaction's id (pg_current_xact_id), raised to the epoch of the
+--   message's previous change when that is larger (statuses.change_epoch; a withdrawal's, from
+--   the log: dlr.latest_withdrawal), for a transaction that took its id before another but
+--   locked the message after it (row locks order the writers of one message).
+-- Readers take only positions below  pg_snapshot_xmin(pg_current_snapshot()) * 10^19.
+-- Why no change is ever skipped or seen twice:
+-- 1. epoch >= own transaction id, so a row below the horizon was written by a transaction older
+--    than every transaction still running: it has committed (and is visible) or aborted.
+--    Every row still to be written has epoch >= its writer's id >= xmin: above the horizon. The
+--    set of rows below any horizon is therefore final, and a read "position > P below the
+--    horizon, in position order" returns a prefix of what every later read returns.
+-- 2. Per message the positions grow in the order of the changes: the later writer holds the
+--    message's row lock after the earlier one committed, so its epoch is at least the earlier
+--    one's and its tick larger (ticks are drawn in real time order, CACHE 1).
+-- 3. Unique: ticks are.
 -------------------------------------------------------------------------------------------
 
-CREATE SEQUENCE dlr.status_changes_tick;
+CREATE SEQUENCE dlr.status_changes_tick;  -- CACHE 1: ticks follow real time (point 2)
 
 CREATE TABLE dlr.status_change_rows (
     position numeric NOT NULL,
