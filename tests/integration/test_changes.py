@@ -508,7 +508,7 @@ async def test_follower_through_a_transaction_pooler_polls_and_says_so_once(
 async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages_order(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    """A DELETE of status rows (migration 0012) writes one change per row: status null,
+    """A DELETE of status rows writes one change per row: status null,
     is_final false, the deleted status as previous; outside a recompute the reason is the
     fixed text and the rules version the row's. Its position follows the message's previous
     change even when the deleting transaction's id is older (the epoch is raised), and the
@@ -560,7 +560,7 @@ async def test_a_first_status_after_a_withdrawal_follows_it_even_from_an_older_t
 ) -> None:
     """A message withdrawn (its status row deleted) and given a status again by a transaction
     whose id is older than the withdrawal's: the new first change still comes after the
-    withdrawal (migration 0017 takes the withdrawal's epoch from the log's withdrawals)."""
+    withdrawal (its epoch is taken from the log's withdrawals)."""
     await _write_status(db, LOGIN, "w1", "ENROUTE")
     old = await asyncpg.connect(database_url)
     try:
@@ -586,8 +586,8 @@ async def test_a_writers_search_path_cannot_bend_a_changes_position(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     """A writer session that shadows `text` with a temporary type (searched before pg_catalog)
-    still writes each change at or above its own transaction id (migration 0017's row trigger
-    names every type by its schema)."""
+    still writes each change at or above its own transaction id (the row trigger keeping the
+    change epoch names every type by its schema)."""
     await _write_status(db, LOGIN, "t1", "ENROUTE")
     writer = await asyncpg.connect(database_url)
     try:

@@ -1,4 +1,4 @@
-"""Forgetting old messages (migration 0014, `dlrfeed maintain --forget-after-days`) against the
+"""Forgetting old messages (`dlrfeed maintain --forget-after-days`) against the
 real server: a message goes whole - record, status, events - once nothing of it happened since
 the cutoff, with no change written for its status; a message with something recent, one being
 written, and one an open exception refers to are kept (a closed one goes with it); a receipt for

@@ -50,7 +50,7 @@ async def _prepare(database_url: str) -> asyncpg.Record | None:
     db = await asyncpg.connect(database_url)
     try:
         await _stale(db, "a", 1, status="DELIVERED", is_final=True, conflicts=1)
-        for table in ("event_rows", "message_events"):  # whichever keeps it (0024)
+        for table in ("event_rows", "message_events"):  # whichever keeps it
             await db.execute(
                 f"DELETE FROM dlr.{table} WHERE id IN"
                 " (SELECT id FROM dlr.events WHERE message_id = 'b' AND level = 2)"

@@ -538,7 +538,7 @@ async def test_change_log_written_only_by_the_trigger_read_by_reader_cursors_by_
     roles_db: RoleDatabase,
 ) -> None:
     """Migration 0009: the writer's ingest logs its changes through the trigger but cannot
-    write the log itself, nor the reasons it names (0018); the reader reads it and cannot keep
+    write the log itself, nor the reasons it names; the reader reads it and cannot keep
     a cursor; the operator can."""
     await (await _seed(roles_db)).close()
     for statement in (
@@ -550,7 +550,7 @@ async def test_change_log_written_only_by_the_trigger_read_by_reader_cursors_by_
         "SELECT nextval('dlr.status_changes_tick')",
     ):
         assert "permission denied" in await _refused(roles_db.writer, statement)
-    # The view joins the message rows (0022): nobody updates it.
+    # The view joins the message rows: nobody updates it.
     writer = await asyncpg.connect(roles_db.writer)
     try:
         with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="cannot update view"):

@@ -497,6 +497,6 @@ async def test_p10_hex_receipt_ids_correlate_by_decimal_value_and_keep_receive_t
     }
     assert rows["1a"]["correlation_id"] == "26"
     assert float(rows["1a"]["at"]) == pytest.approx(1_795_993_760.123457, abs=1e-6)
-    # An id that is its own correlation id is not written twice (migration 0016).
+    # An id that is its own correlation id is not written twice (NULL: its own).
     assert rows["zz"]["correlation_id"] is None
     assert (await status_of(db, "26") or {}).get("status") == "DELIVERED"
