@@ -708,8 +708,19 @@ COMMENT ON FUNCTION dlr.forgetting() IS
     'true in a transaction of the schema owner that forgets old messages (set_config of dlrfeed.forgetting, local to it): their statuses go without a withdrawn change';
 
 -- The epoch of a message's latest withdrawal in [since, before): a status written again after
--- a withdrawal is positioned past it (a withdrawn status has no row to carry its epoch). Reads
--- only the days of that window.
+-- a withdrawal is positioned past it (a withdrawn status has no row to carry its epoch). The
+-- writer asks for the hour either side of its own transaction, so the lookup probes the days
+-- of today and at most a neighbour, however many are kept. Why that window is enough: a
+-- withdrawal raises a change's epoch only when its epoch E is above the writing transaction's
+-- id X. E is the id of the transaction W0 that started the message's chain of changes (epochs
+-- are only inherited along one message's changes, each written after the one before under the
+-- row lock), and E > X means W0's id was assigned after ours, so after our transaction began
+-- (now()). Each change is stamped with the clock as its writer's trigger runs
+-- (clock_timestamp(), after the write that assigned the writer's id), so the withdrawal has
+-- changed_at >= now(); and it was written before we could lock the message, so before our
+-- clock_timestamp(). The hour of margin on either side covers a step of the server's clock
+-- (NTP); beyond it a raise could be missed, and per-message order rests on the tick alone,
+-- which still grows in real time.
 CREATE FUNCTION dlr.latest_withdrawal(login text, message_id text, since timestamp with time zone, before timestamp with time zone) RETURNS TABLE(epoch numeric)
     LANGUAGE sql STABLE
     AS $_$
