@@ -1163,14 +1163,14 @@ BEGIN
         GRANT USAGE ON SEQUENCE dlr.events_id_seq TO dlrfeed_writer;
         GRANT SELECT ON dlr.events TO dlrfeed_writer;
         -- P7: the statuses are recomputed and rewritten by the rules (never deleted).
-        GRANT SELECT, INSERT, UPDATE ON dlr.statuses, dlr.earlier_statuses TO dlrfeed_writer;
+        GRANT SELECT, INSERT, UPDATE ON dlr.statuses TO dlrfeed_writer;
         GRANT SELECT ON dlr.message_status, dlr.reasons TO dlrfeed_writer;
         GRANT EXECUTE ON FUNCTION dlr.reason_ids(text[]) TO dlrfeed_writer;
         -- P13: receptions are appended, never updated, deleted or truncated; late correlation
         -- reads back what the planner needs, never the payload.
         GRANT INSERT ON dlr.reception_rows TO dlrfeed_writer;
-        GRANT SELECT (id, login, message_id, level, stat, err, done_date_raw, done_at,
-                      received_at, flags, event_id, fingerprint)
+        GRANT SELECT (id, stat, err, done_date_raw, done_at, received_at, flags, event_id,
+                      fingerprint)
               ON dlr.reception_rows TO dlrfeed_writer;
         GRANT USAGE ON SEQUENCE dlr.receptions_id_seq TO dlrfeed_writer;
         -- P12/C8: exceptions are opened, and late correlation resolves `uncorrelated` ones.
@@ -1178,6 +1178,9 @@ BEGIN
               ON dlr.exceptions TO dlrfeed_writer;
         -- C6: `dlrfeed record-verifications`.
         GRANT SELECT, INSERT ON dlr.verifications TO dlrfeed_writer;
+        -- The names of the section before, while the ingest statements use them.
+        GRANT SELECT, INSERT, UPDATE ON dlr.earlier_statuses TO dlrfeed_writer;
+        GRANT SELECT (login, message_id, level) ON dlr.reception_rows TO dlrfeed_writer;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN
