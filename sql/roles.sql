@@ -3,8 +3,9 @@
 --
 --     psql -v ON_ERROR_STOP=1 -d dlrfeed -f sql/roles.sql
 --
--- Roles are cluster-wide objects, so `dlrfeed migrate` never creates them; migration
--- 0002_roles grants each group exactly what it needs on schema `dlr` when the groups exist.
+-- Roles are cluster-wide objects, so `dlrfeed migrate` never creates them; the schema's grants
+-- (the last section of src/dlrfeed/store/migrations/0027_baseline.sql) give each group exactly
+-- what it needs on schema `dlr` when the groups exist.
 -- Idempotent: running it again changes nothing.
 --
 -- Four NOLOGIN group roles; give each login (person or service) membership of one of them:
@@ -28,7 +29,7 @@ BEGIN
 END
 $roles$;
 
--- An operator is a reader with one more grant (migration 0002_roles).
+-- An operator is a reader with a few more grants (the schema's grants).
 GRANT dlrfeed_reader TO dlrfeed_operator;
 
 -- The owner creates schema dlr in this database; nobody else may create anything in it.

@@ -19,7 +19,7 @@ from dlrfeed_tools.bench.contract_floor import (
 from dlrfeed_tools.bench.growth_profile import STORED_IN, table_sizes
 from dlrfeed_tools.bench.growth_traffic import Traffic, ingest_rounds
 
-# The statuses as stored (migration 0020: under their message row's id), with the key the
+# The statuses as stored (under their message row's id), with the key the
 # floors keep them by.
 _STATUSES_WITH_KEYS = (
     "(SELECT m.login, m.message_id, s.* FROM dlr.statuses AS s"
@@ -86,9 +86,9 @@ async def test_each_floor_keeps_its_columns_of_every_row(
     # required floor more than the contract's, table by table; the contract floor's receptions
     # are indexed by message id (the store's days and the required floor's by event), so its
     # receptions compare without that index.
-    # dlrfeed's change log names each message by its row id (migration 0022), the floors' by
-    # the login and message id the public schema names: the store's takes less. So do the
-    # events of a recorded message, kept under its row's id (migration 0024).
+    # dlrfeed's change log names each message by its row id, the floors' by the login and
+    # message id the public schema names: the store's takes less. So do the events of a
+    # recorded message, kept under its row's id.
     named_by_reference = {"receptions", "status_changes", "events"}
     for table, by_table in figures["by_table"].items():
         if table not in named_by_reference:
@@ -102,7 +102,7 @@ async def test_each_floor_keeps_its_columns_of_every_row(
     receptions = figures["by_table"]["receptions"]
     contract_receptions = figures["relations"][contract]["receptions"]["(table)"]
     assert 0 < contract_receptions < receptions[required]
-    # dlrfeed's name their login, message id and level by their event (migration 0021): less
+    # dlrfeed's name their login, message id and level by their event: less
     # than the floors', which hold the columns the public schema names on dlr.receptions.
     assert receptions["dlrfeed"] < receptions[required]
     total = figures["total"]

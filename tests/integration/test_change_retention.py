@@ -1,9 +1,8 @@
-"""The status-change log under the evidence's retention (migration 0011, `dlrfeed maintain`)
-against the real server.
+"""The status-change log under the evidence's retention (`dlrfeed maintain`) against the real
+server.
 
-An installed log moves to the partitioned layout in place, keeping every row and the triggers'
-positions; maintain creates its days ahead and archives and drops its old days with the
-evidence's; a day that a durable consumer (dlr.change_cursors) has not read to its end is
+Maintain creates the log's days ahead and archives and drops its old days with the evidence's;
+a day that a durable consumer (dlr.change_cursors) has not read to its end is
 refused in one line naming the consumer and its position, unless the consumer is abandoned.
 """
 
@@ -12,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
-import itertools
 import json
-import os
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,22 +22,16 @@ import pytest
 from dlrfeed.errors import FatalError
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.changes import read_changes, save_cursor
-from dlrfeed.store.migrate import available_migrations, current_version, migrate
 from dlrfeed.store.retention import RetentionPolicy, maintain
-from dlrfeed_tools.pgcluster import PgCluster
 from dlrfeed_tools.retention_support import (
     DAY,
-    install_schema_before,
-    plan_of,
     receipt,
     today,
 )
 from support.console import dlrfeed
 
 LOGIN = "acme"
-PARTITIONING = 11  # the migration under test
 ROW_TEXT = "SELECT md5(string_agg(c::text, ',' ORDER BY c.position)) FROM {table} AS c"
-_numbers = itertools.count(1)
 
 
 async def change_partitions(db: asyncpg.Connection) -> dict[str, int]:
@@ -202,75 +192,3 @@ async def test_the_command_refuses_in_one_line_naming_the_consumer(
     assert done.returncode == 0, done.stderr
     assert f"dropped dlr_partitions.status_changes_{old:%Y%m%d}" in done.stdout.splitlines()
     assert await db.fetchval("SELECT count(*) FROM dlr.status_changes") == 0
-
-
-@pytest.fixture
-async def installed_log(pg_cluster: PgCluster) -> AsyncIterator[str]:
-    """A database at the last schema before 0011 whose change log holds a month of changes,
-    written by the triggers of 0009 (statuses inserted, then half of them changed)."""
-    name = f"installed_changes_{os.getpid()}_{next(_numbers)}"
-    dsn = await pg_cluster.create_database(name)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await install_schema_before(conn, PARTITIONING)
-        await conn.execute(
-            """
-            INSERT INTO dlr.message_status (login, message_id, status, is_final, reason,
-                supporting_event_id, rules_version, updated_at)
-            SELECT 'acme', 'm' || g, 'ENROUTE', false, 'progress', g, 'r1',
-                   now() - (g % 30) * interval '1 day'
-            FROM generate_series(1, 20000) AS g;
-            UPDATE dlr.message_status SET status = 'DELIVERED', is_final = true,
-                reason = 'final' WHERE message_id LIKE '%0';
-            UPDATE dlr.status_changes SET changed_at = now() - 25 * interval '1 day'
-            WHERE status = 'ENROUTE' AND message_id LIKE '%7';
-            """
-        )
-    finally:
-        await conn.close()
-    yield dsn
-    await pg_cluster.drop_database(name)
-
-
-async def test_an_installed_log_moves_in_place_and_the_triggers_keep_writing(
-    installed_log: str,
-) -> None:
-    conn = await asyncpg.connect(installed_log)
-    try:
-        before = await conn.fetchval(ROW_TEXT.format(table="dlr.status_changes"))
-        count = await conn.fetchval("SELECT count(*) FROM dlr.status_changes")
-        assert count == 20000 + 2000
-        table_file = await conn.fetchval("SELECT pg_relation_filenode('dlr.status_changes')")
-        last = (await read_changes(conn, 0, 100_000))[-1].position
-
-        applied = await migrate(installed_log)
-        assert applied[0].startswith("0011_")
-        assert await current_version(conn) == available_migrations()[-1].version
-        assert await conn.fetchval(ROW_TEXT.format(table="dlr.status_changes")) == before
-        first = await conn.fetchval(
-            "SELECT partition_name FROM dlr.day_partitions"
-            " WHERE parent_table = 'status_change_rows' AND lower_bound IS NULL"
-        )
-        assert first == f"status_changes_before_{today() + DAY:%Y%m%d}"
-        assert table_file == await conn.fetchval(
-            "SELECT pg_relation_filenode($1::regclass)", f"dlr_partitions.{first}"
-        )
-        # The writers' lookup of a message's latest withdrawal (dlr.latest_withdrawal) stays
-        # an index probe.
-        plan = await plan_of(
-            conn,
-            "SELECT max(position) FROM dlr.status_change_rows"
-            " WHERE login = 'acme' AND message_id = 'm10' AND status IS NULL",
-        )
-        assert "Seq Scan" not in plan, plan
-
-        # A status written after the migration: a change after every earlier one (gap-free).
-        await conn.execute(
-            "UPDATE dlr.message_status SET status = 'UNDELIVERABLE', is_final = true,"
-            " reason = 'final' WHERE message_id = 'm10'"
-        )
-        (after,) = await read_changes(conn, last)
-        assert (after.message_id, after.previous_status) == ("m10", "DELIVERED")
-        assert after.position > last
-    finally:
-        await conn.close()

@@ -123,11 +123,11 @@ async def test_a_rewrite_that_keeps_the_status_writes_no_change(
     store: Store, db: asyncpg.Connection
 ) -> None:
     """Only status, is_final or reason count as a change (counters and timestamps do not), and
-    a reason is what it reads, whether a row holds its text or its id (migration 0019)."""
+    a reason is what it reads, whether a row holds its text or its id (the dictionary full)."""
     await _record(store, "m1")
     await store.ingest(LOGIN, [receipt("m1")])
-    await db.execute("UPDATE dlr.message_status SET repeats = repeats + 1, updated_at = now()")
-    # The same reason as text, as a row stored before migration 0019 holds it.
+    await db.execute("UPDATE dlr.statuses SET repeats = repeats + 1, updated_at = now()")
+    # The same reason as text, as a row holds it when the dictionary is full.
     await db.execute(
         "UPDATE dlr.statuses SET reason = dlr.reason_text(reason, reason_id), reason_id = NULL"
     )
@@ -508,7 +508,7 @@ async def test_follower_through_a_transaction_pooler_polls_and_says_so_once(
 async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages_order(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    """A DELETE of status rows (migration 0012) writes one change per row: status null,
+    """A DELETE of status rows writes one change per row: status null,
     is_final false, the deleted status as previous; outside a recompute the reason is the
     fixed text and the rules version the row's. Its position follows the message's previous
     change even when the deleting transaction's id is older (the epoch is raised), and the
@@ -520,14 +520,18 @@ async def test_a_deleted_status_is_one_change_with_a_null_status_in_the_messages
         old_xid = await _begin_with_xid(old)  # an id older than the next change's
         await _write_status(db, LOGIN, "d1", "DELIVERED")
         await old.execute(
-            "DELETE FROM dlr.message_status WHERE login = $1 AND message_id = ANY($2::text[])",
+            "DELETE FROM dlr.statuses AS s USING dlr.messages AS m WHERE m.id = s.message_ref"
+            " AND m.login = $1 AND m.message_id = ANY($2::text[])",
             LOGIN,
             ["d1", "d2"],
         )
         await old.execute("COMMIT")
     finally:
         await old.close()
-    await db.execute("DELETE FROM dlr.message_status WHERE message_id = 'none'")  # no row
+    await db.execute(  # no row
+        "DELETE FROM dlr.statuses AS s USING dlr.messages AS m"
+        " WHERE m.id = s.message_ref AND m.message_id = 'none'"
+    )
     changes = await _all_changes(db)
     withdrawn = sorted((c for c in changes if c.status is None), key=lambda c: c.message_id)
     assert [(c.message_id, c.previous_status, c.previous_reason) for c in withdrawn] == [
@@ -556,12 +560,15 @@ async def test_a_first_status_after_a_withdrawal_follows_it_even_from_an_older_t
 ) -> None:
     """A message withdrawn (its status row deleted) and given a status again by a transaction
     whose id is older than the withdrawal's: the new first change still comes after the
-    withdrawal (migration 0017 takes the withdrawal's epoch from the log's withdrawals)."""
+    withdrawal (its epoch is taken from the log's withdrawals)."""
     await _write_status(db, LOGIN, "w1", "ENROUTE")
     old = await asyncpg.connect(database_url)
     try:
         old_xid = await _begin_with_xid(old)  # older than the withdrawal's
-        await db.execute("DELETE FROM dlr.message_status WHERE message_id = 'w1'")
+        await db.execute(
+            "DELETE FROM dlr.statuses AS s USING dlr.messages AS m"
+            " WHERE m.id = s.message_ref AND m.message_id = 'w1'"
+        )
         await _write_status(old, LOGIN, "w1", "DELIVERED")
         await old.execute("COMMIT")
     finally:
@@ -579,8 +586,8 @@ async def test_a_writers_search_path_cannot_bend_a_changes_position(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     """A writer session that shadows `text` with a temporary type (searched before pg_catalog)
-    still writes each change at or above its own transaction id (migration 0017's row trigger
-    names every type by its schema)."""
+    still writes each change at or above its own transaction id (the row trigger keeping the
+    change epoch names every type by its schema)."""
     await _write_status(db, LOGIN, "t1", "ENROUTE")
     writer = await asyncpg.connect(database_url)
     try:

@@ -1,4 +1,4 @@
-"""Forgetting old messages (migration 0014, `dlrfeed maintain --forget-after-days`) against the
+"""Forgetting old messages (`dlrfeed maintain --forget-after-days`) against the
 real server: a message goes whole - record, status, events - once nothing of it happened since
 the cutoff, with no change written for its status; a message with something recent, one being
 written, and one an open exception refers to are kept (a closed one goes with it); a receipt for
@@ -183,7 +183,11 @@ async def test_a_status_deleted_otherwise_is_still_a_withdrawal(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     await _store_of_five(database_url)
-    await db.execute("DELETE FROM dlr.message_status WHERE message_id = $1", OLD)
+    await db.execute(
+        "DELETE FROM dlr.statuses AS s USING dlr.messages AS m"
+        " WHERE m.id = s.message_ref AND m.message_id = $1",
+        OLD,
+    )
     withdrawn = await db.fetchrow(
         "SELECT status, previous_status FROM dlr.status_changes WHERE message_id = $1"
         " ORDER BY position DESC LIMIT 1",
@@ -211,7 +215,7 @@ async def test_maintain_forgets_and_says_so(database_url: str, db: asyncpg.Conne
         await store.close()
     # As if recorded and delivered ten days ago (the status keeps its content: no change).
     await db.execute("UPDATE dlr.messages SET recorded_at = now() - interval '10 days'")
-    await db.execute("UPDATE dlr.message_status SET updated_at = now() - interval '10 days'")
+    await db.execute("UPDATE dlr.statuses SET updated_at = now() - interval '10 days'")
     # Its delivery and its changes went with their days, as the retention drops them (the
     # first partitions, which hold everything before today, drop once today is past the
     # retention).

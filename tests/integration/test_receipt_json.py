@@ -1,7 +1,7 @@
 """`dlr.receipt_json`: the JSON form of a reception, read out of its evidence bytes (P9).
 
-The receptions keep the serialized receipt whole (`payload`); migration 0003 replaced the stored
-JSON copy with this SQL function and the view `dlr.receptions_readable`. These tests hold the
+The receptions keep the serialized receipt whole (`payload`), read as JSON by this SQL function
+and the view `dlr.receptions_readable`. These tests hold the
 function to the protobuf library's own reading of the same bytes (the oracle: what it reads is
 shown the same, what it refuses reads as `{"undecodable": hex}`), and to never failing a query
 over bytes that are not a receipt at all. `make test` draws the same examples every run;

@@ -20,9 +20,11 @@ async def _stale(db: asyncpg.Connection, message_id: str, level: int, **columns:
     """Make a status row look as an older rules version left it: based on the event of
     `level`, with `columns` as that version computed them."""
     await db.execute(
-        "UPDATE dlr.message_status SET rules_version = 'rules-1', status = $3, is_final = $4,"
+        "UPDATE dlr.statuses AS s SET rules_version = 'rules-1', status = $3, is_final = $4,"
         " conflicts = $5, supporting_event_id = (SELECT id FROM dlr.events"
-        "   WHERE message_id = $2 AND level = $6) WHERE login = $1 AND message_id = $2",
+        "   WHERE message_id = $2 AND level = $6)"
+        " FROM dlr.messages AS m WHERE m.id = s.message_ref AND m.login = $1"
+        " AND m.message_id = $2",
         LOGIN,
         message_id,
         columns["status"],
@@ -48,7 +50,7 @@ async def _prepare(database_url: str) -> asyncpg.Record | None:
     db = await asyncpg.connect(database_url)
     try:
         await _stale(db, "a", 1, status="DELIVERED", is_final=True, conflicts=1)
-        for table in ("event_rows", "message_events"):  # whichever keeps it (0024)
+        for table in ("event_rows", "message_events"):  # whichever keeps it
             await db.execute(
                 f"DELETE FROM dlr.{table} WHERE id IN"
                 " (SELECT id FROM dlr.events WHERE message_id = 'b' AND level = 2)"

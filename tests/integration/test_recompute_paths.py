@@ -142,7 +142,7 @@ async def test_retention_then_recompute_keeps_each_final_and_its_counters(
         assert (status["repeats"], status["conflicts"]) == (1, int(conflicting))
         changes = await _changes(db)
         exceptions = await _open_exceptions(db)
-        await db.execute("UPDATE dlr.message_status SET rules_version = 'rules-0'")
+        await db.execute("UPDATE dlr.statuses SET rules_version = 'rules-0'")
         kept = await _statuses(db)
 
         await store.recompute()
@@ -282,7 +282,8 @@ async def test_recompute_all_rewrites_nothing_of_an_unchanged_status(
     assert (result.examined, result.changed) == (2, 0)
     assert {r[0]: tuple(r) for r in await db.fetch(query)} == before
     await db.execute(
-        "UPDATE dlr.message_status SET rules_version = 'rules-0' WHERE message_id = 'a'"
+        "UPDATE dlr.statuses AS s SET rules_version = 'rules-0' FROM dlr.messages AS m"
+        " WHERE m.id = s.message_ref AND m.message_id = 'a'"
     )
     stale = await db.fetchrow(query + " WHERE m.message_id = 'a'")
     assert (await store.recompute()).examined == 1
@@ -320,7 +321,7 @@ async def _stale_traffic(database_url: str, count: int) -> dict[str, dict[str, A
     try:
         right = await _statuses(db)
         await db.execute(
-            "UPDATE dlr.message_status SET rules_version = 'rules-0', conflicts = conflicts + 1"
+            "UPDATE dlr.statuses SET rules_version = 'rules-0', conflicts = conflicts + 1"
         )
         return right
     finally:

@@ -1,4 +1,4 @@
-"""Retention by whole days (migration 0010, `dlrfeed maintain`) against the real server.
+"""Retention by whole days (`dlrfeed maintain`) against the real server.
 
 Partitions are created ahead and dropped whole, archived first in a form that loads back; a
 retention under the redelivery horizon (F16) is refused; a redelivery whose first delivery's

@@ -1,4 +1,4 @@
-"""Least privilege: the roles of sql/roles.sql and migration 0002_roles, each proven by a login.
+"""Least privilege: the roles of sql/roles.sql and the schema's grants, each proven by a login.
 
 The documented procedure, end to end on a fresh database: a DBA runs sql/roles.sql, the schema
 is migrated by a login of `dlrfeed_owner`, then logins of `dlrfeed_writer` (the daemon),
@@ -40,11 +40,10 @@ from gateway.receipts.v1 import feed_pb2
 ROLES_SQL = Path(__file__).resolve().parents[2] / "sql" / "roles.sql"
 TABLES = (
     "messages",
-    "event_rows",  # the events' tables, behind the view dlr.events (0024)
+    "event_rows",  # the events' tables, behind the view dlr.events
     "message_events",
-    "reception_rows",  # the receptions' table, behind the view dlr.receptions (0021)
-    "statuses",  # the statuses' tables, behind the view dlr.message_status (0019, 0020)
-    "earlier_statuses",
+    "reception_rows",  # the receptions' table, behind the view dlr.receptions
+    "statuses",  # the statuses' table, behind the view dlr.message_status
     "exceptions",
     "verifications",
     "schema_version",
@@ -191,7 +190,7 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is not None
         assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is None
         await writer.execute(store_queries.RECORD_UNSTORABLE_REDELIVERY.text, *poison)
-        # The statuses it wrote read back through the view, reasons as text (0019).
+        # The statuses it wrote read back through the view, reasons as text.
         reasons = await writer.fetch("SELECT reason FROM dlr.message_status")
         assert reasons
         assert all(r["reason"] for r in reasons)
@@ -218,8 +217,8 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
 @pytest.mark.parametrize(
     "statement",
     [
-        "UPDATE dlr.receptions SET stat = 'DELIVRD'",
-        "DELETE FROM dlr.receptions",
+        "UPDATE dlr.reception_rows SET stat = 'DELIVRD'",
+        "DELETE FROM dlr.reception_rows",
         "TRUNCATE dlr.reception_rows",
         "SELECT payload FROM dlr.receptions",
         "UPDATE dlr.messages SET destination = '+1'",
@@ -228,9 +227,7 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "UPDATE dlr.message_events SET stat = 'DELIVRD'",
         "DELETE FROM dlr.event_rows",
         "DELETE FROM dlr.message_events",
-        "DELETE FROM dlr.message_status",
         "DELETE FROM dlr.statuses",
-        "DELETE FROM dlr.earlier_statuses",
         "UPDATE dlr.exceptions SET kind = 'conflict'",
         "DELETE FROM dlr.exceptions",
         "TRUNCATE dlr.event_rows, dlr.exceptions, dlr.statuses, dlr.messages",
@@ -242,7 +239,7 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
         "CREATE TABLE public.shadow (x int)",
         "CREATE FUNCTION dlr.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
         "ALTER TABLE dlr.reception_rows OWNER TO t_writer",
-        # Day partitions (migration 0010): only the owner creates, reads directly or drops them.
+        # Day partitions: only the owner creates, reads directly or drops them.
         "DROP TABLE dlr_partitions.receptions_default",
         "SELECT count(*) FROM dlr_partitions.receptions_default",
         "ALTER TABLE dlr.reception_rows DETACH PARTITION dlr_partitions.receptions_default",
@@ -319,13 +316,43 @@ async def test_reader_runs_the_operator_reports(roles_db: RoleDatabase) -> None:
 @pytest.mark.parametrize(
     "statement",
     [
+        "UPDATE dlr.receptions SET stat = 'DELIVRD'",
+        "DELETE FROM dlr.receptions",
+        "UPDATE dlr.message_status SET status = 'DELIVERED'",
+        "DELETE FROM dlr.message_status",
+        "UPDATE dlr.events SET times_received = 1",
+        "DELETE FROM dlr.status_changes",
+        "DELETE FROM dlr.receptions_readable",
+    ],
+)
+async def test_the_public_views_are_read_only_even_to_the_owner(
+    roles_db: RoleDatabase, statement: str
+) -> None:
+    """The public names that are views are plain reads: no role writes through them (the owner
+    changes a status in dlr.statuses; a reception is never rewritten, P13)."""
+    for dsn in (roles_db.owner, roles_db.writer, roles_db.operator):
+        conn = await asyncpg.connect(dsn)
+        try:
+            with pytest.raises(
+                (
+                    asyncpg.exceptions.ObjectNotInPrerequisiteStateError,  # not updatable
+                    asyncpg.exceptions.InsufficientPrivilegeError,
+                )
+            ):
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
         *(f"DELETE FROM dlr.{table}" for table in TABLES),
         *(f"TRUNCATE dlr.{table}" for table in TABLES),
-        "DELETE FROM dlr.message_status",
-        "DELETE FROM dlr.receptions",
         "INSERT INTO dlr.messages (login, message_id, internal_id, destination, "
         "destination_raw, destination_is_e164) VALUES ('a', 'b', 'c', 'd', 'd', false)",
-        "UPDATE dlr.message_status SET status = 'DELIVERED'",
+        "UPDATE dlr.statuses SET status = 'DELIVERED'",
+        "UPDATE dlr.reception_rows SET stat = 'x'",
         "UPDATE dlr.exceptions SET resolved_at = now(), resolution = 'x'",
         "UPDATE dlr.event_rows SET times_received = 1",
         "UPDATE dlr.message_events SET times_received = 1",
@@ -353,8 +380,8 @@ async def test_operator_resolves_an_exception_and_nothing_more(roles_db: RoleDat
         "UPDATE dlr.exceptions SET details = '{}'",
         "UPDATE dlr.exceptions SET kind = 'conflict'",
         "DELETE FROM dlr.exceptions",
-        "UPDATE dlr.message_status SET status = 'DELIVERED'",
-        "UPDATE dlr.receptions SET stat = 'x'",
+        "UPDATE dlr.statuses SET status = 'DELIVERED'",
+        "UPDATE dlr.reception_rows SET stat = 'x'",
     ):
         assert "permission denied" in await _refused(roles_db.operator, statement)
 
@@ -511,7 +538,7 @@ async def test_change_log_written_only_by_the_trigger_read_by_reader_cursors_by_
     roles_db: RoleDatabase,
 ) -> None:
     """Migration 0009: the writer's ingest logs its changes through the trigger but cannot
-    write the log itself, nor the reasons it names (0018); the reader reads it and cannot keep
+    write the log itself, nor the reasons it names; the reader reads it and cannot keep
     a cursor; the operator can."""
     await (await _seed(roles_db)).close()
     for statement in (
@@ -523,7 +550,7 @@ async def test_change_log_written_only_by_the_trigger_read_by_reader_cursors_by_
         "SELECT nextval('dlr.status_changes_tick')",
     ):
         assert "permission denied" in await _refused(roles_db.writer, statement)
-    # The view joins the message rows (0022): nobody updates it.
+    # The view joins the message rows: nobody updates it.
     writer = await asyncpg.connect(roles_db.writer)
     try:
         with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="cannot update view"):

@@ -30,9 +30,8 @@ from dlrfeed_tools.retention_support import plan_of
 _EXISTING_PARTITION = "status_changes_default"
 _EXISTING_PARTITION_OF = {
     "archived_receptions": "receptions_default",
-    # The receptions' table (on a schema before 0021: receptions).
+    # The receptions' table, named at run time by the statement's caller.
     "waiting_receptions": "reception_rows",
-    "reception_rows": "reception_rows",
 }
 
 
@@ -123,7 +122,7 @@ async def test_the_write_transactions_plan_without_jit_and_leave_the_session_as_
 async def test_the_write_transactions_probe_a_table_of_few_rows_by_its_key(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    """A table whose live rows stay few (dlr.event_rows on a store created at 0024) looks
+    """A table whose live rows stay few (dlr.event_rows, the waiting room of events) looks
     cheaper to scan than to probe; inside a write transaction its key is probed all the same,
     and the session's own setting comes back after."""
     probe = "EXPLAIN SELECT id FROM dlr.event_rows WHERE login = 'a' AND message_id = 'b'"

@@ -302,12 +302,20 @@ async def test_reception_ids_follow_the_batch_across_id_blocks_p6(
 
 
 async def test_receptions_are_append_only_p13(store: Store, db: asyncpg.Connection) -> None:
-    """P13: the database itself refuses UPDATE and DELETE of receptions."""
+    """P13: the database itself refuses UPDATE, DELETE and TRUNCATE of receptions, even to the
+    owner: the table by its triggers; the public view is a read-only join."""
     await store.ingest(LOGIN, [receipt("a1")])
-    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
-        await db.execute("UPDATE dlr.receptions SET stat = 'X'")
-    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
-        await db.execute("DELETE FROM dlr.receptions")
+    for statement in (
+        "UPDATE dlr.reception_rows SET stat = 'X'",
+        "DELETE FROM dlr.reception_rows",
+        "TRUNCATE dlr.reception_rows",
+    ):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
+            await db.execute(statement)
+    for statement in ("UPDATE dlr.receptions SET stat = 'X'", "DELETE FROM dlr.receptions"):
+        with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="cannot"):
+            await db.execute(statement)
+    assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 1
 
 
 async def test_late_correlation_applies_waiting_events_and_resolves_exceptions(
@@ -489,6 +497,6 @@ async def test_p10_hex_receipt_ids_correlate_by_decimal_value_and_keep_receive_t
     }
     assert rows["1a"]["correlation_id"] == "26"
     assert float(rows["1a"]["at"]) == pytest.approx(1_795_993_760.123457, abs=1e-6)
-    # An id that is its own correlation id is not written twice (migration 0016).
+    # An id that is its own correlation id is not written twice (NULL: its own).
     assert rows["zz"]["correlation_id"] is None
     assert (await status_of(db, "26") or {}).get("status") == "DELIVERED"

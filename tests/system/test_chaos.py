@@ -38,7 +38,7 @@ from support.webhook_harness import url as webhook_url
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A message's events, from whichever table keeps each (migration 0024).
+# A message's events, from whichever table keeps each.
 _DELETE_EVENTS = (
     "DELETE FROM dlr.event_rows WHERE message_id = '{message_id}';"
     " DELETE FROM dlr.message_events WHERE message_ref IN"
@@ -173,8 +173,8 @@ async def test_checker_detects_lost_double_applied_and_acked_but_missing(
     assert cli.returncode == 1
     assert json.loads(out)["failed"] == ["lost", "double_applied", "acked_but_missing"]
     assert broken["lost"] == 2  # c0000003: its progress and its result
-    # c0000002's two receipts, and c0000003's: their rows name their key by the events deleted
-    # (migration 0021), so no row of the login holds them any more.
+    # c0000002's two receipts, and c0000003's: their rows name their key by the events deleted,
+    # so no row of the login holds them any more.
     assert broken["acked_but_missing"] == 4
     # c0000001's repeat counter; c0000002's event counters (2) and its projection (no delivery
     # left to support it); c0000003's projection.
@@ -227,7 +227,7 @@ async def test_checker_detects_callbacks_lost_or_answered_but_missing(database_u
         await conn.close()
     broken = compare(ledger, await store_rows(database_url, LOGIN))
     # w0000002's two callbacks, answered, not stored; and w0000003's, whose rows name their
-    # key by the events deleted (migration 0021).
+    # key by the events deleted.
     assert broken["acked_but_missing"] == 4
     assert broken["lost"] == 2  # w0000003: its progress and its result
 

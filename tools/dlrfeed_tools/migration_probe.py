@@ -27,11 +27,12 @@ from dlrfeed_tools.retention_support import install_schema_before
 _LOCK = query("lock_migrations")
 _RECORD = query("record_migration")
 _MIGRATION_LOCK_KEY = 0x646C7266  # dlrfeed.store.migrate's: a probe and a real migrate serialise
-# Every relation of schemas dlr and dlr_partitions, with the file that holds it.
+# Every relation of schemas dlr and dlr_partitions (either may not exist yet), with the file
+# that holds it.
 _FILES = """
 SELECT c.oid::regclass::text AS relation, c.relfilenode
 FROM pg_class AS c
-WHERE c.relnamespace IN ('dlr'::regnamespace, 'dlr_partitions'::regnamespace)
+WHERE c.relnamespace IN (to_regnamespace('dlr'), to_regnamespace('dlr_partitions'))
   AND c.relkind IN ('r', 'i', 'm', 't')
 """
 _HELD = """
@@ -39,7 +40,8 @@ SELECT l.relation::regclass::text AS relation, l.mode
 FROM pg_locks AS l
 WHERE l.pid = $1 AND l.locktype = 'relation' AND l.granted
   AND l.relation IN (SELECT c.oid FROM pg_class AS c
-                     WHERE c.relnamespace IN ('dlr'::regnamespace, 'dlr_partitions'::regnamespace))
+                     WHERE c.relnamespace IN (to_regnamespace('dlr'),
+                                              to_regnamespace('dlr_partitions')))
 ORDER BY 1, 2
 """
 

@@ -64,7 +64,7 @@ async def drop_days_before(
 ) -> None:
     """Drop the days of evidence and of the change log (`parents`) that end by `cutoff`, as
     `maintain`'s retention does before it forgets (no message forgotten may have a delivery or
-    a change left that names it by its event or its row: migrations 0021, 0022)."""
+    a change left that names it by its event or its row)."""
     for row in await conn.fetch(
         "SELECT partition_name FROM dlr.day_partitions"
         " WHERE parent_table = ANY($2::text[]) AND upper_bound <= $1",

@@ -28,7 +28,6 @@ _LOGINS = query("logins")
 _MESSAGES = query("message_rows")
 _STATUS = query("status_row")
 _EVENTS = query("event_rows")
-_RECEPTIONS_TABLE = query("receptions_table")
 _RECEPTIONS = query("reception_rows")
 _MESSAGE_EXCEPTIONS = query("exception_rows_for_message")
 _LIST_EXCEPTIONS = query("list_exceptions")
@@ -111,13 +110,8 @@ async def _message_reports(
     }
     events = [_row(r) for r in await _EVENTS.fetch(conn, logins=logins, message_id=message_id)]
     event_ids = [int(e["id"]) for e in events]
-    receipt_ids = sorted({str(e["receipt_id"]) for e in events})
-    in_table = _RECEPTIONS.naming(receptions=await _RECEPTIONS_TABLE.fetchval(conn))
     receptions = [
-        _row(r, ("payload_json",))
-        for r in await in_table.fetch(
-            conn, logins=logins, receipt_ids=receipt_ids, event_ids=event_ids
-        )
+        _row(r, ("payload_json",)) for r in await _RECEPTIONS.fetch(conn, event_ids=event_ids)
     ]
     exceptions = [
         _row(r, ("details",))

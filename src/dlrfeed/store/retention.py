@@ -330,8 +330,6 @@ async def forget(
                 counts = await _FORGET_MESSAGES.fetchrow(
                     conn,
                     ids=[v["id"] for v in gone],
-                    logins=[v["login"] for v in gone],
-                    message_ids=[v["message_id"] for v in gone],
                     event_ids=event_ids,
                 )
                 assert counts is not None  # one row, always

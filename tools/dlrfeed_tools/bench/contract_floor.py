@@ -20,8 +20,8 @@ Floors, each a schema of its own holding copies of the grown store's rows:
   resolutions.
 
 Both keep dlrfeed's column types, column order and reasons as dlrfeed stores them (the
-change log's since migration 0018, the status's since 0019: by id in dlr.reasons, as text where
-the dictionary has none): they measure what these rows need in this layout. A third,
+change log's and the status's by id in dlr.reasons, as text where the dictionary has none):
+they measure what these rows need in this layout. A third,
 `lean_floor`, holds the required floor's columns laid out to waste nothing (fixed-width
 columns first, the narrowest integers, versions and outcome as smallint codes), the reasons
 and text ids as they are: what a schema rewritten for size could take.
@@ -96,10 +96,10 @@ class Floor:
     copies_values: bool = True
 
 
-# Where the change log's rows are stored (migration 0018): each reason by its id in dlr.reasons
-# where the dictionary holds it, as text where not; every floor keeps them so, the least way.
-# Since migration 0022 a change names its message by the message row's id: its login and
-# message id are filled in from the message row, as dlr.status_changes does.
+# Where the change log's rows are stored: each reason by its id in dlr.reasons where the
+# dictionary holds it, as text where not; every floor keeps them so, the least way. A change
+# names its message by the message row's id: its login and message id are filled in from the
+# message row, as dlr.status_changes does.
 _CHANGE_ROWS = f"""(
     SELECT c.position, c.changed_at, coalesce(c.login, m.login) AS login,
            coalesce(c.message_id, m.message_id) AS message_id, c.status, c.is_final, c.reason,
@@ -114,7 +114,7 @@ _CONTRACT_STATUS = (
     StatusColumn("message_id", "text", "message_id"),
     StatusColumn("status", "text", "status"),
     StatusColumn("is_final", "boolean", "is_final"),
-    # As dlrfeed stores it since migration 0019: by id where the dictionary holds it.
+    # As dlrfeed stores it: by id where the dictionary holds it.
     StatusColumn("reason", "text", "reason"),
     StatusColumn("reason_id", "integer", "reason_id"),
     # When the status last changed (the store's updated_at also moves when a repeat only

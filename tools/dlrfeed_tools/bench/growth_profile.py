@@ -8,7 +8,6 @@ import re
 
 import asyncpg
 
-from dlrfeed.store.queries import EARLIER_STATUSES_TABLE, STATUSES_TABLE
 from dlrfeed.store.retention import DAY_PARTITIONED
 from dlrfeed_tools.bench.store_ab import cluster_cpu_seconds
 from dlrfeed_tools.pgcluster import PgCluster
@@ -38,17 +37,16 @@ GROWING_TABLES = (
     "status_changes",
     "exceptions",
 )
-# Where a growing table's rows are stored when its name in dlr is a view of them (migrations
-# 0018 to 0020: dlr.status_changes and dlr.message_status show their rows tables with the
-# reasons' texts), as retention and the store know them. The reports keep the readers' name;
-# sizes and row profiles are the stored table's. The statuses of messages recorded before
-# migration 0020 stay in a table of their own (none on a store created since): counted in the
-# sizes, not sampled for the row profile.
+# Where a growing table's rows are stored when its name in dlr is a view of them (the schema's
+# plain views: docs/postgresql.md, "The schema"), as retention and the store know them. The
+# reports keep the readers' name; sizes and row profiles are the stored table's. The events
+# waiting for their message are in a table of their own: counted in the sizes, not sampled for
+# the row profile.
 STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED} | {
-    "message_status": STATUSES_TABLE,
+    "message_status": "statuses",
     "events": "message_events",
 }
-ALSO_STORED_IN = {"message_status": EARLIER_STATUSES_TABLE, "events": "event_rows"}
+ALSO_STORED_IN = {"events": "event_rows"}
 # A partition's name is its table's with the day (or "_default") after it.
 _PARTITION_DAY = re.compile(r"_(before_)?[0-9]{8}|_default")
 LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself

@@ -8,7 +8,10 @@ traffic (as a daemon would, opened before the migration), applies the migration 
 `dlrfeed migrate` does (`migration_probe`). Prints one JSON object. Measures only; never
 asserts a time.
 
-    python scripts/bench_migration.py [--receptions 1000000] [--version 16]
+    python scripts/bench_migration.py [--receptions 1000000] [--version N]
+
+The migration measured is the newest one unless `--version` names another (the baseline has
+no store before it to measure on: the tool serves the next migration).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncpg
 
 from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store import Store
+from dlrfeed.store.migrate import expected_version
 from dlrfeed_tools.bench.growth_configs import config_cluster
 from dlrfeed_tools.bench.growth_traffic import BATCHES_PER_ROUND, Traffic, ingest_rounds
 from dlrfeed_tools.local_login import LOGIN
@@ -142,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     """Measure and print the figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--receptions", type=int, default=1_000_000)
-    parser.add_argument("--version", type=int, default=16, help="the migration to measure")
+    parser.add_argument(
+        "--version", type=int, default=expected_version(), help="the migration to measure"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-migration-") as root:
         result = asyncio.run(measure(args.receptions, args.version, Path(root)))

@@ -18,10 +18,9 @@ SELECT set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', tru
 -- index on the time each was sent; their statuses and events by the range of
 -- their row ids (messages are recorded as they are sent, so a window is about one range of
 -- the keys dlr.statuses and dlr.message_events are ordered by); their verifications by the
--- time verified (never before the message was sent; a day of clock skew allowed). A message
--- recorded before the store kept statuses and events under message rows has them in
--- dlr.earlier_statuses and dlr.event_rows (both small, and empty on a store that kept them so
--- from its creation).
+-- time verified (never before the message was sent; a day of clock skew allowed). A status
+-- supported by an event correlated from another id (P10) whose own message is not recorded
+-- finds that event in dlr.event_rows, by its primary key.
 -- The country is looked up by the first four digits of the E.164 destination in the map
 -- dlrfeed.store.quality computes once with the phonenumbers library (:countries, a JSON
 -- object: one lookup per message, no join).
@@ -57,19 +56,14 @@ verified AS (
 ),
 facts AS (
     SELECT s.login, s.route, s.source, s.submitted_at, s.sent_at, s.country,
-           coalesce(st.status, es.status) AS status,
-           coalesce(st.is_final, es.is_final, false) AS is_final,
-           coalesce(st.basis_err, es.basis_err) AS err,
-           coalesce(st.basis_done_at, es.basis_done_at) AS done_at,
+           st.status, coalesce(st.is_final, false) AS is_final,
+           st.basis_err AS err, st.basis_done_at AS done_at,
            coalesce(me.first_received_at, er.first_received_at) AS received_at,
            vd.login IS NOT NULL AS verified
     FROM sent AS s
     LEFT JOIN statuses AS st ON st.message_ref = s.id
-    LEFT JOIN dlr.earlier_statuses AS es
-           ON st.message_ref IS NULL AND es.login = s.login AND es.message_id = s.message_id
-    LEFT JOIN events AS me ON me.id = coalesce(st.supporting_event_id, es.supporting_event_id)
-    LEFT JOIN dlr.event_rows AS er
-           ON me.id IS NULL AND er.id = coalesce(st.supporting_event_id, es.supporting_event_id)
+    LEFT JOIN events AS me ON me.id = st.supporting_event_id
+    LEFT JOIN dlr.event_rows AS er ON me.id IS NULL AND er.id = st.supporting_event_id
     LEFT JOIN verified AS vd ON vd.login = s.login AND vd.message_id = s.message_id
 ),
 -- Verifiable traffic: the messages of a sender address (login and source) with at least one

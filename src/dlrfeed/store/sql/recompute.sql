@@ -4,8 +4,8 @@
 -- name: stale_statuses
 -- The next statuses after (:after_login, :after_message_id) in key order, those of another
 -- rules version unless :every (every one); :chunk at most. Walked along the messages' key, with
--- one probe of the view per message (LATERAL ... OFFSET 0): the view joins two tables
--- (dlr.statuses, dlr.earlier_statuses), and an ORDER BY ... LIMIT on it would sort every status for each chunk.
+-- one probe of the status per message (LATERAL ... OFFSET 0): an ORDER BY ... LIMIT on the
+-- view would sort every status for each chunk.
 SELECT m.login, m.message_id
 FROM dlr.messages AS m
 CROSS JOIN LATERAL (
@@ -27,8 +27,7 @@ WHERE :every OR rules_version <> :rules_version
 -- name: statuses_before_recompute
 -- The statuses of one login's messages as they are before the recompute, read after their
 -- message rows are locked: every status write holds its message row's lock (the ingest, late
--- correlation, the recompute), so none changes under us. Not locked themselves: the view
--- joins two tables, which FOR UPDATE cannot go through.
+-- correlation, the recompute), so none changes under us.
 -- LATERAL ... OFFSET 0: one probe of the view per message, whatever the statistics say.
 SELECT s.message_id, s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats,
        s.conflicts, s.progress_events, s.deadline_superseded, s.rules_version
@@ -59,29 +58,23 @@ FROM jsonb_array_elements(:audit::jsonb) AS a(r)
 -- current rules removed (:gone), after record_recompute_audit.
 WITH
 -- include: upsert_statuses
--- include: upsert_earlier_statuses
 gone AS (
-    DELETE FROM dlr.message_status AS s
-    USING unnest(:gone::text[]) AS g(message_id)
-    WHERE s.login = :login AND s.message_id = g.message_id
+    DELETE FROM dlr.statuses AS s
+    USING dlr.messages AS m
+    WHERE m.login = :login AND m.message_id = ANY(:gone::text[]) AND s.message_ref = m.id
 )
 SELECT 1
 
 -- name: mark_statuses_current
 -- Statuses of another version that the current rules compute the same: only their version is
--- written (their updated_at and everything else stay; no change is written, P23), in whichever
--- table keeps each (by message row id, or by login and gateway id in dlr.earlier_statuses).
+-- written (their updated_at and everything else stay; no change is written, P23).
 WITH current_rows AS (
     UPDATE dlr.statuses AS s SET rules_version = :rules_version
     FROM dlr.messages AS m
     WHERE m.login = :login AND m.message_id = ANY(:message_ids::text[]) AND s.message_ref = m.id
     RETURNING 1
-), current_earlier AS (
-    UPDATE dlr.earlier_statuses AS s SET rules_version = :rules_version
-    WHERE s.login = :login AND s.message_id = ANY(:message_ids::text[])
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM current_rows) + (SELECT count(*) FROM current_earlier)
+SELECT count(*) FROM current_rows
 
 -- name: write_event_contents
 -- P22: the events whose totals the current rules count otherwise (an option switched): the

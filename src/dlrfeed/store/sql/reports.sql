@@ -60,21 +60,11 @@ WHERE login = ANY(:logins::text[])
   AND (message_id = :message_id OR (correlation_id = :message_id AND correlation_id <> message_id))
 ORDER BY login, level, id
 
--- name: receptions_table
--- The receptions' table: dlr.reception_rows, or dlr.receptions at schema version < 21.
-SELECT CASE WHEN to_regclass('dlr.reception_rows') IS NULL THEN 'receptions'
-            ELSE 'reception_rows' END
-
 -- name: reception_rows
--- The receptions of those events, as dlr.receptions_readable shows them, read from the table
--- ({receptions}: receptions_table) so that every day is probed through the key it has:
--- (event_id, id), or on a day an older schema stored, (login, event_id, id) or (login,
--- message_id as received, id). A row that names its key by its event holds an empty login and
--- message id: each is matched as itself or empty. The view's filled-in columns are written out
--- here, as in archived_receptions: a filter on them would reach no day's key.
-SELECT r.id,
-       CASE WHEN r.level IS NULL THEN e.login ELSE r.login END AS login,
-       coalesce(r.level, e.level) AS level,
+-- The receptions of those events, as dlr.receptions_readable shows them, each probed by its
+-- day's key (event_id, id). The view's filled-in columns are written out here, as in
+-- archived_receptions: a filter on them would reach no day's key.
+SELECT r.id, e.login, e.level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
        r.submit_date_raw, r.submit_at,
@@ -87,11 +77,9 @@ SELECT r.id,
             WHEN 'webhook' THEN dlr.callback_json(r.payload)
             ELSE dlr.receipt_json(r.payload)
         END)::text AS payload_json
-FROM dlr.{receptions} AS r
-LEFT JOIN dlr.events AS e ON (r.stat IS NULL OR r.level IS NULL) AND e.id = r.event_id
-WHERE r.login = ANY(array_append(:logins::text[], ''))
-  AND r.message_id = ANY(array_append(:receipt_ids::text[], ''))
-  AND r.event_id = ANY(:event_ids::bigint[])
+FROM dlr.reception_rows AS r
+LEFT JOIN dlr.events AS e ON e.id = r.event_id
+WHERE r.event_id = ANY(:event_ids::bigint[])
 ORDER BY r.received_at, r.id
 
 -- name: exception_rows_for_message

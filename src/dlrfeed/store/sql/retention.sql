@@ -62,13 +62,11 @@ DROP TABLE dlr_partitions.{partition}
 
 -- name: archived_receptions
 -- A day of dlr.receptions as its archive holds it: the view's columns in their order, each
--- row with its key and parsed fields filled in from its event where the row defers to it, so
+-- row with its event's key, and its parsed fields filled in from its event where the row
+-- defers to it, so
 -- that an archive loaded back reads as the rows did before the day was dropped, without the
 -- events it came with.
-SELECT r.id,
-       CASE WHEN r.level IS NULL THEN e.login ELSE r.login END AS login,
-       CASE WHEN r.level IS NULL THEN e.message_id ELSE r.message_id END AS message_id,
-       coalesce(r.level, e.level) AS level,
+SELECT r.id, e.login, e.message_id, e.level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
        r.submit_date_raw, r.submit_at,
@@ -82,7 +80,7 @@ SELECT r.id,
        CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
        r.channel, r.peer
 FROM dlr_partitions.{partition} AS r
-LEFT JOIN dlr.events AS e ON (r.stat IS NULL OR r.level IS NULL) AND e.id = r.event_id
+LEFT JOIN dlr.events AS e ON e.id = r.event_id
 
 -- name: archived_status_changes
 -- A day of the change log as its archive holds it: dlr.status_changes' columns in their order,
@@ -162,8 +160,7 @@ SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
                    WHERE x.event_id = ANY(e.ids) AND x.resolved_at IS NULL))
            AS investigated,
        (EXISTS (SELECT 1 FROM dlr.reception_rows AS r
-                WHERE r.received_at < :cutoff AND r.login = '' AND r.message_id = ''
-                  AND r.event_id = ANY(e.ids))
+                WHERE r.received_at < :cutoff AND r.event_id = ANY(e.ids))
         -- An event kept under the message's row but correlated to another
         -- id (receipt_ids_hex): it is that id's, and needs this row for its own id.
         OR EXISTS (SELECT 1 FROM dlr.message_events AS x
@@ -203,12 +200,10 @@ CROSS JOIN LATERAL (
         WHERE e.correlation_id = m.message_id AND e.correlation_id <> o.message_id
     ) AS k
 ) AS e
--- LATERAL ... OFFSET 0: one probe of the view per message (by the message row's id, or by login
--- and gateway id in dlr.earlier_statuses), never a join of all its rows.
+-- LATERAL ... OFFSET 0: one probe of the status per message, by the message row's id, never a
+-- join of all its rows.
 LEFT JOIN LATERAL (
-    SELECT s.updated_at FROM dlr.message_status AS s
-    WHERE s.login = m.login AND s.message_id = m.message_id
-    OFFSET 0
+    SELECT s.updated_at FROM dlr.statuses AS s WHERE s.message_ref = m.id OFFSET 0
 ) AS s ON true
 WHERE m.id = ANY(:ids::bigint[])
 ORDER BY m.id
@@ -227,25 +222,18 @@ WITH closed_gone AS (
 SELECT count(*) FROM closed_gone
 
 -- name: forget_messages
--- Whole messages: their events, their statuses (no change written: start_forgetting) from
--- whichever table keeps each (by message row id, or by login and gateway id in
--- dlr.earlier_statuses), their records. Returns how many of each went.
+-- Whole messages: their events (in whichever table keeps each), their statuses (no change
+-- written: start_forgetting), their records. Returns how many of each went.
 WITH events_gone AS (
     DELETE FROM dlr.event_rows WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
 ), message_events_gone AS (
     DELETE FROM dlr.message_events WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
 ), statuses_gone AS (
     DELETE FROM dlr.statuses WHERE message_ref = ANY(:ids::bigint[]) RETURNING 1
-), earlier_statuses_gone AS (
-    DELETE FROM dlr.earlier_statuses AS s
-    USING unnest(:logins::text[], :message_ids::text[]) AS k(login, message_id)
-    WHERE s.login = k.login AND s.message_id = k.message_id
-    RETURNING 1
 ), messages_gone AS (
     DELETE FROM dlr.messages WHERE id = ANY(:ids::bigint[]) RETURNING 1
 )
 SELECT (SELECT count(*) FROM messages_gone) AS messages,
-       (SELECT count(*) FROM statuses_gone)
-       + (SELECT count(*) FROM earlier_statuses_gone) AS statuses,
+       (SELECT count(*) FROM statuses_gone) AS statuses,
        (SELECT count(*) FROM events_gone)
        + (SELECT count(*) FROM message_events_gone) AS events
