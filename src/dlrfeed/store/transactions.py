@@ -13,11 +13,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from dlrfeed.store import queries
+from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
+PLAN_AS_PROBES = query("plan_as_probes")
 _T = TypeVar("_T")
 _U = TypeVar("_U")
 
@@ -27,7 +28,7 @@ async def write_transaction(conn: Connection) -> AsyncIterator[None]:
     """A transaction on `conn` (a savepoint inside one) whose statements are planned as
     probes: no JIT, no sequential scan where an index answers."""
     async with conn.transaction():
-        await queries.PLAN_AS_PROBES.fetchval(conn)
+        await PLAN_AS_PROBES.fetchval(conn)
         yield
 
 

@@ -31,7 +31,6 @@ import asyncpg
 from dlrfeed.domain.receipt import Receipt
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
-from dlrfeed.store.queries import STATUSES_TABLE
 from dlrfeed_tools.bench.store import make_receipts
 from dlrfeed_tools.local_login import LOGIN
 from dlrfeed_tools.pgcluster import PgCluster, throwaway_cluster
@@ -82,7 +81,7 @@ async def _prepare(cluster: PgCluster, name: str, variant: str, message_ids: lis
         if variant == "off":
             # The change log's triggers only: the row trigger that keeps change_epoch stays.
             for trigger in _CHANGE_LOG_TRIGGERS:
-                await conn.execute(f"ALTER TABLE dlr.{STATUSES_TABLE} DISABLE TRIGGER {trigger}")
+                await conn.execute(f"ALTER TABLE dlr.statuses DISABLE TRIGGER {trigger}")
         elif variant == "log":
             source = await conn.fetchval(
                 "SELECT pg_get_functiondef('dlr.record_statuses_changes'::regproc)"

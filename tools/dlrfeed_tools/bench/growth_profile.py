@@ -8,7 +8,6 @@ import re
 
 import asyncpg
 
-from dlrfeed.store.queries import EARLIER_STATUSES_TABLE, STATUSES_TABLE
 from dlrfeed.store.retention import DAY_PARTITIONED
 from dlrfeed_tools.bench.store_ab import cluster_cpu_seconds
 from dlrfeed_tools.pgcluster import PgCluster
@@ -45,10 +44,10 @@ GROWING_TABLES = (
 # migration 0020 stay in a table of their own (none on a store created since): counted in the
 # sizes, not sampled for the row profile.
 STORED_IN = {p.table: p.parent for p in DAY_PARTITIONED} | {
-    "message_status": STATUSES_TABLE,
+    "message_status": "statuses",
     "events": "message_events",
 }
-ALSO_STORED_IN = {"message_status": EARLIER_STATUSES_TABLE, "events": "event_rows"}
+ALSO_STORED_IN = {"message_status": "earlier_statuses", "events": "event_rows"}
 # A partition's name is its table's with the day (or "_default") after it.
 _PARTITION_DAY = re.compile(r"_(before_)?[0-9]{8}|_default")
 LINE_POINTER_BYTES = 4  # each row's slot in its page, besides the row itself

@@ -52,11 +52,6 @@ WHERE NOT EXISTS (
                         WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
     WHERE e.correlation_id = k.id AND e.correlation_id <> m.message_id
 
--- fragment: correlated_from_other_ids_by_key
--- correlated_from_other_ids for a store at schema version < 24 (dlr.events).
-    SELECT 1 FROM dlr.events AS e
-    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
-
 -- name: ids_with_waiting_events
 -- Late correlation's first cut: of the ids just recorded, those that may have events waiting.
 -- An event waits for its message only if its first delivery found no message, and that
@@ -92,7 +87,6 @@ CROSS JOIN LATERAL (
            e.later_results, e.conflicting_contents
     FROM (SELECT m.id, m.message_id FROM dlr.messages AS m
           WHERE m.login = :login AND m.message_id = k.correlation_id
-            AND m.id >= dlr.message_events_first_message()
           OFFSET 0) AS m
     CROSS JOIN LATERAL (
         SELECT e.id, e.level, e.stat, e.err, e.done_date_raw, e.done_at, e.fingerprint, e.flags,
@@ -128,41 +122,18 @@ CROSS JOIN LATERAL (
                         WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
     WHERE e.correlation_id = k.correlation_id AND e.correlation_id <> m.message_id
 
--- fragment: waiting_events_by_key
--- waiting_events for a store at schema version < 24: every event in dlr.events.
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags,
-           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
-           NULL::text[] AS later_results, NULL::text[] AS conflicting_contents
-    FROM dlr.events AS e
-    WHERE e.login = :login AND e.message_id = k.correlation_id
-      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
-    UNION ALL
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags,
-           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
-           NULL::text[] AS later_results, NULL::text[] AS conflicting_contents
-    FROM dlr.events AS e
-    WHERE e.login = :login AND e.correlation_id = k.correlation_id
-      AND e.correlation_id <> e.message_id
-
 -- name: waiting_receptions
 -- Late correlation and recompute: every delivery of the events of each correlation id in
 -- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
--- needs of it. The receptions are read from their table ({receptions}: dlr.reception_rows, or
--- dlr.receptions at schema version < 21) by their day's primary key, whichever it is:
--- (event_id, id), or on a day an older schema stored, (login, event_id, id) or (login,
--- message_id, id). A row that names its key by its event holds an empty login and message id
--- and no level, so each is matched as itself or empty, and the level read from the event
--- where the row has none. P10:
--- the events are found per id by two index probes - those whose id is the correlation id, by
--- the unique key; the others, by the partial correlation index - each a plain equality on an
--- index's leading columns. One OR of the two would leave the planner a choice: a generic plan
--- made while dlr.events is young (statements prepared on an empty database) chooses a scan of
--- the table per id, and keeps it while a first drain grows the table faster than autovacuum
--- analyzes it. An equality probe stays the cheapest plan at any table size and any
--- statistics. An event's correlation id is NULL where it is its own id (written out on events
--- an older schema stored).
+-- needs of it, each read from dlr.reception_rows by its day's primary key (event_id, id).
+-- P10: the events are found per id by index probes (waiting_events) - those whose id is the
+-- correlation id, under its message row or by the unique key; the others, by the partial
+-- correlation index - each a plain equality on an index's leading columns. One OR of the two
+-- would leave the planner a choice: a generic plan made while the events' tables are young
+-- (statements prepared on an empty database) chooses a scan of the table per id, and keeps it
+-- while a first drain grows the table faster than autovacuum analyzes it (the plan
+-- test_growth_plans shows). An equality probe stays the cheapest plan at any table size and
+-- any statistics. An event's correlation id is NULL where it is its own id.
 -- The receptions of each event found are probed the same way, by their day's key (LATERAL ...
 -- OFFSET 0): as a join, the estimates of a day partition growing faster than autovacuum
 -- analyzes it, and of a young dlr.message_events, make a hash of the whole day's partition
@@ -174,8 +145,7 @@ CROSS JOIN LATERAL (
 -- first of its correlation id: retention drops the oldest days, so a retired delivery arrived
 -- before every delivery still kept. With each row its event's totals (deliveries accepted and
 -- conflicting, contents accepted), which tell the caller what else retention took.
-SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id,
-       coalesce(r.level, e.level) AS level,
+SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id, e.level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
        CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
@@ -191,18 +161,17 @@ CROSS JOIN LATERAL (
 -- include: waiting_events
 ) AS e
 CROSS JOIN LATERAL (
-    SELECT r.id, r.level, r.stat, r.err, r.done_date_raw, r.done_at, r.received_at,
-           r.fingerprint, r.flags
-    FROM dlr.{receptions} AS r
-    WHERE r.event_id = e.id AND r.login IN (:login, '') AND r.message_id IN (e.message_id, '')
+    SELECT r.id, r.stat, r.err, r.done_date_raw, r.done_at, r.received_at, r.fingerprint,
+           r.flags
+    FROM dlr.reception_rows AS r
+    WHERE r.event_id = e.id
     UNION ALL
     -- The first delivery, retired: no delivery kept as early (1 ms: the event's time and its
     -- reception's are written apart, each rounded to the microsecond).
-    SELECT NULL, NULL, NULL, NULL, NULL, NULL, e.first_received_at, NULL, NULL
+    SELECT NULL, NULL, NULL, NULL, NULL, e.first_received_at, NULL, NULL
     WHERE NOT EXISTS (
-        SELECT 1 FROM dlr.{receptions} AS r
-        WHERE r.event_id = e.id AND r.login IN (:login, '')
-          AND r.message_id IN (e.message_id, '')
+        SELECT 1 FROM dlr.reception_rows AS r
+        WHERE r.event_id = e.id
           AND r.received_at <= e.first_received_at + interval '1 millisecond')
     OFFSET 0
 ) AS r
@@ -233,7 +202,6 @@ WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
 -- how many exceptions were resolved.
 WITH
 -- include: upsert_statuses
--- include: upsert_earlier_statuses
 resolved AS (
     UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
     FROM unnest(:exception_ids::bigint[], :resolutions::text[]) AS r(id, resolution)
