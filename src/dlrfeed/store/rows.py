@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
@@ -28,31 +28,6 @@ ExceptionRow: TypeAlias = tuple[str, str, str, int | None, int | None]
 position (the ingest) or id (late correlation)."""
 
 
-class StatusRow(NamedTuple):
-    """One computed status as upsert_statuses takes it (`status_rows` names these fields in
-    this order), sent as a JSON array."""
-
-    message_ref: int | None
-    """The message row's id, which the status is kept under."""
-    status: Status
-    is_final: bool
-    reason: str
-    supporting_event_id: int
-    supporting_reception_id: int | None
-    """None: its reception retired (P21)."""
-    repeats: int
-    conflicts: int
-    progress_events: int
-    deadline_superseded: bool
-    basis_level: int
-    basis_stat: str
-    basis_err: str | None
-    basis_done_at: str | None
-    """ISO 8601."""
-    flags: str
-    """Joined by spaces."""
-
-
 dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 """JSON text, compact and not ASCII-escaped: the JSON parameters of the statements."""
 
@@ -63,8 +38,9 @@ def column_arrays(rows: Sequence[Sequence[Any]], count: int) -> list[list[Any]]:
 
 
 def status_json(statuses: Mapping[str, MessageState], refs: Mapping[str, int]) -> str:
-    """The :statuses of upsert_statuses (sql/ingest.sql): a StatusRow of each state that has a
-    basis, in message id order; `refs`, each message's row id."""
+    """The :statuses of upsert_statuses (sql/ingest.sql) for the states that have a basis, in
+    message id order; `refs`, each message's row id. Each row an array of the fields that
+    `status_rows` names, in its order (as ingest.first_events, for the encoder's sake)."""
     rows = []
     iso: dict[int, str] = {}  # by object: a batch's statuses mostly share parsed done dates
     for key, s in sorted(statuses.items()):
@@ -79,13 +55,13 @@ def status_json(statuses: Mapping[str, MessageState], refs: Mapping[str, int]) -
             if done is None:
                 done = iso[id(at)] = at.isoformat()
         rows.append(
-            StatusRow(
-                refs.get(key),
+            [
+                refs.get(key),  # message_ref
                 basis.status,  # StrEnum: JSON-encoded as its value
                 is_final(s),
-                explain(s),
-                basis.event_id,
-                basis.reception_id or None,  # 0: its reception retired (P21)
+                explain(s),  # reason
+                basis.event_id,  # supporting_event_id
+                basis.reception_id or None,  # supporting_reception_id; 0: retired (P21)
                 s.repeats,
                 s.conflicts,
                 s.progress_events,
@@ -93,9 +69,9 @@ def status_json(statuses: Mapping[str, MessageState], refs: Mapping[str, int]) -
                 basis.level,
                 basis.stat,
                 basis.err,
-                done,
+                done,  # basis_done_at
                 " ".join(sorted(s.flags)) if s.flags else "",
-            )
+            ]
         )
     return dumps(rows)
 

@@ -33,8 +33,8 @@ FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 
 -- fragment: insert_events
 -- P14: the batch's new events (the WITH items of insert_events_read_statuses, ending with `new`:
--- id, message_id and level of each event inserted). :events is a JSON array of
--- dlrfeed.store.ingest.EventRow, each a JSON array of its fields in their order, named once
+-- id, message_id and level of each event inserted). :events is a JSON array of rows, each a
+-- JSON array of an event's fields (dlrfeed.store.ingest.first_events), named and typed once
 -- here (`keyed`). An event whose own id names a recorded message (:own_ids, each with its row's
 -- id in :own_refs, found and locked by correlate) goes into dlr.message_events under that
 -- row's id; every other one into dlr.event_rows, keyed by login, gateway id and level.
@@ -203,9 +203,9 @@ ORDER BY e.message_id, e.level
 
 -- fragment: upsert_statuses
 -- The computed statuses (P7), shared by the ingest, the late-correlation and the recompute
--- writes, as WITH items (each ending in a comma): :statuses is a JSON array of
--- dlrfeed.store.rows.StatusRow, each a JSON array of its fields in their order, named and
--- typed once here (`status_rows`). Each reason by its id in dlr.reasons, resolved once for the
+-- writes, as WITH items (each ending in a comma): :statuses is a JSON array of rows, each a
+-- JSON array of a status's fields (dlrfeed.store.rows.status_json), named and typed once here
+-- (`status_rows`). Each reason by its id in dlr.reasons, resolved once for the
 -- statement's distinct texts (dlr.reason_ids adds those the dictionary lacks), as text where
 -- the dictionary has none; no flags as NULL. Each status under its message row's id (the
 -- writers read it with the row's lock) into dlr.statuses, so its index grows at its end. A
