@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
-from dlrfeed.domain.parse import fingerprint
 from dlrfeed.domain.rules import Delivery, MessageState, PlannedException, explain, is_final
 from dlrfeed.domain.status import STAT_TO_STATUS, Status
 
@@ -97,21 +96,16 @@ def replayed(row: asyncpg.Record) -> tuple[Delivery, int, int]:
     """A stored reception as the planner's delivery, with its event id and its reception id
     (late correlation, recompute; 0 for a first delivery rebuilt from its event, P21)."""
     stat = row["stat"]
-    err = row["err"]
-    done_raw = row["done_date_raw"]
-    # A reception an older schema stored may have no fingerprint: derived from the stored
-    # values, which equal the raw ones unless a field had to be cut or NUL-escaped.
-    content = row["fingerprint"] or fingerprint(stat, err, done_raw)
     delivery = Delivery(
         row["message_id"],
         row["correlation_id"],
         row["level"],
         STAT_TO_STATUS.get(stat, Status.UNRECOGNIZED),
         stat,
-        err,
+        row["err"],
         row["done_at"],
         row["received_at"].timestamp(),
-        content,
+        row["fingerprint"],
         tuple(row["flags"]),
     )
     return delivery, row["event_id"], row["id"] or 0

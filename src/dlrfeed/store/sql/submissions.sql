@@ -78,9 +78,9 @@ CROSS JOIN LATERAL (
 -- its index's leading columns, in an order no plan can change (LATERAL ... OFFSET 0): a view
 -- of both tables leaves the planner a scan of dlr.message_events per id, which a generic plan
 -- made while the table is young keeps once it has grown. Those whose own id it is: under its
--- message's row id (the message row found by its key first) where that message keeps its
--- events, by the key of dlr.event_rows otherwise; those correlated to it from
--- another own id (receipt_ids_hex), by each table's partial correlation index.
+-- message's row id (the message row found by its key first; recording a message moves its
+-- events there, dlr.move_events_to_messages); those correlated to it from another own id
+-- (receipt_ids_hex), by each table's partial correlation index.
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
@@ -96,14 +96,6 @@ CROSS JOIN LATERAL (
         WHERE e.message_ref = m.id AND e.correlation_id IS NULL
         OFFSET 0
     ) AS e
-    UNION ALL
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags,
-           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
-           e.later_results, e.conflicting_contents
-    FROM dlr.event_rows AS e
-    WHERE e.login = :login AND e.message_id = k.correlation_id
-      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
     UNION ALL
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
