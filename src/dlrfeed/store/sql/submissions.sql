@@ -43,7 +43,8 @@ WHERE NOT EXISTS (
 
 -- fragment: correlated_from_other_ids
 -- Whether events correlated to k.id from another own id (receipt_ids_hex) are stored: by the
--- partial correlation index of each table, as waiting_events reads them.
+-- partial correlation index of each table, as waiting_events reads them (its message by
+-- primary key, OFFSET 0: as there).
     SELECT 1 FROM dlr.event_rows AS e
     WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
     UNION ALL
@@ -62,7 +63,7 @@ WHERE NOT EXISTS (
 -- own id are found as waiting_receptions finds them, by the partial correlation index.
 -- LATERAL ... LIMIT 1: one probe per id of each index, whatever the statistics say (as an
 -- EXISTS, stale statistics of a young queue have the whole login's exceptions read into a hash
--- table on every call).
+-- table on every call: test_growth_plans).
 SELECT k.id
 FROM unnest(:ids::text[]) AS k(id)
 CROSS JOIN LATERAL (
@@ -75,19 +76,20 @@ CROSS JOIN LATERAL (
 
 -- fragment: waiting_events
 -- The events of correlation id k.correlation_id, each table read by plain equality probes on
--- its index's leading columns, in an order no plan can change (LATERAL ... OFFSET 0): a view
--- of both tables leaves the planner a scan of dlr.message_events per id, which a generic plan
--- made while the table is young keeps once it has grown. Those whose own id it is: under its
--- message's row id (the message row found by its key first; recording a message moves its
--- events there, dlr.move_events_to_messages); those correlated to it from another own id
--- (receipt_ids_hex), by each table's partial correlation index.
+-- its index's leading columns: those whose own id it is under its message's row id (the
+-- message row found by its key first; recording a message moves its events there,
+-- dlr.move_events_to_messages); those correlated to it from another own id (receipt_ids_hex),
+-- by each table's partial correlation index, with its message by primary key. The events
+-- under a message row, and the message of each correlated event, in LATERAL ... OFFSET 0:
+-- as joins, estimates that favour a hash (a young dlr.message_events, a generic plan made
+-- while it was) read every event of the table into one per call
+-- (test_sql_statements: test_late_correlation_probes_each_events_receptions_whatever_the_
+-- estimates shows that plan without these fences).
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
            e.later_results, e.conflicting_contents
-    FROM (SELECT m.id, m.message_id FROM dlr.messages AS m
-          WHERE m.login = :login AND m.message_id = k.correlation_id
-          OFFSET 0) AS m
+    FROM dlr.messages AS m
     CROSS JOIN LATERAL (
         SELECT e.id, e.level, e.stat, e.err, e.done_date_raw, e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
@@ -96,6 +98,7 @@ CROSS JOIN LATERAL (
         WHERE e.message_ref = m.id AND e.correlation_id IS NULL
         OFFSET 0
     ) AS e
+    WHERE m.login = :login AND m.message_id = k.correlation_id
     UNION ALL
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
@@ -129,7 +132,8 @@ CROSS JOIN LATERAL (
 -- The receptions of each event found are probed the same way, by their day's key (LATERAL ...
 -- OFFSET 0): as a join, the estimates of a day partition growing faster than autovacuum
 -- analyzes it, and of a young dlr.message_events, make a hash of the whole day's partition
--- look cheaper than probes, and a call reads every reception of the day.
+-- look cheaper than probes, and a call reads every reception of the day (the plan
+-- test_late_correlation_probes_each_events_receptions_whatever_the_estimates shows).
 -- A reception with a NULL stat holds none of its parsed fields: they are its event's, read
 -- from the event row already at hand.
 -- P21: an event whose first delivery's day was retired keeps that delivery's content; it comes
@@ -171,18 +175,18 @@ ORDER BY e.correlation_id, r.id NULLS FIRST, e.id
 
 -- name: lock_open_uncorrelated
 -- The open `uncorrelated` exceptions of the events correlated late, locked until they are
--- resolved by write_late_correlation, with the resolution of their event. LATERAL ... OFFSET 0:
--- one probe of the event_id index per event, the kind and the resolution checked on the locked
--- (newest) row. As one UPDATE joined on the event id, a young queue's default estimates make
--- the partial index of open exceptions look like a handful of rows, so every call reads all of
--- the login's open ones into a hash table.
+-- resolved by write_late_correlation, with the resolution of their event. A locking LATERAL
+-- subquery, which the planner cannot flatten: one probe of the event_id index per event, the
+-- kind and the resolution checked on the locked (newest) row. As one UPDATE joined on the
+-- event id, a young queue's default estimates make the partial index of open exceptions look
+-- like a handful of rows, so every call reads all of the login's open ones into a hash table
+-- (test_growth_plans).
 SELECT o.id, r.resolution
 FROM unnest(:event_ids::bigint[], :resolutions::text[]) AS r(event_id, resolution)
 CROSS JOIN LATERAL (
     SELECT o.id, o.kind, o.resolved_at
     FROM dlr.exceptions AS o
     WHERE o.event_id = r.event_id
-    OFFSET 0
     FOR NO KEY UPDATE
 ) AS o
 WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
