@@ -5,11 +5,11 @@ steps it runs, each a method of `_Batch` in this file in that order.
 2. `insert_events` - P14: the batch's new events inserted (repeats detected), the held statuses
    of its messages read and its reception ids drawn, in one statement.
 3. `lock_stored_events` - the events the batch repeats, locked, with the contents they hold.
-4. `copy_receptions` - P6/P13: the planner decides each delivery a piece of the batch at a time,
-   and each piece's receptions (the evidence) go to the server by binary COPY as soon as they
-   are complete: it inserts them while the client plans the next piece.
-5. `write_outcome` - the statuses, the events' counters and the exceptions the plan made, in
-   one statement.
+4. `copy_receptions` - P6/P13: the planner decides each delivery a piece of the batch at a time
+   (`plan_piece`), and each piece's receptions (the evidence) go to the server by binary COPY
+   as soon as they are complete: it inserts them while the client plans the next piece.
+5. `write_outcome` - the exceptions the plan opened, the statuses it changed and the events'
+   counters, in one statement.
 
 Module functions on a connection the caller holds, inside its write transaction; `Store.ingest`
 acquires it, retries and bisects, and translates the driver's errors.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
 from dlrfeed.domain.rules import Basis, KeyContents, MessageState, Planner
@@ -106,8 +106,11 @@ class _Batch:
     stored: dict[Key, int] = field(default_factory=dict)
     stored_rows: list[asyncpg.Record] = field(default_factory=list)
     key_contents: dict[Key, KeyContents] = field(default_factory=dict)
-    # copy_receptions
-    planner: Planner | None = None
+    # copy_receptions and plan_piece
+    planner: Planner = field(init=False)
+    event_ids: list[int] = field(default_factory=list)
+    """Each delivery's event, in batch order."""
+    reception_ids: list[int] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     exceptions: list[ExceptionRow] = field(default_factory=list)
 
@@ -179,41 +182,32 @@ class _Batch:
     async def copy_receptions(self) -> None:
         """P6/P13: every delivery of the batch appended by binary COPY (the server's multi-row
         insert path: far less work and WAL than INSERT ... SELECT per row), each piece planned
-        (its outcomes and exceptions) just before it is sent."""
-        events = self.events
-        planner = self.planner = Planner(
+        (`plan_piece`) just before it is sent, so the server inserts a piece while the client
+        plans the next."""
+        events, inserted, stored = self.events, self.inserted, self.stored
+        self.planner = Planner(
             self.options, self.key_contents, dict(self.held), self.correlated.submitted
         )
-        reception_ids = list(reception_ids_in_blocks(self.id_blocks, len(events)))
-        inserted, stored = self.inserted, self.stored
-        event_ids = [
+        self.reception_ids = list(reception_ids_in_blocks(self.id_blocks, len(events)))
+        self.event_ids = [
             inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
         ]
         # A delivery whose parsed content is its event's leaves it to the event.
         contents = copy_rows.contents(
-            events, event_ids, event_contents(self.firsts, self.inserted, self.stored_rows)
+            events, self.event_ids, event_contents(self.firsts, inserted, self.stored_rows)
         )
-
-        decide, outcomes, exceptions = planner.decide, self.outcomes, self.exceptions
 
         async def planned_receptions() -> AsyncIterator[bytes]:
             yield copy_rows.SIGNATURE
             for start in range(0, len(events), _COPY_PIECE):
                 piece = slice(start, min(start + _COPY_PIECE, len(events)))
-                for position in range(piece.start, piece.stop):
-                    e, event_id = events[position], event_ids[position]
-                    outcome, planned = decide(e, event_id, reception_ids[position])
-                    if planned:  # joined to its reception by batch position, 1-based
-                        exceptions.extend(
-                            planned_exceptions(planned, e.message_id, event_id, position + 1)
-                        )
-                    outcomes.append(outcome)
+                self.plan_piece(piece)
                 yield copy_rows.complete(
                     self.receipt_fields[piece],
                     contents[piece],
-                    reception_ids[piece],
-                    outcomes[piece],
-                    event_ids[piece],
+                    self.reception_ids[piece],
+                    self.outcomes[piece],
+                    self.event_ids[piece],
                 )
             yield copy_rows.TRAILER
 
@@ -225,37 +219,62 @@ class _Batch:
             format="binary",
         )
 
+    def plan_piece(self, piece: slice) -> None:
+        """The planner's outcome of each delivery of `piece` (the next ones, in batch order),
+        and the exceptions it opens, joined to their reception by batch position (1-based)."""
+        events, event_ids, reception_ids = self.events, self.event_ids, self.reception_ids
+        decide, outcomes, exceptions = self.planner.decide, self.outcomes, self.exceptions
+        for position in range(piece.start, piece.stop):
+            e, event_id = events[position], event_ids[position]
+            outcome, planned = decide(e, event_id, reception_ids[position])
+            if planned:
+                exceptions.extend(planned_exceptions(planned, e.message_id, event_id, position + 1))
+            outcomes.append(outcome)
+
     async def write_outcome(self) -> None:
-        """The statuses that changed (P7), the events' counters and accepted contents (P14),
-        and the exceptions, in one statement."""
-        planner = self.planner
-        assert planner is not None  # copy_receptions ran
-        changed = {k: v for k, v in planner.messages.items() if self.held.get(k) is not v}
-        counted = list(planner.event_last)
-        kinds, message_ids, details, exception_event_ids, positions = column_arrays(
-            self.exceptions, 5
-        )
+        """What the plan made besides the receptions, in one statement (write_batch)."""
         await WRITE_BATCH.execute(
             self.conn,
             login=self.login,
             rules_version=self.rules_version,
             id_blocks=self.id_blocks,
             id_block_size=RECEPTION_ID_BLOCK,
-            exception_kinds=kinds,
-            exception_message_ids=message_ids,
-            exception_details=details,
-            exception_event_ids=exception_event_ids,
-            exception_positions=positions,
-            statuses=status_json(changed, self.correlated.refs),
-            event_ids=counted,
-            event_accepted=[planner.event_accepted.get(i, 0) for i in counted],
-            event_conflicts=[planner.event_conflicts.get(i, 0) for i in counted],
-            event_received_at=[planner.event_last[i] for i in counted],
-            event_updates=[" ".join(planner.key_updates.get(i, ())) for i in counted],
-            event_by_message=[i in self.by_message for i in counted],
-            event_results=[" ".join(planner.key_results.get(i, ())) for i in counted],
-            event_conflicting=[" ".join(planner.key_conflicting.get(i, ())) for i in counted],
+            **self.opened_exceptions(),
+            statuses=self.changed_statuses(),
+            **self.event_counters(),
         )
+
+    def opened_exceptions(self) -> dict[str, list[Any]]:
+        """The exceptions the planner opened, as write_batch's arrays."""
+        kinds, message_ids, details, event_ids, positions = column_arrays(self.exceptions, 5)
+        return {
+            "exception_kinds": kinds,
+            "exception_message_ids": message_ids,
+            "exception_details": details,
+            "exception_event_ids": event_ids,
+            "exception_positions": positions,
+        }
+
+    def changed_statuses(self) -> str:
+        """P7: the statuses the batch changed (the planner replaces a state it changes)."""
+        held = self.held
+        changed = {k: v for k, v in self.planner.messages.items() if held.get(k) is not v}
+        return status_json(changed, self.correlated.refs)
+
+    def event_counters(self) -> dict[str, list[Any]]:
+        """P14: each event's counters and accepted contents, as write_batch's arrays."""
+        planner = self.planner
+        counted = list(planner.event_last)
+        return {
+            "event_ids": counted,
+            "event_accepted": [planner.event_accepted.get(i, 0) for i in counted],
+            "event_conflicts": [planner.event_conflicts.get(i, 0) for i in counted],
+            "event_received_at": [planner.event_last[i] for i in counted],
+            "event_updates": [" ".join(planner.key_updates.get(i, ())) for i in counted],
+            "event_by_message": [i in self.by_message for i in counted],
+            "event_results": [" ".join(planner.key_results.get(i, ())) for i in counted],
+            "event_conflicting": [" ".join(planner.key_conflicting.get(i, ())) for i in counted],
+        }
 
 
 def first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
@@ -263,9 +282,9 @@ def first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
     JSON (the :events of insert_events_read_statuses: each row an array of the fields that
     `keyed` names, in its order; an array, not an object or a named tuple, because the JSON
     encoder copies every tuple subclass and spells out every key, ~5 % of the ingest's client
-    CPU). Arrival order, not key order: event
-    ids then follow the order the batch's receipts arrived in (the locks serialise the events of
-    one id, so key order buys no deadlock safety here)."""
+    CPU). Arrival order, not key order: event ids then follow the order the batch's receipts
+    arrived in (the locks serialise the events of one id, so key order buys no deadlock safety
+    here)."""
     first_of_key: dict[Key, LogicalEvent] = {}
     for event in events:
         first_of_key.setdefault((event.message_id, event.level), event)
