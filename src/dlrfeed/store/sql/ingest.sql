@@ -242,7 +242,7 @@ st AS (
 
 -- fragment: upsert_earlier_statuses
 -- Nothing: every status is kept under its message row (upsert_statuses). An empty WITH item,
--- so that the statements which include it read as the others.
+-- for write_recompute (sql/recompute.sql), which includes it.
 st_earlier AS (SELECT),
 
 -- fragment: event_counters
@@ -311,7 +311,6 @@ WITH exc AS (
     ON CONFLICT DO NOTHING
 ),
 -- include: upsert_statuses
--- include: upsert_earlier_statuses
 -- include: count_deliveries
 SELECT 1
 
