@@ -105,19 +105,14 @@ async def _chunks(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def copy_both(
-    db: asyncpg.Connection,
-    login: str,
-    batch: list[LogicalEvent],
-    outcomes: list[Outcome],
-    *,
-    with_key: bool = False,
+    db: asyncpg.Connection, batch: list[LogicalEvent], outcomes: list[Outcome]
 ) -> None:
     """The batch copied by the store's encoding into by_store, and by the driver's into
-    by_driver; `with_key`: each row with its login, message id and level (before 0021)."""
+    by_driver."""
     ids = [7 * n + 1 for n in range(len(batch))]
     event_ids = [2**40 + n for n in range(len(batch))]
-    rows = copy_rows.encode_receipt_fields(batch, login if with_key else None)
-    columns = copy_rows.COLUMNS_WITH_KEY if with_key else copy_rows.COLUMNS
+    rows = copy_rows.encode_receipt_fields(batch)
+    columns = copy_rows.COLUMNS
     contents = copy_rows.encode_contents(batch)
     # In two pieces, as the store sends a batch while planning it.
     half = len(batch) // 2
@@ -137,9 +132,6 @@ async def copy_both(
     # The driver's reference encoding of the very same values.
     received = [datetime.fromtimestamp(e.received_at, UTC) for e in batch]
     values = {
-        "login": [login] * len(batch),
-        "message_id": [e.message_id for e in batch],
-        "level": [e.level for e in batch],
         "stat": [e.stat for e in batch],
         "err": [e.err for e in batch],
         "submit_date_raw": [e.submit_date_raw for e in batch],
@@ -166,29 +158,22 @@ async def copy_both(
 
 
 async def table_rows(db: asyncpg.Connection, table: str) -> list[asyncpg.Record]:
-    columns = ", ".join(copy_rows.COLUMNS_WITH_KEY)
+    columns = ", ".join(copy_rows.COLUMNS)
     return list(await db.fetch(f"SELECT {columns} FROM {table} ORDER BY id"))
 
 
 @given(
-    login=_TEXT,
     batch=st.lists(events(), min_size=1, max_size=8),
     outcome=st.sampled_from(list(Outcome)),
-    with_key=st.booleans(),
 )
 @examples(200)
 async def test_the_store_encoding_writes_what_the_driver_writes_p6(
-    db: asyncpg.Connection,
-    login: str,
-    batch: list[LogicalEvent],
-    outcome: Outcome,
-    with_key: bool,
+    db: asyncpg.Connection, batch: list[LogicalEvent], outcome: Outcome
 ) -> None:
     """Any storable values: text of any script, NULLs, int64 bounds, dates of any zone from
-    1901 to 2200, empty and non-empty flag arrays, arbitrary payload bytes; rows with their
-    key (a store before 0021) or naming it by their event."""
+    1901 to 2200, empty and non-empty flag arrays, arbitrary payload bytes."""
     await db.execute("TRUNCATE by_store, by_driver")
-    await copy_both(db, login, batch, [outcome] * len(batch), with_key=with_key)
+    await copy_both(db, batch, [outcome] * len(batch))
     by_store = await table_rows(db, "by_store")
     assert len(by_store) == len(batch)
     assert by_store == await table_rows(db, "by_driver")
@@ -204,7 +189,7 @@ async def test_shared_dates_and_receive_times_are_each_row_own(db: asyncpg.Conne
         base._replace(message_id="b", done_at=madrid.astimezone(UTC), received_at=1.5),
         base._replace(message_id="c", done_at=None, submit_at=madrid, received_at=2.25),
     ]
-    await copy_both(db, "acme", batch, [Outcome.APPLIED, Outcome.REPEAT, Outcome.CONFLICT])
+    await copy_both(db, batch, [Outcome.APPLIED, Outcome.REPEAT, Outcome.CONFLICT])
     rows = await table_rows(db, "by_store")
     assert rows == await table_rows(db, "by_driver")
     assert [r["done_at"] for r in rows] == [madrid, madrid, None]
@@ -221,7 +206,7 @@ async def test_the_two_times_of_a_dst_change_stay_an_hour_apart(db: asyncpg.Conn
         PLAIN._replace(message_id="a", done_at=first),
         PLAIN._replace(message_id="b", done_at=second, submit_at=second),
     ]
-    await copy_both(db, "acme", batch, [Outcome.APPLIED, Outcome.APPLIED])
+    await copy_both(db, batch, [Outcome.APPLIED, Outcome.APPLIED])
     rows = await table_rows(db, "by_store")
     assert rows == await table_rows(db, "by_driver")
     assert rows[1]["done_at"] - rows[0]["done_at"] == timedelta(hours=1)
@@ -231,20 +216,20 @@ def test_values_the_driver_refuses_are_refused_alike_c8() -> None:
     """The C8 bisection treats these as data errors: the same exception types as the driver."""
     base = PLAIN
     with pytest.raises(UnicodeEncodeError):
-        copy_rows.encode_receipt_fields([base._replace(peer="\ud800")], None)
+        copy_rows.encode_receipt_fields([base._replace(peer="\ud800")])
     with pytest.raises(OverflowError):
-        copy_rows.encode_receipt_fields([base._replace(level=2**63)], "acme")
+        copy_rows.encode_receipt_fields([base._replace(delivery_count=2**63)])
     with pytest.raises(UnicodeEncodeError):
         copy_rows.encode_contents([base._replace(err="\ud800")])
-    rows = copy_rows.encode_receipt_fields([base], None)
+    rows = copy_rows.encode_receipt_fields([base])
     contents = copy_rows.encode_contents([base])
     with pytest.raises(ValueError, match="zip"):
         copy_rows.complete(rows, contents, [1, 2], [Outcome.APPLIED], [1])
 
 
 async def test_a_row_that_defers_to_its_event_holds_no_content(db: asyncpg.Connection) -> None:
-    """AS_EVENT (migration 0016): the seven content columns NULL, every other field its own."""
-    rows = copy_rows.encode_receipt_fields([PLAIN, PLAIN], None)
+    """AS_EVENT: the seven content columns NULL, every other field its own."""
+    rows = copy_rows.encode_receipt_fields([PLAIN, PLAIN])
     contents = copy_rows.encode_contents([PLAIN, PLAIN])
     data = b"".join(
         (

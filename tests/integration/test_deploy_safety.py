@@ -177,6 +177,7 @@ async def test_every_command_refuses_a_schema_newer_than_it_knows(
         "migrate --dry-run": ["migrate", "--dry-run"],
         "run": ["run", "--gateway", "127.0.0.1:1", "--login", "acme"],
         "record-submissions": ["record-submissions", "-"],
+        "recompute": ["recompute"],
         "show": ["show", "m1"],
         "exceptions": ["exceptions"],
         "stats": ["stats"],

@@ -20,7 +20,6 @@ import pytest
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
-from dlrfeed.store.queries import RECEPTION_STATEMENTS, STATUS_WRITES
 from dlrfeed.store.recording import record_submissions
 from dlrfeed.store.submission import SubmissionResult
 from dlrfeed_tools.pgcluster import PgCluster, free_port
@@ -132,8 +131,6 @@ async def test_a_chunk_holds_its_ids_locks_and_a_few_more_whatever_the_call(
                 conn,
                 IntegrationOptions(),
                 _submissions("l", CHUNK),
-                STATUS_WRITES,
-                RECEPTION_STATEMENTS,
             )
             locks = await conn.fetch(
                 "SELECT locktype, count(*) AS n FROM pg_locks"

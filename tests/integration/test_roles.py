@@ -28,8 +28,7 @@ from dlrfeed.domain.receipt import Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import ConfigError
 from dlrfeed.feed.client import receipt_from_proto
-from dlrfeed.store import Store, Submission, Verification
-from dlrfeed.store import queries as store_queries
+from dlrfeed.store import Store, Submission, Verification, evidence
 from dlrfeed.store.changes import load_cursor, read_changes, save_cursor
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.quality import Window, quality
@@ -187,9 +186,9 @@ async def test_p13_writer_runs_real_ingest_and_record_submissions(roles_db: Role
     writer = await asyncpg.connect(roles_db.writer)
     try:  # C8: the unstorable path's own statements, as the writer (a receipt, then again)
         poison = ("acme", "poison", "{}", b"\x00\xff", "key-of-poison")
-        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is not None
-        assert await writer.fetchval(store_queries.OPEN_UNSTORABLE.text, *poison) is None
-        await writer.execute(store_queries.RECORD_UNSTORABLE_REDELIVERY.text, *poison)
+        assert await writer.fetchval(evidence.OPEN_UNSTORABLE.text, *poison) is not None
+        assert await writer.fetchval(evidence.OPEN_UNSTORABLE.text, *poison) is None
+        await writer.execute(evidence.RECORD_UNSTORABLE_REDELIVERY.text, *poison)
         # The statuses it wrote read back through the view, reasons as text.
         reasons = await writer.fetch("SELECT reason FROM dlr.message_status")
         assert reasons

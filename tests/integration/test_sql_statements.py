@@ -15,7 +15,8 @@ import pytest
 from dlrfeed.cli import main
 from dlrfeed.config import Pooler
 from dlrfeed.errors import ConfigError, FatalError
-from dlrfeed.store import queries, retention
+from dlrfeed.store import retention
+from dlrfeed.store.replay import WAITING_RECEPTIONS
 from dlrfeed.store.retention import RetentionPolicy, maintain
 from dlrfeed.store.server import behind_transaction_pooler
 from dlrfeed.store.sql import STATEMENTS
@@ -30,8 +31,7 @@ from dlrfeed_tools.retention_support import plan_of
 _EXISTING_PARTITION = "status_changes_default"
 _EXISTING_PARTITION_OF = {
     "archived_receptions": "receptions_default",
-    # The receptions' table, named at run time by the statement's caller.
-    "waiting_receptions": "reception_rows",
+    "reception_rows": "reception_rows",
 }
 
 
@@ -147,7 +147,7 @@ async def test_late_correlation_probes_each_events_receptions_whatever_the_estim
     """The receptions of the waiting events are read by their day's key, one probe per event:
     with estimates that favour a hash (here enable_nestloop off, in production a day partition
     growing faster than autovacuum analyzes it), no day of receptions is read whole."""
-    waiting = queries.RECEPTION_STATEMENTS.waiting
+    waiting = WAITING_RECEPTIONS
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute("SET enable_nestloop = off")

@@ -13,7 +13,7 @@ from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt
 from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import SchemaOutOfDateError, StoreUnavailableError
-from dlrfeed.store import Store, Submission, evidence, queries
+from dlrfeed.store import Store, Submission, evidence, ingest
 from dlrfeed_tools.rule_receipts import feed_receipt
 from gateway.receipts.v1 import feed_pb2
 
@@ -282,9 +282,9 @@ async def test_reception_ids_follow_the_batch_across_id_blocks_p6(
         "SELECT increment FROM information_schema.sequences"
         " WHERE sequence_schema = 'dlr' AND sequence_name = 'receptions_id_seq'"
     )
-    assert int(increment) == queries.RECEPTION_ID_BLOCK
+    assert int(increment) == ingest.RECEPTION_ID_BLOCK
     await store.ingest(LOGIN, [receipt("warm-up")])  # the next batch starts mid-sequence
-    count = queries.RECEPTION_ID_BLOCK + 500
+    count = ingest.RECEPTION_ID_BLOCK + 500
     batch = [receipt(f"unknown-{n:05}") for n in range(count)]  # no message: each uncorrelated
     await store.ingest(LOGIN, batch)
     rows = await db.fetch(
@@ -452,7 +452,7 @@ async def test_c8_poison_delivered_again_is_one_open_exception_with_every_delive
     # store goes round and opens a new investigation instead.
     key = await db.fetchval("SELECT evidence_key FROM dlr.exceptions WHERE id = $1", open_one["id"])
     late = (LOGIN, "bad", "{}", again.raw, key)
-    assert await db.fetchval(queries.RECORD_UNSTORABLE_REDELIVERY.text, *late) is None
+    assert await db.fetchval(evidence.RECORD_UNSTORABLE_REDELIVERY.text, *late) is None
     await store.ingest(LOGIN, [first])
     assert len(await open_exceptions(db, "unstorable")) == 2
 

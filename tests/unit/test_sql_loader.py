@@ -91,19 +91,6 @@ def test_a_fragment_may_include_another_but_never_itself() -> None:
         parse(cycle)
 
 
-def test_another_fragment_is_spliced_instead_when_asked_and_each_named_must_exist() -> None:
-    files = {
-        "a.sql": "-- fragment: f\n  x = :x\n-- fragment: g\n  z = :z\n"
-        "-- name: q\nSELECT 1 WHERE\n-- include: f\n-- include: g\n"
-    }
-    assert parse(files)["q"].text == "SELECT 1 WHERE\n  x = $1\n  z = $2"
-    # A swap splices each where the other was, not one of them twice.
-    assert parse(files, {"f": "g", "g": "f"})["q"].text == "SELECT 1 WHERE\n  z = $1\n  x = $2"
-    for instead in ({"f": "h"}, {"h": "g"}):
-        with pytest.raises(SqlFileError, match="'h'"):
-            parse(files, instead)
-
-
 def test_a_table_name_is_filled_in_quoted_and_must_be_given_first() -> None:
     q = _one("-- name: q\nSELECT count(*) FROM s.{partition} WHERE a = :a\n")
     assert q.identifiers == ("partition",)

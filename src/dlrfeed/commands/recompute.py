@@ -62,6 +62,7 @@ async def run(args: argparse.Namespace) -> int:
         )
 
     try:
+        await store.check_schema()
         result = await store.recompute(every=args.all, progress=progress, busy=args.busy)
         report.finish()
     finally:

@@ -28,10 +28,11 @@ from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent
 from dlrfeed.domain.receipt import Channel
 from dlrfeed.domain.status import Outcome
 
-# The COPY column order: the receipt's own fields, its parsed content, then the late ones
-# (see `complete`). A reception names its login, message id and level by its event; a store at
-# schema version < 21 takes them first in every row (`COLUMNS_WITH_KEY`).
-KEY_COLUMNS = ("login", "message_id", "level")
+# Where the receptions go, and the COPY column order: the receipt's own fields, its parsed
+# content, then the late ones (see `complete`). A reception names its login, message id and
+# level by its event.
+SCHEMA = "dlr"
+TABLE = "reception_rows"
 OWN_COLUMNS = (
     "submit_date_raw",
     "submit_at",
@@ -51,12 +52,10 @@ CONTENT_COLUMNS = (
     "fingerprint",
 )
 COLUMNS = (*OWN_COLUMNS, *CONTENT_COLUMNS, "id", "outcome", "event_id")
-COLUMNS_WITH_KEY = (*KEY_COLUMNS, *COLUMNS)
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)  # no flags, no extension
 TRAILER = struct.pack(">h", -1)
 _FIELD_COUNT = struct.pack(">h", len(COLUMNS))
-_FIELD_COUNT_WITH_KEY = struct.pack(">h", len(COLUMNS_WITH_KEY))
 _NULL = struct.pack(">i", -1)
 _length = struct.Struct(">i").pack
 _int8_field = struct.Struct(">iq").pack  # length 8, then the value
@@ -115,12 +114,9 @@ AS_EVENT = _NULL * len(CONTENT_COLUMNS)
 _CHANNEL_FIELDS: dict[str, bytes] = {channel: _text(channel) for channel in get_args(Channel)}
 
 
-def encode_receipt_fields(events: Iterable[LogicalEvent], key_login: str | None) -> list[bytes]:
+def encode_receipt_fields(events: Iterable[LogicalEvent]) -> list[bytes]:
     """Each reception's own fields (P6): the field count and every field of `OWN_COLUMNS`, in
-    that order; each preceded by its key (`KEY_COLUMNS`) when `key_login` is given (a store
-    at schema version < 21: the batch's login)."""
-    with_key = key_login is not None
-    head = _FIELD_COUNT_WITH_KEY + _text(key_login) if with_key else _FIELD_COUNT
+    that order."""
     received: dict[float, bytes] = {}  # a batch's receipts mostly share their receive time
     dates: dict[tuple[datetime | None, int], bytes] = {}  # ... and their reported dates
     rows = []
@@ -131,12 +127,10 @@ def encode_receipt_fields(events: Iterable[LogicalEvent], key_login: str | None)
                 datetime.fromtimestamp(e.received_at, UTC)
             )
         submit_at = _timestamptz_once(dates, e.submit_at)
-        key = _text(e.message_id) + _int8(e.level) if with_key else b""
         rows.append(
             b"".join(
                 (
-                    head,
-                    key,
+                    _FIELD_COUNT,
                     _text(e.submit_date_raw),
                     submit_at,
                     _int8(e.delivery_count),
@@ -178,13 +172,11 @@ def encode_contents(events: Iterable[LogicalEvent]) -> list[bytes]:
 def contents(
     events: Sequence[LogicalEvent],
     event_ids: Sequence[int],
-    event_contents: Mapping[int, tuple[str, tuple[str, ...]] | None] | None,
+    event_contents: Mapping[int, tuple[str, tuple[str, ...]] | None],
 ) -> list[bytes]:
     """The content fields of each reception: `AS_EVENT` where its fingerprint and flags are
-    its event's first content (`event_contents`, by event id: rows.event_contents), its own
-    encoding elsewhere, and everywhere when `event_contents` is None (schema version < 16)."""
-    if event_contents is None:
-        return encode_contents(events)
+    its event's first content (`event_contents`, by event id: ingest.event_contents), its own
+    encoding elsewhere."""
     own = [
         (e.fingerprint, e.flags) != event_contents[event_id]
         for e, event_id in zip(events, event_ids, strict=True)

@@ -10,11 +10,14 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
-from dlrfeed.store import queries
+from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
     from dlrfeed.domain.parse import LogicalEvent
     from dlrfeed.store.rows import Connection
+
+LOCK_MESSAGES = query("lock_messages")
+LOCK_CORRELATION_IDS = query("lock_correlation_ids")
 
 
 class Correlated(NamedTuple):
@@ -30,24 +33,22 @@ class Correlated(NamedTuple):
         return {i: self.refs[i] for i in ids if i in self.refs}
 
 
-def ids_to_lock(events: Iterable[LogicalEvent], *, own_ids: bool) -> list[str]:
-    """The ids whose messages a batch locks, sorted: each event's correlation id and, with
-    `own_ids` (not at schema version < 24), its own id too - the same but with receipt_ids_hex -
-    whose message decides the table the event is kept in (sql/ingest.sql, insert_events)."""
-    ids = {e.correlation_id for e in events}
-    if own_ids:
-        ids.update(e.message_id for e in events)
-    return sorted(ids)
+def ids_to_lock(events: Iterable[LogicalEvent]) -> list[str]:
+    """The ids whose messages a batch locks, sorted: each event's correlation id and its own id
+    (the same but with receipt_ids_hex), whose message decides the table the event is kept in
+    (sql/ingest.sql, insert_events)."""
+    return sorted({e.correlation_id for e in events} | {e.message_id for e in events})
 
 
 async def correlate(conn: Connection, login: str, ids: list[str]) -> Correlated:
     """Lock the messages of `ids` (sorted); those that exist."""
-    lock = queries.LOCK_MESSAGES
-    rows = list(await lock.fetch(conn, login=login, message_ids=ids))
-    found = {r[0] for r in rows}
+    rows = list(await LOCK_MESSAGES.fetch(conn, login=login, message_ids=ids))
+    found = {r["message_id"] for r in rows}
     missing = [i for i in ids if i not in found]
     if missing:
-        await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=missing)
+        await LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=missing)
         # A new statement, so a message committed while we waited is seen now.
-        rows += await lock.fetch(conn, login=login, message_ids=missing)
-    return Correlated({r[0]: r[1] for r in rows}, {r[0]: r[2] for r in rows})
+        rows += await LOCK_MESSAGES.fetch(conn, login=login, message_ids=missing)
+    return Correlated(
+        {r["message_id"]: r["submitted_at"] for r in rows}, {r["message_id"]: r["id"] for r in rows}
+    )

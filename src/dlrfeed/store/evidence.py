@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING
 from dlrfeed.domain.parse import MAX_ID_CHARS
 from dlrfeed.domain.receipt import Receipt, UnreadableCallback
 from dlrfeed.domain.wire_format import callback_evidence_key, evidence_key
-from dlrfeed.store import queries
 from dlrfeed.store.rows import printable
+from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
+
+OPEN_UNSTORABLE = query("open_unstorable")
+RECORD_UNSTORABLE_REDELIVERY = query("record_unstorable_redelivery")
 
 
 async def keep_unstorable(
@@ -67,6 +70,6 @@ async def _keep(
     # Delivered again while an earlier delivery is under investigation: one open exception
     # per receipt (never counted twice), every delivery's bytes kept. Only an operator
     # resolving that exception between our two statements sends us round again.
-    while await queries.OPEN_UNSTORABLE.fetchval(conn, **arguments) is None:
-        if await queries.RECORD_UNSTORABLE_REDELIVERY.fetchval(conn, **arguments) is not None:
+    while await OPEN_UNSTORABLE.fetchval(conn, **arguments) is None:
+        if await RECORD_UNSTORABLE_REDELIVERY.fetchval(conn, **arguments) is not None:
             return

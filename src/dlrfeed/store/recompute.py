@@ -22,15 +22,21 @@ from dlrfeed.domain.rules import (
     is_final,
     status_change,
 )
-from dlrfeed.store import queries
 from dlrfeed.store.correlation import correlate
-from dlrfeed.store.replay import replay, write_as_replayed
+from dlrfeed.store.replay import WAITING_RECEPTIONS, replay, write_as_replayed
 from dlrfeed.store.rows import dumps, status_json
+from dlrfeed.store.sql import query
 from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
-    from dlrfeed.store.sql import Query
+
+STALE_STATUSES = query("stale_statuses")
+COUNT_STALE_STATUSES = query("count_stale_statuses")
+STATUSES_BEFORE_RECOMPUTE = query("statuses_before_recompute")
+RECORD_RECOMPUTE_AUDIT = query("record_recompute_audit")
+WRITE_RECOMPUTE = query("write_recompute")
+MARK_STATUSES_CURRENT = query("mark_statuses_current")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,30 +63,24 @@ async def recompute(
     *,
     every: bool,
     chunk: int,
-    writes: queries.StatusWrites,
-    waiting: Query,
-    events_by_message: bool,
     progress: Progress | None = None,
     busy: float = 1.0,
 ) -> RecomputeResult:
     """Recompute the stale status rows (all with `every`) on `conn`, `chunk` messages at a
-    time, each login's part of a chunk in its own transaction, each message's deliveries read
-    back with `waiting` and its status written with `writes` (see `Store.recompute`, which
-    translates the driver's errors). With `events_by_message` (not at schema version < 24)
-    the events' totals and the conflict exceptions are written as the current rules plan them
-    too, and a status computed the same is left unwritten. `progress` hears after each
+    time, each login's part of a chunk in its own transaction (see `Store.recompute`, which
+    translates the driver's errors): the statuses, the events' totals and the conflict
+    exceptions as the current rules plan them; a status computed the same is left unwritten
+    (only its version is). `progress` hears after each
     transaction what was done so far. With `busy` below 1 it pauses after each transaction,
     so that it works that share of the time: the live ingest beside it keeps the rest."""
     version = options.rules_version(RULES_VERSION)
     total = None
     if progress is not None:
-        total = await queries.COUNT_STALE_STATUSES.fetchval(
-            conn, every=every, rules_version=version
-        )
+        total = await COUNT_STALE_STATUSES.fetchval(conn, every=every, rules_version=version)
     done = RecomputeResult(0, 0, 0, total)
     after = ("", "")
     while True:
-        keys = await queries.STALE_STATUSES.fetch(
+        keys = await STALE_STATUSES.fetch(
             conn,
             after_login=after[0],
             after_message_id=after[1],
@@ -95,10 +95,10 @@ async def recompute(
         for key in keys:
             by_login.setdefault(key["login"], []).append(key["message_id"])
         for login, message_ids in by_login.items():
-            pass_ = _Chunk(conn, options, version, login, writes, events_by_message)
+            pass_ = _Chunk(conn, options, version, login)
             started = time.monotonic()
             async with write_transaction(conn):
-                changed, retired = await pass_.run(message_ids, waiting)
+                changed, retired = await pass_.run(message_ids)
             if busy < 1.0:  # no transaction open meanwhile: nothing held back
                 await asyncio.sleep((time.monotonic() - started) * (1.0 / busy - 1.0))
             done = RecomputeResult(
@@ -120,10 +120,8 @@ class _Chunk:
     options: IntegrationOptions
     version: str
     login: str
-    writes: queries.StatusWrites
-    events_by_message: bool
 
-    async def run(self, message_ids: list[str], waiting: Query) -> tuple[int, int]:
+    async def run(self, message_ids: list[str]) -> tuple[int, int]:
         """Recompute the statuses of `message_ids` under their message locks: the number of
         rows changed (each audited) and of rows left as they were (evidence retired)."""
         conn, login = self.conn, self.login
@@ -131,13 +129,14 @@ class _Chunk:
         submitted = correlated.submitted
         before = {
             r["message_id"]: r
-            for r in await queries.STATUSES_BEFORE_RECOMPUTE.fetch(
+            for r in await STATUSES_BEFORE_RECOMPUTE.fetch(
                 conn, login=login, message_ids=message_ids
             )
         }
         planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
         replayed = replay(
-            planner, await waiting.fetch(conn, login=login, correlation_ids=sorted(submitted))
+            planner,
+            await WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=sorted(submitted)),
         )
         # P21: a status whose deliveries retention took beyond what its events keep is left
         # as it is (its version too: it was not computed under this one).
@@ -173,15 +172,12 @@ class _Chunk:
                 ]
             )
         if audit:  # most chunks of a recompute change nothing: no round trip for them
-            await queries.RECORD_RECOMPUTE_AUDIT.execute(
+            await RECORD_RECOMPUTE_AUDIT.execute(
                 conn, login=login, rules_version=self.version, audit=dumps(audit)
             )
         changed = {a[0] for a in audit}
-        if not self.events_by_message:  # an older schema: every status written, as before
-            changed.update(current)
-            current = []
         if changed or gone:
-            await self.writes.recompute.execute(
+            await WRITE_RECOMPUTE.execute(
                 conn,
                 login=login,
                 rules_version=self.version,
@@ -191,10 +187,9 @@ class _Chunk:
                 gone=gone,
             )
         if current:
-            await queries.MARK_STATUSES_CURRENT.fetchval(
+            await MARK_STATUSES_CURRENT.fetchval(
                 conn, login=login, message_ids=current, rules_version=self.version
             )
-        if self.events_by_message:
-            recomputed = {m for m in before if m not in kept}
-            await write_as_replayed(conn, login, self.version, planner, replayed, recomputed)
+        recomputed = {m for m in before if m not in kept}
+        await write_as_replayed(conn, login, self.version, planner, replayed, recomputed)
         return len(audit), len(kept)

@@ -16,16 +16,24 @@ from typing import TYPE_CHECKING, Any
 from dlrfeed.domain.options import IntegrationOptions
 from dlrfeed.domain.rules import EMPTY_STATE, RULES_VERSION, Planner
 from dlrfeed.domain.sent_records import RECORD_FIELDS, record_differences
-from dlrfeed.store import queries
-from dlrfeed.store.replay import replay, with_retired_counts, write_as_replayed
-from dlrfeed.store.rows import column_arrays, planned_exceptions, status_json
+from dlrfeed.store.correlation import LOCK_CORRELATION_IDS
+from dlrfeed.store.replay import WAITING_RECEPTIONS, replay, with_retired_counts, write_as_replayed
+from dlrfeed.store.rows import ExceptionRow, column_arrays, planned_exceptions, status_json
+from dlrfeed.store.sql import query
 from dlrfeed.store.submission import Submission, SubmissionResult
 from dlrfeed.store.transactions import write_transaction
 
 if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
-# The parameters of queries.INSERT_MESSAGES that take the columns of Submission.normalised,
+INSERT_MESSAGES = query("insert_messages")
+RECORDED_MESSAGES = query("recorded_messages")
+OPEN_SECOND_RECORDS = query("open_second_records")
+IDS_WITH_WAITING_EVENTS = query("ids_with_waiting_events")
+LOCK_OPEN_UNCORRELATED = query("lock_open_uncorrelated")
+WRITE_LATE_CORRELATION = query("write_late_correlation")
+COMMIT_WITHOUT_FLUSH_WAIT = query("commit_without_flush_wait")
+# The parameters of INSERT_MESSAGES that take the columns of Submission.normalised,
 # in its order.
 _SUBMISSION_COLUMNS = (
     "message_ids",
@@ -50,16 +58,11 @@ async def record_submissions(
     conn: Connection,
     options: IntegrationOptions,
     submissions: Sequence[Submission],
-    writes: queries.StatusWrites,
-    waiting: queries.ReceptionStatements,
-    *,
-    events_by_message: bool = True,
 ) -> SubmissionResult:
     """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
-    transaction, and correlate the receipts that were waiting for them (read back with
-    `waiting`), writing their statuses with `writes` (see `Store.record_submissions`, which
-    translates the driver's errors); with `events_by_message` (not at schema version < 24)
-    the events' totals and conflicts too, as the live path writes them under `options`. One
+    transaction, and correlate the receipts that were waiting for them, writing their statuses,
+    and the events' totals and conflicts as the live path writes them under `options` (see
+    `Store.record_submissions`, which translates the driver's errors). One
     durable step: only the last chunk, and a chunk whose late correlation changed statuses,
     waits for the WAL flush, which makes every chunk before it durable too
     (sql/submissions.sql, commit_without_flush_wait)."""
@@ -74,11 +77,9 @@ async def record_submissions(
     recorded = late = 0
     for number, (login, chunk) in enumerate(chunks, 1):
         async with write_transaction(conn):
-            new, applied = await _record_chunk(
-                conn, options, login, chunk, writes, waiting, events_by_message=events_by_message
-            )
+            new, applied = await _record_chunk(conn, options, login, chunk)
             if number < len(chunks) and not applied:  # read at the commit
-                await queries.COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
+                await COMMIT_WITHOUT_FLUSH_WAIT.fetchval(conn)
         recorded += new
         late += applied
     return SubmissionResult(
@@ -93,10 +94,6 @@ async def _record_chunk(
     options: IntegrationOptions,
     login: str,
     chunk: list[Submission],
-    writes: queries.StatusWrites,
-    waiting: queries.ReceptionStatements,
-    *,
-    events_by_message: bool,
 ) -> tuple[int, int]:
     """Record one chunk of `login`'s submissions in the caller's transaction: the number newly
     recorded and the number of events correlated late."""
@@ -105,14 +102,14 @@ async def _record_chunk(
     # The same advisory locks as ingest takes for ids it cannot correlate: whichever of us
     # comes second sees what the first committed (late correlation is never missed), and
     # two recorders of one id see each other's record.
-    await queries.LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=ids)
+    await LOCK_CORRELATION_IDS.fetchval(conn, login=login, ids=ids)
     first_rows: dict[str, tuple[Any, ...]] = {}
     for row in rows:
         first_rows.setdefault(row[0], row)
     firsts = list(first_rows.values())
     columns = dict(zip(_SUBMISSION_COLUMNS, column_arrays(firsts, 10), strict=True))
-    new_rows = await queries.INSERT_MESSAGES.fetch(conn, login=login, **columns)
-    inserted: dict[str, datetime | None] = {r[0]: r[1] for r in new_rows}
+    new_rows = await INSERT_MESSAGES.fetch(conn, login=login, **columns)
+    inserted: dict[str, datetime | None] = {r["message_id"]: r["submitted_at"] for r in new_rows}
     # P12: every record that was not inserted is compared with the one recorded.
     others = [row for row in rows if row[0] not in inserted or first_rows[row[0]] is not row]
     if others:
@@ -120,10 +117,12 @@ async def _record_chunk(
     new_ids = sorted(inserted)
     if not new_ids:
         return 0, 0
-    waiting_ids = [r[0] for r in await waiting.waiting_ids.fetch(conn, login=login, ids=new_ids)]
+    waiting_ids = [
+        r["id"] for r in await IDS_WITH_WAITING_EVENTS.fetch(conn, login=login, ids=new_ids)
+    ]
     if not waiting_ids:
         return len(new_ids), 0
-    replayed_receptions = await waiting.waiting.fetch(
+    replayed_receptions = await WAITING_RECEPTIONS.fetch(
         conn, login=login, correlation_ids=waiting_ids
     )
     if not replayed_receptions:
@@ -140,7 +139,7 @@ async def _record_chunk(
             (r for r in replay_.retired.values() if r.correlation_id == retired_id),
         )
     resolutions: dict[int, str] = {}
-    exceptions: list[tuple[str, str, str, int | None, int | None]] = []
+    exceptions: list[ExceptionRow] = []
     for delivery, event_id, reception_id, (outcome, planned), _ in replay_.deliveries:
         resolutions.setdefault(
             event_id,
@@ -156,25 +155,25 @@ async def _record_chunk(
         )
     kinds, message_ids, details, event_ids, reception_ids = column_arrays(exceptions, 5)
     late_events = sorted(resolutions)  # sorted: row locks always taken in one order
-    to_resolve = await queries.LOCK_OPEN_UNCORRELATED.fetch(
+    to_resolve = await LOCK_OPEN_UNCORRELATED.fetch(
         conn, event_ids=late_events, resolutions=[resolutions[e] for e in late_events]
     )
-    await writes.late_correlation.fetchval(
+    await WRITE_LATE_CORRELATION.fetchval(
         conn,
         login=login,
         rules_version=version,
-        statuses=status_json(planner.messages, {r[0]: r[2] for r in new_rows}),
-        exception_ids=[r[0] for r in to_resolve],
-        resolutions=[r[1] for r in to_resolve],
+        statuses=status_json(planner.messages, {r["message_id"]: r["id"] for r in new_rows}),
+        exception_ids=[r["id"] for r in to_resolve],
+        resolutions=[r["resolution"] for r in to_resolve],
         exception_kinds=kinds,
         exception_message_ids=message_ids,
         exception_details=details,
         exception_event_ids=event_ids,
         exception_reception_ids=reception_ids,
     )
-    if events_by_message:  # P22: what was kept under other options is as these rules see it
-        late = {d.delivery.correlation_id for d in replay_.deliveries}
-        await write_as_replayed(conn, login, version, planner, replay_, late)
+    # P22: what was kept under other options is as these rules see it.
+    late = {d.delivery.correlation_id for d in replay_.deliveries}
+    await write_as_replayed(conn, login, version, planner, replay_, late)
     return len(new_ids), len(resolutions)
 
 
@@ -184,7 +183,7 @@ async def _keep_second_records(conn: Connection, login: str, others: list[tuple[
     changes nothing."""
     recorded = {
         r["message_id"]: r
-        for r in await queries.RECORDED_MESSAGES.fetch(
+        for r in await RECORDED_MESSAGES.fetch(
             conn, login=login, message_ids=sorted({row[0] for row in others})
         )
     }
@@ -213,7 +212,7 @@ async def _keep_second_records(conn: Connection, login: str, others: list[tuple[
         ).hexdigest()
         found.setdefault(key, (row[0], details))
     if found:
-        await queries.OPEN_SECOND_RECORDS.execute(
+        await OPEN_SECOND_RECORDS.execute(
             conn,
             login=login,
             message_ids=[v[0] for v in found.values()],

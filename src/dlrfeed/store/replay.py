@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from dlrfeed.domain.rules import Decision, Delivery, MessageState, Planner
-from dlrfeed.store import queries
 from dlrfeed.store.rows import replayed
+from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
     import asyncpg
@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
 
+WRITE_EVENT_CONTENTS = query("write_event_contents")
+CONFLICTS_OF_EVENTS = query("conflicts_of_events")
+WRITE_CONFLICTS = query("write_conflicts")
+# Late correlation and recompute: every delivery of the events of some correlation ids.
+WAITING_RECEPTIONS = query("waiting_receptions")
 _NOT_A_CONFLICT = "not a conflict under "
 """How a conflict exception the current rules no longer plan is resolved (then the version)."""
 
@@ -163,7 +168,7 @@ async def write_as_replayed(
         if new != old:
             contents.append((event_id, new))
     if contents:
-        await queries.WRITE_EVENT_CONTENTS.fetchval(
+        await WRITE_EVENT_CONTENTS.fetchval(
             conn,
             event_ids=[event_id for event_id, _ in contents],
             times_received=[c.accepted for _, c in contents],
@@ -172,7 +177,7 @@ async def write_as_replayed(
             later_results=[" ".join(c.later_results) for _, c in contents],
             conflicting_contents=[" ".join(c.conflicting_contents) for _, c in contents],
         )
-    existing = await queries.CONFLICTS_OF_EVENTS.fetch(conn, event_ids=sorted(stored))
+    existing = await CONFLICTS_OF_EVENTS.fetch(conn, event_ids=sorted(stored))
     held = {(x["event_id"], x["reception_id"]) for x in existing}
     to_open = [(k, v) for k, v in planned.items() if k not in held]
     # A conflict other rules judged none is one again; one an operator resolved stays so.
@@ -192,7 +197,7 @@ async def write_as_replayed(
         and (x["event_id"], x["reception_id"]) not in planned
     ]
     if to_open or to_reopen or to_resolve:
-        await queries.WRITE_CONFLICTS.fetch(
+        await WRITE_CONFLICTS.fetch(
             conn,
             login=login,
             message_ids=[v[0] for _, v in to_open],

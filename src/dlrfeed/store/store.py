@@ -1,10 +1,10 @@
 """The PostgreSQL adapter: the receipt store on an asyncpg pool, and its batch ingest.
 
-The sending side (`recording`) and the recompute pass (`recompute`) run on a connection of the
-same pool, their driver errors translated here too. One ingest transaction per batch, a handful
-of set-based statements (see `queries`), the status of each message computed by the pure rules
-module. Driver errors are translated here, by SQLSTATE class (`server_errors`): a transient
-one → StoreUnavailableError (retry the batch, ack nothing); deadlock/serialization → first
+The ingest transaction (`ingest`), the sending side (`recording`) and the recompute pass
+(`recompute`) run on a connection of the pool, their driver errors translated here: one ingest
+transaction per batch, a handful of set-based statements, the status of each message computed
+by the pure rules module. Driver errors are translated by SQLSTATE class (`server_errors`): a
+transient one → StoreUnavailableError (retry the batch, ack nothing); deadlock/serialization → first
 retried in place; a data error → the batch is bisected and the poison receipt kept raw (C8);
 anything else → one fatal line.
 """
@@ -12,12 +12,8 @@ anything else → one fatal line.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import (
-    AsyncIterator,
-    Mapping,
-    Sequence,
-)
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import asyncpg
@@ -27,31 +23,17 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from dlrfeed.backoff import Backoff
 from dlrfeed.config import Pooler
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.domain.parse import PARSER_VERSION, LogicalEvent, parse
+from dlrfeed.domain.parse import LogicalEvent, parse
 from dlrfeed.domain.receipt import Receipt, UnreadableCallback
-from dlrfeed.domain.rules import (
-    RULES_VERSION,
-    KeyContents,
-    MessageState,
-    Planner,
-)
-from dlrfeed.domain.status import Outcome, Status
+from dlrfeed.domain.rules import RULES_VERSION
+from dlrfeed.domain.status import Outcome
 from dlrfeed.errors import StoreUnavailableError
-from dlrfeed.store import copy_rows, evidence, queries, recompute, recording, verification
+from dlrfeed.store import evidence, recompute, recording, verification
 from dlrfeed.store import quality as quality_reads
-from dlrfeed.store.correlation import correlate, ids_to_lock
-from dlrfeed.store.migrate import ensure_current, readable_version
+from dlrfeed.store.ingest import ingest_batch
+from dlrfeed.store.migrate import ensure_current
 from dlrfeed.store.recompute import Progress
 from dlrfeed.store.recompute import RecomputeResult as RecomputeResult
-from dlrfeed.store.rows import (
-    column_arrays,
-    event_contents,
-    first_events,
-    planned_exceptions,
-    reception_ids_in_blocks,
-    state_from_row,
-    status_json,
-)
 from dlrfeed.store.server import (
     WRITABLE,
     ServerFacts,
@@ -61,7 +43,7 @@ from dlrfeed.store.server import (
 )
 from dlrfeed.store.server_errors import describe, is_bad_data, refusing, rolled_back
 from dlrfeed.store.submission import Submission, SubmissionResult
-from dlrfeed.store.transactions import overlapped, write_transaction
+from dlrfeed.store.transactions import write_transaction
 from dlrfeed.store.verification import Verification, VerificationResult
 
 if TYPE_CHECKING:
@@ -75,8 +57,6 @@ log = structlog.get_logger("dlrfeed.store")
 _ROLLED_BACK_ATTEMPTS = 8
 ROLLED_BACK_DELAY = Backoff(initial=0.01, maximum=0.5)
 """Between in-place attempts of a transaction the server rolled back (deadlock, serialization)."""
-# Receptions per COPY piece: the server inserts a piece while the client plans the next one.
-_COPY_PIECE = 100
 # Bounds on waiting for PostgreSQL. A statement may legitimately wait for row locks held by
 # another worker, so its bound is generous, but well inside the gateway's 120 s lease (F6).
 _CONNECT_TIMEOUT_S = 10.0
@@ -91,18 +71,6 @@ class IngestResult:
     counts: Mapping[Outcome, int]
     deadlock_retries: int = 0
     bisections: int = 0
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What one batch writes besides the receptions, built as the planner decides each
-    delivery: the receptions' outcomes and event ids a piece at a time while they are copied
-    in, then the exceptions; the statuses and event counters are the planner's own."""
-
-    planner: Planner
-    outcomes: list[Outcome] = field(default_factory=list)
-    event_ids: list[int] = field(default_factory=list)
-    exceptions: list[tuple[str, str, str, int | None, int | None]] = field(default_factory=list)
 
 
 async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
@@ -127,26 +95,6 @@ def _log_rolled_back(state: RetryCallState) -> None:
     )
 
 
-def _plan_piece(
-    plan: _Plan,
-    events: list[LogicalEvent],
-    positions: range,
-    event_ids: list[int],
-    reception_ids: list[int],
-) -> None:
-    """Ask the planner about the deliveries at `positions` (the next ones, in batch order) and
-    add their outcomes and exceptions to `plan` (exceptions joined to their reception by batch
-    position, 1-based)."""
-    decide = plan.planner.decide
-    for position in positions:
-        e = events[position]
-        event_id = event_ids[position]
-        outcome, exceptions = decide(e, event_id, reception_ids[position])
-        if exceptions:
-            plan.exceptions += planned_exceptions(exceptions, e.message_id, event_id, position + 1)
-        plan.outcomes.append(outcome)
-
-
 class Store:
     """The receipt store on one PostgreSQL database (schema `dlr`), shared by all readers.
 
@@ -161,7 +109,6 @@ class Store:
         *,
         through_pooler: bool = False,
         server: ServerFacts | None = None,
-        writes: queries.SchemaWrites = queries.SCHEMA_WRITES,
         dsn: str | None = None,
     ) -> None:
         self._pool = pool
@@ -172,8 +119,6 @@ class Store:
         """Whether the pool does without named prepared statements (a transaction pooler)."""
         self.server = server
         """What `open` found of the server (its synchronous commit settings)."""
-        self.writes = writes
-        """How this store's schema is written (an older one's: tests only)."""
         self.rules_version = options.rules_version(RULES_VERSION)
         """P22: recorded on what this store computes: the rules and the options they read."""
 
@@ -212,14 +157,6 @@ class Store:
                     facts = await check_server(
                         conn, require_synchronous_commit=require_synchronous_commit
                     )
-                    version = await readable_version(
-                        cast("asyncpg.Connection[asyncpg.Record]", conn)
-                    )
-                    earlier_statuses = (
-                        version is None
-                        or version < queries.STATUSES_BY_MESSAGE_VERSION
-                        or bool(await queries.HAS_EARLIER_STATUSES.fetchval(conn))
-                    )
         except BaseException:
             await pool.close()
             raise
@@ -228,7 +165,6 @@ class Store:
             options or IntegrationOptions(),
             through_pooler=through_pooler,
             server=facts,
-            writes=queries.schema_writes(version, earlier_statuses=earlier_statuses),
             dsn=dsn,
         )
 
@@ -347,7 +283,9 @@ class Store:
             with attempt:
                 attempt_number = attempt.retry_state.attempt_number
                 async with write_transaction(conn):
-                    outcomes = await self._ingest_once(conn, login, events)
+                    outcomes = await ingest_batch(
+                        conn, login, events, self.options, self.rules_version
+                    )
         return outcomes, attempt_number - 1
 
     async def keep_unreadable_callbacks(
@@ -361,139 +299,6 @@ class Store:
         with refusing("the callback"):
             async with self._pool.acquire() as conn, write_transaction(conn):
                 await evidence.keep_unreadable(conn, login, callbacks)
-
-    async def _ingest_once(
-        self, conn: Connection, login: str, events: list[LogicalEvent]
-    ) -> list[Outcome]:
-        # P10: correlation and the message locks first (sorted), then held statuses. Meanwhile
-        # the client prepares the events insert (it depends on the receipts alone).
-        correlation_ids = sorted({e.correlation_id for e in events})
-        correlated, (firsts, events_json) = await overlapped(
-            correlate(conn, login, ids_to_lock(events, own_ids=self.writes.events.by_message)),
-            lambda: first_events(events),
-        )
-        found = correlated.of(correlation_ids)
-        own_refs = correlated.of(e.message_id for e in firsts)
-        # P14: insert-or-detect of the logical events (first delivery of each key in the batch),
-        # the held statuses and the batch's reception id blocks, in one statement, while the
-        # client encodes the receptions.
-        returned, receipt_fields = await overlapped(
-            self.writes.events.insert.fetch(
-                conn,
-                login=login,
-                parser_version=PARSER_VERSION,
-                rules_version=self.rules_version,
-                events=events_json,
-                correlated=list(found),
-                correlated_refs=list(found.values()),
-                id_blocks=-(-len(events) // queries.RECEPTION_ID_BLOCK),  # the ceiling
-                **self.writes.insert_arguments(own_refs),
-            ),
-            lambda: copy_rows.encode_receipt_fields(
-                events, login if self.writes.receptions.with_key else None
-            ),
-        )
-        inserted: dict[tuple[str, int], int] = {}
-        held: dict[str, MessageState] = {}
-        id_blocks: list[int] = []
-        by_message: set[int] = set()  # the events kept under their message
-        for row in returned:
-            if row["message_id"] is None:  # only the id block rows have none
-                id_blocks.append(row["id"])
-            elif row["id"] is not None:
-                inserted[(row["message_id"], row["level"])] = row["id"]
-                if row["by_message"]:
-                    by_message.add(row["id"])
-            else:
-                held[row["message_id"]] = state_from_row(row)
-        stored: dict[tuple[str, int], int] = {}
-        keys: dict[tuple[str, int], KeyContents] = {}
-        existing_rows: list[asyncpg.Record] = []
-        if len(inserted) < len(firsts):
-            existing = [e for e in firsts if (e.message_id, e.level) not in inserted]
-            existing_rows = await self.writes.events.lock_existing.fetch(
-                conn,
-                login=login,
-                message_ids=[e.message_id for e in existing],
-                levels=[e.level for e in existing],
-                **self.writes.lock_arguments([own_refs.get(e.message_id) for e in existing]),
-            )
-            for r in existing_rows:
-                stored[(r[1], r[2])] = r[0]
-                if r["by_message"]:
-                    by_message.add(r[0])
-                keys[(r[1], r[2])] = KeyContents(
-                    Status(r[4]),
-                    (r[3], *r[5]),
-                    tuple(map(Status, r["later_results"])),
-                    tuple(r["conflicting_contents"]),
-                )
-
-        # P6/P13: every delivery of the batch, appended by binary COPY (the server's multi-row
-        # insert path: far less work and WAL than INSERT ... SELECT per row). The planner
-        # decides each delivery's outcome a piece of the batch at a time, and each piece's
-        # receptions go to the server as soon as they are complete: it inserts them while the
-        # client plans the next piece.
-        plan = _Plan(Planner(self.options, keys, dict(held), correlated.submitted))
-        reception_ids = list(reception_ids_in_blocks(id_blocks, len(events)))
-        event_ids = [
-            inserted.get((e.message_id, e.level)) or stored[(e.message_id, e.level)] for e in events
-        ]
-        # A delivery whose parsed content is its event's leaves it to the event.
-        firsts_held = (
-            None if self.writes.full_rows else event_contents(firsts, inserted, existing_rows)
-        )
-        receipt_contents = copy_rows.contents(events, event_ids, firsts_held)
-
-        async def planned_receptions() -> AsyncIterator[bytes]:
-            yield copy_rows.SIGNATURE
-            for start in range(0, len(events), _COPY_PIECE):
-                piece = range(start, min(start + _COPY_PIECE, len(events)))
-                _plan_piece(plan, events, piece, event_ids, reception_ids)
-                yield copy_rows.complete(
-                    receipt_fields[piece.start : piece.stop],
-                    receipt_contents[piece.start : piece.stop],
-                    reception_ids[piece.start : piece.stop],
-                    plan.outcomes[piece.start : piece.stop],
-                    event_ids[piece.start : piece.stop],
-                )
-            yield copy_rows.TRAILER
-
-        await conn.copy_to_table(
-            self.writes.receptions.table,
-            schema_name=queries.RECEPTIONS_SCHEMA,
-            columns=self.writes.receptions.columns,
-            source=planned_receptions(),
-            format="binary",
-        )
-        planner = plan.planner
-        changed = {k: v for k, v in planner.messages.items() if held.get(k) is not v}
-        counted = list(planner.event_last)
-        kinds, message_ids, details, exception_event_ids, positions = column_arrays(
-            plan.exceptions, 5
-        )
-        await self.writes.statuses.batch.execute(
-            conn,
-            login=login,
-            rules_version=self.rules_version,
-            id_blocks=id_blocks,
-            id_block_size=queries.RECEPTION_ID_BLOCK,
-            exception_kinds=kinds,
-            exception_message_ids=message_ids,
-            exception_details=details,
-            exception_event_ids=exception_event_ids,
-            exception_positions=positions,
-            statuses=status_json(changed, correlated.refs),
-            event_ids=counted,
-            event_accepted=[planner.event_accepted.get(i, 0) for i in counted],
-            event_conflicts=[planner.event_conflicts.get(i, 0) for i in counted],
-            event_received_at=[planner.event_last[i] for i in counted],
-            event_updates=[" ".join(planner.key_updates.get(i, ())) for i in counted],
-            event_by_message=[i in by_message for i in counted],
-            event_results=[" ".join(planner.key_results.get(i, ())) for i in counted],
-            event_conflicting=[" ".join(planner.key_conflicting.get(i, ())) for i in counted],
-        )
-        return plan.outcomes
 
     # ---------------------------------------------------------------- submissions
 
@@ -511,14 +316,7 @@ class Store:
         # WAL (within wal_writer_delay); recording is idempotent: run the file again.
         with refusing("a submission"):
             async with self._pool.acquire() as conn:
-                return await recording.record_submissions(
-                    conn,
-                    self.options,
-                    submissions,
-                    self.writes.statuses,
-                    self.writes.receptions,
-                    events_by_message=self.writes.events.by_message,
-                )
+                return await recording.record_submissions(conn, self.options, submissions)
 
     # ---------------------------------------------------------------- verifications
 
@@ -585,9 +383,6 @@ class Store:
                     self.options,
                     every=every,
                     chunk=chunk,
-                    writes=self.writes.statuses,
-                    waiting=self.writes.receptions.waiting,
-                    events_by_message=self.writes.events.by_message,
                     progress=progress,
                     busy=busy,
                 )

@@ -30,7 +30,7 @@ class Submission:
     route: str | None = None
 
     def normalised(self, options: IntegrationOptions) -> tuple[Any, ...]:
-        """The row of `queries.INSERT_MESSAGES` (after login): one value of each of its column
+        """The row of `recording.INSERT_MESSAGES` (after login): one value of each of its column
         arrays, in the order of its parameters."""
         destination, is_e164 = normalise_destination(self.destination, options)
         # P24: an id that cannot be kept as received is kept as its receipts' ids are.

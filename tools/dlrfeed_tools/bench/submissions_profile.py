@@ -26,12 +26,17 @@ from typing import Any
 import asyncpg
 
 from dlrfeed.domain.options import IntegrationOptions
-from dlrfeed.store import Submission, queries
+from dlrfeed.store import Submission, correlation, recording, replay
 from dlrfeed.store.recording import record_submissions
 from dlrfeed.store.sql import Query
 from dlrfeed_tools.local_login import LOGIN
 
-_NAMES = {q.text: q.name for q in vars(queries).values() if isinstance(q, Query)}
+_NAMES = {
+    q.text: q.name
+    for module in (correlation, recording, replay)
+    for q in vars(module).values()
+    if isinstance(q, Query)
+}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -107,9 +112,6 @@ async def profile(dsn: str, login: str, ids: int, late: int, settings: dict[str,
                 timed,  # type: ignore[arg-type]
                 IntegrationOptions(),
                 submissions,
-                queries.STATUS_WRITES,
-                queries.RECEPTION_STATEMENTS,
-                events_by_message=True,
             )
             total_ms = 1000 * (time.perf_counter() - wall)
             total_cpu_ms = 1000 * (_cpu_seconds(timed.backend) - cpu)

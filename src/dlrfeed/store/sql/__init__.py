@@ -14,8 +14,7 @@ values into SQL:
 - a fragment shared word for word by several statements (the status upsert) is a
   `-- fragment: <name>` block, spliced at load time where a statement has a line
   `-- include: <name>` (composition of fixed text, never of values; a fragment may include
-  another); `query(name, include=other)` splices another fragment there, for a store at an
-  older schema;
+  another);
 - a table name that is only known at run time (a day partition) is written `{partition}` and
   filled by `query.naming(partition=…)`, which quotes it as an identifier.
 Every name is unique across all files (a duplicate refuses to load), and every statement is
@@ -27,7 +26,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -143,9 +141,8 @@ def _compile(name: str, source: str) -> Query:
     return Query(name, text, tuple(positions), tuple(identifiers), source)
 
 
-def parse(files: Mapping[str, str], instead: Mapping[str, str] | None = None) -> dict[str, Query]:
-    """The statements of `files` (file name → text) by name, fragments spliced in; `instead`
-    maps an included fragment to another spliced in its place.
+def parse(files: Mapping[str, str]) -> dict[str, Query]:
+    """The statements of `files` (file name → text) by name, fragments spliced in.
 
     SqlFileError when a name is used twice (in one file or across files), a block is empty, or
     an include names no fragment. A block's leading comment lines (its why) are not sent.
@@ -172,10 +169,6 @@ def parse(files: Mapping[str, str], instead: Mapping[str, str] | None = None) ->
         for name, (kind, _, lines) in blocks.items()
         if kind == "fragment"
     }
-    unknown = sorted({*(instead or {}), *(instead or {}).values()} - set(fragments))
-    if unknown:
-        raise SqlFileError(f"no fragment {unknown} to splice one for another")
-    fragments = {name: fragments[(instead or {}).get(name, name)] for name in fragments}
     return {
         name: _compile(name, "\n".join(_spliced(name, _statement_lines(name, lines), fragments)))
         for name, (kind, _, lines) in blocks.items()
@@ -234,16 +227,6 @@ STATEMENTS: Mapping[str, Query] = parse(_packaged_files())
 """Every statement shipped with dlrfeed, by name."""
 
 
-def query(name: str, **instead: str) -> Query:
-    """The statement called `name` (KeyError at import time for a name no file defines).
-
-    `instead` splices another fragment where the statement includes one (include name →
-    fragment name): the same statement as a store at an older schema takes it."""
-    if not instead:
-        return STATEMENTS[name]
-    return _statements_instead(tuple(sorted(instead.items())))[name]
-
-
-@cache
-def _statements_instead(instead: tuple[tuple[str, str], ...]) -> Mapping[str, Query]:
-    return parse(_packaged_files(), dict(instead))
+def query(name: str) -> Query:
+    """The statement called `name` (KeyError at import time for a name no file defines)."""
+    return STATEMENTS[name]

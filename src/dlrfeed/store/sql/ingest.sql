@@ -1,149 +1,18 @@
--- The ingest transaction (dlrfeed.store.store): set-based statements over whole arrays
--- (`unnest`, or one JSON array) so that a batch costs a handful of round trips, never one per
--- receipt. Locks are always taken in sorted key order: message rows (or, for ids with no
--- message yet, advisory locks) first, event rows second, so concurrent ingests never wait on
--- each other in a cycle.
-
--- fragment: upsert_statuses
--- The computed statuses (P7), shared by the ingest, the late-correlation and the recompute
--- writes, as WITH items (each ending in a comma): :statuses is a jsonb array of rows
--- (message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
--- progress_events, deadline_superseded, supporting_reception_id, basis_level, basis_stat,
--- basis_err, basis_done_at, flags joined by spaces, the message row's id). Each reason by its
--- id in dlr.reasons, resolved once for the statement's distinct texts (dlr.reason_ids adds
--- those the dictionary lacks), as text where the dictionary has none; no flags as NULL. Each
--- status under its message row's id (the writers read it with the row's lock) into
--- dlr.statuses, so its index grows at its end, unless its message was recorded before the
--- store kept statuses so (upsert_earlier_statuses). A status with no id given fails its batch
--- (NOT NULL), which keeps its receipts as unstorable (C8): never dropped.
-status_rows AS (
-    SELECT s.r, (s.r->>15)::bigint AS message_ref, d.id AS reason_id
-    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
-    LEFT JOIN dlr.reason_ids(ARRAY(
-        SELECT DISTINCT t.r->>3 FROM jsonb_array_elements(:statuses::jsonb) AS t(r)
-    )) AS d ON d.reason = s.r->>3
-),
-st AS (
-    INSERT INTO dlr.statuses (
-        message_ref, status, is_final, reason, reason_id, supporting_event_id, repeats,
-        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
-        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
-    SELECT c.message_ref, c.r->>1, (c.r->>2)::boolean,
-           CASE WHEN c.reason_id IS NULL THEN c.r->>3 END, c.reason_id, (c.r->>4)::bigint,
-           (c.r->>5)::int, (c.r->>6)::int, (c.r->>7)::int, (c.r->>8)::boolean, :rules_version,
-           now(), (c.r->>9)::bigint, (c.r->>10)::bigint, c.r->>11, c.r->>12,
-           (c.r->>13)::timestamptz, nullif(string_to_array(c.r->>14, ' '), '{}')
-    FROM status_rows AS c
-    WHERE c.message_ref IS NULL OR c.message_ref >= dlr.statuses_first_message()
-    ON CONFLICT (message_ref) DO UPDATE SET
-        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-        reason_id = EXCLUDED.reason_id,
-        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
-        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
-        deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
-        supporting_reception_id = EXCLUDED.supporting_reception_id,
-        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
-        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
-        flags = EXCLUDED.flags
-),
-
--- fragment: upsert_earlier_statuses
--- The statuses of messages recorded before the store kept statuses under message rows (row id
--- below dlr.statuses_first_message()), into dlr.earlier_statuses, keyed by login and gateway id
--- as they were stored (after upsert_statuses, whose status_rows it reads).
-st_earlier AS (
-    INSERT INTO dlr.earlier_statuses (
-        login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
-        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
-        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
-    SELECT :login, c.r->>0, c.r->>1, (c.r->>2)::boolean,
-           CASE WHEN c.reason_id IS NULL THEN c.r->>3 END, c.reason_id, (c.r->>4)::bigint,
-           (c.r->>5)::int, (c.r->>6)::int, (c.r->>7)::int, (c.r->>8)::boolean, :rules_version,
-           now(), (c.r->>9)::bigint, (c.r->>10)::bigint, c.r->>11, c.r->>12,
-           (c.r->>13)::timestamptz, nullif(string_to_array(c.r->>14, ' '), '{}')
-    FROM status_rows AS c
-    WHERE c.message_ref < dlr.statuses_first_message()
-    ON CONFLICT (login, message_id) DO UPDATE SET
-        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-        reason_id = EXCLUDED.reason_id,
-        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
-        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
-        deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
-        supporting_reception_id = EXCLUDED.supporting_reception_id,
-        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
-        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
-        flags = EXCLUDED.flags
-),
-
--- fragment: no_earlier_statuses
--- upsert_earlier_statuses where no status is kept in dlr.earlier_statuses: a store whose every
--- status is under its message row, whose writes then leave that empty table and its triggers
--- alone (they cost every statement), and a store at schema version < 20.
-st_earlier AS (SELECT),
-
--- fragment: upsert_statuses_by_key
--- upsert_statuses for a store at schema version 19: into dlr.message_status_rows by key.
-st AS (
-    INSERT INTO dlr.message_status_rows (
-        login, message_id, status, is_final, reason, reason_id, supporting_event_id, repeats,
-        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
-        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
-    SELECT :login, s.r->>0, s.r->>1, (s.r->>2)::boolean,
-           CASE WHEN d.id IS NULL THEN s.r->>3 END, d.id, (s.r->>4)::bigint,
-           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, :rules_version,
-           now(), (s.r->>9)::bigint, (s.r->>10)::bigint, s.r->>11, s.r->>12,
-           (s.r->>13)::timestamptz, nullif(string_to_array(s.r->>14, ' '), '{}')
-    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
-    LEFT JOIN dlr.reason_ids(ARRAY(
-        SELECT DISTINCT t.r->>3 FROM jsonb_array_elements(:statuses::jsonb) AS t(r)
-    )) AS d ON d.reason = s.r->>3
-    ON CONFLICT (login, message_id) DO UPDATE SET
-        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-        reason_id = EXCLUDED.reason_id,
-        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
-        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
-        deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
-        supporting_reception_id = EXCLUDED.supporting_reception_id,
-        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
-        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
-        flags = EXCLUDED.flags
-),
-
--- fragment: upsert_statuses_by_text
--- upsert_statuses for a store at schema version < 19: reasons as text, no flags as '{}'.
-st AS (
-    INSERT INTO dlr.message_status (
-        login, message_id, status, is_final, reason, supporting_event_id, repeats, conflicts,
-        progress_events, deadline_superseded, rules_version, updated_at,
-        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
-    SELECT :login, s.r->>0, s.r->>1, (s.r->>2)::boolean, s.r->>3, (s.r->>4)::bigint,
-           (s.r->>5)::int, (s.r->>6)::int, (s.r->>7)::int, (s.r->>8)::boolean, :rules_version,
-           now(), (s.r->>9)::bigint, (s.r->>10)::bigint, s.r->>11, s.r->>12,
-           (s.r->>13)::timestamptz, string_to_array(s.r->>14, ' ')
-    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
-    ON CONFLICT (login, message_id) DO UPDATE SET
-        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
-        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
-        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
-        deadline_superseded = EXCLUDED.deadline_superseded,
-        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
-        supporting_reception_id = EXCLUDED.supporting_reception_id,
-        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
-        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
-        flags = EXCLUDED.flags
-),
+-- The ingest transaction (dlrfeed.store.ingest), in the order it runs: the message locks, the
+-- events and held statuses, the existing events, (the receptions by binary COPY,) then the
+-- statuses, counters and exceptions. Set-based statements over whole arrays (`unnest`, or one
+-- JSON array) so that a batch costs a handful of round trips, never one per receipt. Locks are
+-- always taken in sorted key order: message rows (or, for ids with no message yet, advisory
+-- locks) first, event rows second, so concurrent ingests never wait on each other in a cycle.
 
 -- name: lock_messages
 -- P10: exact correlation by message id within the login; the row lock serialises every status
 -- computation of that message; its submission time is what the planner checks reported times
 -- against (P19). :message_ids is sorted (Python order), and the rows are locked in that order,
--- one primary-key probe per id: the locking LATERAL subquery cannot be flattened, so even a
--- plan made on a young table's stale statistics never hashes every message of the login
--- (which costs more than the rest of the batch's reads together; bench_store). With each
--- message its row's id, which its status is kept under.
+-- one primary-key probe per id: the locking LATERAL subquery cannot be flattened, so no plan
+-- can lock them in another order (a join's, which would let two batches deadlock) or hash
+-- every message of the login on a young table's stale statistics. With each message its
+-- row's id, which its status and events are kept under.
 SELECT m.message_id, m.submitted_at, m.id
 FROM unnest(:message_ids::text[]) WITH ORDINALITY AS k(message_id, position)
 CROSS JOIN LATERAL (
@@ -164,21 +33,26 @@ FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 
 -- fragment: insert_events
 -- P14: the batch's new events (the WITH items of insert_events_read_statuses, ending with `new`:
--- id, message_id and level of each event inserted). An event whose own id names a message
--- that keeps its events (:own_ids, each with its row's id in :own_refs, found and locked by
--- correlate) goes into dlr.message_events under that row's id; every other one into
--- dlr.event_rows, keyed by login, gateway id and level. Its message decides which, and recording
--- a message moves its events there (the trigger dlr.move_events_to_messages), so a key is in one table only
--- and each insert detects its repeats by that table's key. The ids are drawn first, in :events
--- order, one per key as a single insert draws them, so that event ids follow arrival whichever
--- table keeps each.
+-- id, message_id and level of each event inserted). :events is a JSON array of rows, each a
+-- JSON array of an event's fields (dlrfeed.store.ingest.first_events), named and typed once
+-- here (`keyed`). An event whose own id names a recorded message (:own_ids, each with its row's
+-- id in :own_refs, found and locked by correlate) goes into dlr.message_events under that
+-- row's id; every other one into dlr.event_rows, keyed by login, gateway id and level.
+-- Recording a message moves its events there (the trigger dlr.move_events_to_messages), so a
+-- key is in one table only and each insert detects its repeats by that table's key. The ids
+-- are drawn first, in :events order, one per key as a single insert draws them, so that event
+-- ids follow arrival whichever table keeps each.
 keyed AS (
-    SELECT k.r, k.ref, nextval('dlr.events_id_seq') AS id
+    SELECT nextval('dlr.events_id_seq') AS id, k.*
     FROM (
-        SELECT u.r, o.ref
+        SELECT o.ref, u.r->>0 AS message_id, u.r->>1 AS correlation_id,
+               (u.r->>2)::bigint AS level, u.r->>3 AS stat, u.r->>4 AS status, u.r->>5 AS err,
+               u.r->>6 AS done_date_raw, (u.r->>7)::timestamptz AS done_at,
+               u.r->>8 AS fingerprint, nullif(string_to_array(u.r->>9, ' '), '{}') AS flags,
+               to_timestamp((u.r->>10)::float8 / 1000000) AS received_at
         FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
         LEFT JOIN unnest(:own_ids::text[], :own_refs::bigint[]) AS o(message_id, ref)
-            ON o.message_id = u.r->>0 AND o.ref >= dlr.message_events_first_message()
+            ON o.message_id = u.r->>0
         ORDER BY u.position
     ) AS k
 ),
@@ -186,9 +60,8 @@ new_by_message AS (
     INSERT INTO dlr.message_events (
         id, message_ref, correlation_id, level, stat, status, err, done_date_raw, done_at,
         fingerprint, flags, parser_version, rules_version, first_received_at)
-    SELECT u.id, u.ref, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5, u.r->>6,
-           (u.r->>7)::timestamptz, u.r->>8, nullif(string_to_array(u.r->>9, ' '), '{}'),
-           :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000)
+    SELECT u.id, u.ref, u.correlation_id, u.level, u.stat, u.status, u.err, u.done_date_raw,
+           u.done_at, u.fingerprint, u.flags, :parser_version, :rules_version, u.received_at
     FROM keyed AS u
     WHERE u.ref IS NOT NULL
     ON CONFLICT (message_ref, level) DO NOTHING
@@ -199,64 +72,73 @@ new_rows AS (
         id, login, message_id, correlation_id, level, stat, status, err, done_date_raw,
         done_at, fingerprint, flags, parser_version, rules_version, first_received_at)
     OVERRIDING SYSTEM VALUE
-    SELECT u.id, :login, u.r->>0, u.r->>1, (u.r->>2)::bigint, u.r->>3, u.r->>4, u.r->>5,
-           u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
-           nullif(string_to_array(u.r->>9, ' '), '{}'), :parser_version, :rules_version,
-           to_timestamp((u.r->>10)::float8 / 1000000)
+    SELECT u.id, :login, u.message_id, u.correlation_id, u.level, u.stat, u.status, u.err,
+           u.done_date_raw, u.done_at, u.fingerprint, u.flags, :parser_version,
+           :rules_version, u.received_at
     FROM keyed AS u
     WHERE u.ref IS NULL
     ON CONFLICT (login, message_id, level) DO NOTHING
     RETURNING id
 ),
 new AS (
-    SELECT u.id, u.r->>0 AS message_id, (u.r->>2)::bigint AS level,
-           u.ref IS NOT NULL AS by_message
+    SELECT u.id, u.message_id, u.level, u.ref IS NOT NULL AS by_message
     FROM keyed AS u
     WHERE u.id IN (SELECT id FROM new_by_message UNION ALL SELECT id FROM new_rows)
 )
 
--- fragment: insert_events_by_key
--- insert_events for a store at schema version < 24: every event into dlr.events.
-new AS (
-    INSERT INTO dlr.events (
-        login, message_id, correlation_id, level, stat, status, err, done_date_raw, done_at,
-        fingerprint, flags, parser_version, rules_version, first_received_at,
-        last_received_at)
-    SELECT :login, u.r->>0,
-           CASE WHEN :full_rows::boolean THEN coalesce(u.r->>1, u.r->>0) ELSE u.r->>1 END,
-           (u.r->>2)::bigint, u.r->>3, u.r->>4,
-           u.r->>5, u.r->>6, (u.r->>7)::timestamptz, u.r->>8,
-           -- No flags: NULL, not an empty array, unless :full_rows (schema version < 16).
-           CASE WHEN :full_rows::boolean THEN string_to_array(u.r->>9, ' ')
-                ELSE nullif(string_to_array(u.r->>9, ' '), '{}') END,
-           :parser_version, :rules_version, to_timestamp((u.r->>10)::float8 / 1000000),
-           -- The first delivery is the last one too: NULL, unless :last_reception_written
-           -- (schema version < 23).
-           CASE WHEN :last_reception_written::boolean
-                THEN to_timestamp((u.r->>10)::float8 / 1000000) END
-    FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS u(r, position)
-    ORDER BY u.position
-    ON CONFLICT (login, message_id, level) DO NOTHING
-    RETURNING id, message_id, level, false AS by_message
-)
-
--- fragment: earlier_events
--- The counters of the events stored for correlated id k.message_id (its message row's id in
--- k.ref) while it has no status (s.status IS NULL), each found by a plain equality probe of an
--- index's leading columns: those whose own id it is under its message's row id where its
--- message keeps its events (dlr.message_events), by the key of dlr.event_rows where not; those
--- correlated to it from another own id (receipt_ids_hex) by the partial correlation index of
--- each table.
+-- name: insert_events_read_statuses
+-- One round trip after the message locks, three parts, told apart by `part`:
+-- - 'event': P14, insert-or-detect of logical events, one row per distinct key of the batch
+--   in :events order (the order of each key's first delivery, so event ids follow arrival).
+--   One JSON parameter instead of eleven arrays, because the driver's per-element array
+--   encoding costs more than the server's JSON parse (bench_store). Cheap to encode:
+--   correlation_id is null when it is the message id (nearly always; stored so: NULL is the
+--   event's own id), received_at integer microseconds (a float costs the JSON encoder a
+--   Python call). Returns (id, message_id, level, by_message) per new event.
+-- - 'held': the planner's held state of each correlated message in :correlated (its row id
+--   in :correlated_refs), from its status row alone (the basis is kept on the row), and - for
+--   messages with no status yet - the repeat/conflict counts of their earlier (unapplied)
+--   events. Read in the statement's snapshot, taken after the locks were granted, so every
+--   status committed under those locks is seen; events inserted by this same statement are
+--   not (the counts are of earlier events, as intended). The events of a correlation id are
+--   found under its message's row id where they are its own, by the partial correlation
+--   index of each table where they differ; waiting_receptions reads them the same way.
+-- - 'ids': the id blocks of the batch's receptions (ingest.RECEPTION_ID_BLOCK ids each, the
+--   block's first id as `id`), drawn here, under the locks, so that reception ids follow the
+--   arrival order of each id's deliveries (P19) and the receptions can be copied in as soon
+--   as the planner decides each one's outcome.
+WITH
+-- include: insert_events
+SELECT 'event' AS part, n.id, n.message_id, n.level, n.by_message,
+       NULL::text AS status, NULL::bigint AS supporting_event_id, NULL::int AS repeats,
+       NULL::int AS conflicts, NULL::int AS progress_events,
+       NULL::boolean AS deadline_superseded, NULL::bigint AS supporting_reception_id,
+       NULL::bigint AS basis_level, NULL::text AS basis_stat, NULL::text AS basis_err,
+       NULL::timestamptz AS basis_done_at, NULL::text[] AS status_flags,
+       NULL::int AS orphan_repeats, NULL::int AS orphan_conflicts
+FROM new AS n
+UNION ALL
+SELECT 'held', NULL, k.message_id, NULL, NULL,
+       s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
+       s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
+       s.basis_err, s.basis_done_at, coalesce(s.flags, '{}'),
+       o.repeats, o.conflicts
+FROM unnest(:correlated::text[], :correlated_refs::bigint[]) AS k(message_id, ref)
+-- By the primary key: a probe per message is the cheapest plan at any size and statistics
+-- (EXPLAIN on a store grown to 100k statuses past its statistics, generic and custom plans).
+LEFT JOIN dlr.statuses AS s ON s.message_ref = k.ref
+-- The events of the id while it has no status (s.status IS NULL), each found by a plain
+-- equality probe of an index's leading columns: those whose own id it is under its message's
+-- row id; those correlated to it from another own id (receipt_ids_hex) by the partial
+-- correlation index of each table.
+LEFT JOIN LATERAL (
+    SELECT coalesce(sum(x.times_received - 1 - coalesce(cardinality(x.updates), 0)), 0)::int
+               AS repeats,
+           coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
+    FROM (
         SELECT x.times_received, x.updates, x.conflicting_receptions
         FROM dlr.message_events AS x
-        WHERE s.status IS NULL AND k.ref >= dlr.message_events_first_message()
-          AND x.message_ref = k.ref AND x.correlation_id IS NULL
-        UNION ALL
-        SELECT x.times_received, x.updates, x.conflicting_receptions
-        FROM dlr.event_rows AS x
-        WHERE s.status IS NULL AND NOT k.ref >= dlr.message_events_first_message()
-          AND x.login = :login AND x.message_id = k.message_id
-          AND coalesce(x.correlation_id, x.message_id) = k.message_id
+        WHERE s.status IS NULL AND x.message_ref = k.ref AND x.correlation_id IS NULL
         UNION ALL
         SELECT x.times_received, x.updates, x.conflicting_receptions
         FROM dlr.event_rows AS x
@@ -268,93 +150,21 @@ new AS (
         JOIN dlr.messages AS m ON m.id = x.message_ref
         WHERE s.status IS NULL AND x.correlation_id = k.message_id
           AND m.login = :login AND m.message_id <> k.message_id
-
--- fragment: earlier_events_by_key
--- earlier_events for a store at schema version < 24: every event in dlr.events (k.ref unused).
-        SELECT x.times_received, x.updates, x.conflicting_receptions
-        FROM dlr.events AS x
-        WHERE s.status IS NULL AND x.login = :login AND x.message_id = k.message_id
-          AND coalesce(x.correlation_id, x.message_id) = k.message_id
-        UNION ALL
-        SELECT x.times_received, x.updates, x.conflicting_receptions
-        FROM dlr.events AS x
-        WHERE s.status IS NULL AND x.login = :login AND x.correlation_id = k.message_id
-          AND x.correlation_id <> x.message_id
-
--- name: insert_events_read_statuses
--- One round trip after the message locks, three parts:
--- - P14: insert-or-detect of logical events, one row per distinct key of the batch in :events
---   order (the order of each key's first delivery, so event ids follow arrival). :events is a
---   JSON array of rows [message_id, correlation_id, level, stat, status, err, done_raw,
---   done_at, fingerprint, flags, received_at]: one parameter instead of eleven arrays, because
---   the driver's per-element array encoding costs more than the server's JSON parse
---   (bench_store). Cheap to encode: correlation_id is null when it is the message id (nearly
---   always), received_at integer microseconds (a float costs the JSON encoder a Python call).
---   That null is stored as it is (NULL is the event's own id) unless :full_rows (a store at
---   schema version < 16 wants the id written out).
---   Returns (id, message_id, level) per new event.
--- - The planner's held state of each correlated message in :correlated, from its status row
---   alone (the basis is kept on the row), and - for messages with no status
---   yet - the repeat/conflict counts of their earlier (unapplied) events. These rows have a
---   NULL id. Read in the statement's snapshot, taken after the locks were granted, so every
---   status committed under those locks is seen; events inserted by this same statement are
---   not (the counts are of earlier events, as intended). Events of a correlation id are found
---   by id where the two are equal, by the partial correlation index where they differ;
---   waiting_receptions reads them the same way.
--- - The id blocks of the batch's receptions, drawn here, under the locks, so
---   that reception ids follow the arrival order of each id's deliveries (P19) and the
---   receptions can be copied in as soon as the planner decides each one's outcome.
-WITH
--- include: insert_events
-SELECT n.id, n.message_id, n.level,
-       NULL::text AS status, NULL::bigint AS supporting_event_id, NULL::int AS repeats,
-       NULL::int AS conflicts, NULL::int AS progress_events,
-       NULL::boolean AS deadline_superseded, NULL::bigint AS supporting_reception_id,
-       NULL::bigint AS basis_level, NULL::text AS basis_stat, NULL::text AS basis_err,
-       NULL::timestamptz AS basis_done_at, NULL::text[] AS status_flags,
-       NULL::int AS orphan_repeats, NULL::int AS orphan_conflicts, n.by_message
-FROM new AS n
-UNION ALL
-SELECT NULL, k.message_id, NULL,
-       s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
-       s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
-       s.basis_err, s.basis_done_at, s.flags,
-       o.repeats, o.conflicts, NULL
-FROM unnest(:correlated::text[], :correlated_refs::bigint[]) AS k(message_id, ref)
--- LATERAL ... OFFSET 0: one primary-key probe per id, whatever the table statistics say (a
--- young table's stale statistics otherwise invite a scan of every status of the login).
-LEFT JOIN LATERAL (
-    SELECT s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
-           s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
-           s.basis_err, s.basis_done_at, s.flags
-    FROM dlr.message_status AS s
-    WHERE s.login = :login AND s.message_id = k.message_id
-    OFFSET 0
-) AS s ON true
--- The events of the id, as earlier_events finds them.
-LEFT JOIN LATERAL (
-    SELECT coalesce(sum(x.times_received - 1 - coalesce(cardinality(x.updates), 0)), 0)::int
-               AS repeats,
-           coalesce(sum(x.conflicting_receptions), 0)::int AS conflicts
-    FROM (
--- include: earlier_events
     ) AS x
 ) AS o ON true
 UNION ALL
--- The batch's reception id blocks (queries.RECEPTION_ID_BLOCK ids each), :id_blocks of them:
--- rows with a NULL message_id and the block's first id as `id`.
-SELECT nextval('dlr.receptions_id_seq'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT 'ids', nextval('dlr.receptions_id_seq'), NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM generate_series(1, :id_blocks::int)
 
 -- name: lock_existing_events
 -- Keys that were already stored: the contents they hold (P14: the first content's fingerprint
--- and status, the further accepted fingerprints), rows locked (their counters are updated at
--- the end of the transaction; every writer of a key holds its message's lock first, so the
--- order they are locked in cannot make a cycle); and the first content's parsed fields, which a
--- reception of the same content leaves to its event. Each key from the table its message
--- decides (insert_events): under :refs, its own id's message row id where that message keeps
--- its events (NULL otherwise).
+-- and status, the further accepted fingerprints and results, the contents that conflicted),
+-- rows locked (their counters are updated at the end of the transaction; every writer of a
+-- key holds its message's lock first, so the order they are locked in cannot make a cycle);
+-- and the first content's parsed fields, which a reception of the same content leaves to its
+-- event. Each key from the table insert_events put it in: under its own id's message row id
+-- (:refs) where that message is recorded, by key in dlr.event_rows where not (NULL).
 WITH k AS (
     SELECT k.message_id, k.level, k.ref
     FROM unnest(:message_ids::text[], :levels::bigint[], :refs::bigint[])
@@ -365,7 +175,6 @@ by_message AS (
            e.done_date_raw, e.done_at, e.flags, e.parser_version, true AS by_message,
            e.later_results, e.conflicting_contents
     FROM k JOIN dlr.message_events AS e ON e.message_ref = k.ref AND e.level = k.level
-    WHERE k.ref >= dlr.message_events_first_message()
     FOR NO KEY UPDATE OF e
 ),
 by_key AS (
@@ -374,34 +183,77 @@ by_key AS (
            e.later_results, e.conflicting_contents
     FROM k JOIN dlr.event_rows AS e
         ON e.login = :login AND e.message_id = k.message_id AND e.level = k.level
-    WHERE k.ref IS NULL OR k.ref < dlr.message_events_first_message()
+    WHERE k.ref IS NULL
     FOR NO KEY UPDATE OF e
 )
-SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
-       e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
-       e.parser_version, e.by_message,
+SELECT e.id, e.message_id, e.level, e.fingerprint, e.status,
+       coalesce(e.updates, '{}') AS updates, e.stat, e.err, e.done_date_raw, e.done_at,
+       coalesce(e.flags, '{}') AS flags, e.parser_version, e.by_message,
        coalesce(e.later_results, '{}') AS later_results,
        coalesce(e.conflicting_contents, '{}') AS conflicting_contents
 FROM (SELECT * FROM by_message UNION ALL SELECT * FROM by_key) AS e
 ORDER BY e.message_id, e.level
 
--- name: lock_existing_events_by_key
--- lock_existing_events for a store at schema version < 24: every event in dlr.events.
-SELECT e.id, e.message_id, e.level, e.fingerprint, e.status, coalesce(e.updates, '{}'),
-       e.stat, e.err, e.done_date_raw, e.done_at, coalesce(e.flags, '{}') AS flags,
-       e.parser_version, false AS by_message, '{}'::text[] AS later_results,
-       '{}'::text[] AS conflicting_contents
-FROM dlr.events AS e
-JOIN unnest(:message_ids::text[], :levels::bigint[]) AS k(message_id, level)
-  ON e.message_id = k.message_id AND e.level = k.level
-WHERE e.login = :login
-ORDER BY e.message_id, e.level
-FOR NO KEY UPDATE OF e
+-- fragment: upsert_statuses
+-- The computed statuses (P7), shared by the ingest, the late-correlation and the recompute
+-- writes, as WITH items (each ending in a comma): :statuses is a JSON array of rows, each a
+-- JSON array of a status's fields (dlrfeed.store.rows.status_json), named and typed once here
+-- (`status_rows`). Each reason by its id in dlr.reasons, resolved once for the
+-- statement's distinct texts (dlr.reason_ids adds those the dictionary lacks), as text where
+-- the dictionary has none; no flags as NULL. Each status under its message row's id (the
+-- writers read it with the row's lock) into dlr.statuses, so its index grows at its end. A
+-- status with no id given fails its batch (NOT NULL), which keeps its receipts as unstorable
+-- (C8): never dropped.
+status_rows AS (
+    SELECT (s.r->>0)::bigint AS message_ref, s.r->>1 AS status, (s.r->>2)::boolean AS is_final,
+           s.r->>3 AS reason, (s.r->>4)::bigint AS supporting_event_id,
+           (s.r->>5)::bigint AS supporting_reception_id, (s.r->>6)::int AS repeats,
+           (s.r->>7)::int AS conflicts, (s.r->>8)::int AS progress_events,
+           (s.r->>9)::boolean AS deadline_superseded, (s.r->>10)::bigint AS basis_level,
+           s.r->>11 AS basis_stat, s.r->>12 AS basis_err,
+           (s.r->>13)::timestamptz AS basis_done_at,
+           nullif(string_to_array(s.r->>14, ' '), '{}') AS flags
+    FROM jsonb_array_elements(:statuses::jsonb) AS s(r)
+),
+st AS (
+    INSERT INTO dlr.statuses (
+        message_ref, status, is_final, reason, reason_id, supporting_event_id, repeats,
+        conflicts, progress_events, deadline_superseded, rules_version, updated_at,
+        supporting_reception_id, basis_level, basis_stat, basis_err, basis_done_at, flags)
+    SELECT c.message_ref, c.status, c.is_final, CASE WHEN d.id IS NULL THEN c.reason END,
+           d.id, c.supporting_event_id, c.repeats, c.conflicts, c.progress_events,
+           c.deadline_superseded, :rules_version, now(), c.supporting_reception_id,
+           c.basis_level, c.basis_stat, c.basis_err, c.basis_done_at, c.flags
+    FROM status_rows AS c
+    LEFT JOIN dlr.reason_ids(ARRAY(SELECT DISTINCT t.reason FROM status_rows AS t)) AS d
+        ON d.reason = c.reason
+    ON CONFLICT (message_ref) DO UPDATE SET
+        status = EXCLUDED.status, is_final = EXCLUDED.is_final, reason = EXCLUDED.reason,
+        reason_id = EXCLUDED.reason_id,
+        supporting_event_id = EXCLUDED.supporting_event_id, repeats = EXCLUDED.repeats,
+        conflicts = EXCLUDED.conflicts, progress_events = EXCLUDED.progress_events,
+        deadline_superseded = EXCLUDED.deadline_superseded,
+        rules_version = EXCLUDED.rules_version, updated_at = EXCLUDED.updated_at,
+        supporting_reception_id = EXCLUDED.supporting_reception_id,
+        basis_level = EXCLUDED.basis_level, basis_stat = EXCLUDED.basis_stat,
+        basis_err = EXCLUDED.basis_err, basis_done_at = EXCLUDED.basis_done_at,
+        flags = EXCLUDED.flags
+),
 
--- fragment: event_contents_seen
--- P14: what an event's key learnt in the batch beside its accepted contents:
--- the statuses of results it accepted after its first content (c.results), and the contents
--- that conflicted with its result (c.conflicting), each joined by spaces; NULL while none.
+-- fragment: upsert_earlier_statuses
+-- Nothing: every status is kept under its message row (upsert_statuses). An empty WITH item,
+-- for write_recompute (sql/recompute.sql), which includes it.
+st_earlier AS (SELECT),
+
+-- fragment: event_counters
+-- What count_deliveries sets on an event (e) from its line (c) of the batch's counters, in
+-- whichever table holds it: one text for both tables. conflicting_receptions counts the
+-- deliveries whose outcome is a conflict: each conflicting content once, its redeliveries
+-- being repeats (P14, C1) counted in times_received. The statuses of results a key accepted
+-- after its first content (c.results) and the contents that conflicted with its result
+-- (c.conflicting), each joined by spaces; an array left as it is (NULL stays NULL) while
+-- nothing is added.
+        times_received = e.times_received + c.accepted,
         later_results = CASE WHEN c.results = '' THEN e.later_results
                              ELSE coalesce(e.later_results, '{}')
                                   || string_to_array(c.results, ' ') END,
@@ -409,25 +261,11 @@ FOR NO KEY UPDATE OF e
                                     ELSE coalesce(e.conflicting_contents, '{}')
                                          || string_to_array(c.conflicting, ' ') END,
         conflicting_receptions = e.conflicting_receptions + c.conflicts,
-
--- fragment: no_contents_seen
--- event_contents_seen for a store at schema version < 26: only the counter.
-        conflicting_receptions = e.conflicting_receptions + c.conflicts,
-
--- fragment: event_counters
--- What count_deliveries and count_deliveries_by_key set on an event (e) from its line (c) of
--- the batch's counters, in whichever table holds it: one text for every table.
--- conflicting_receptions counts the deliveries whose outcome is a conflict: each conflicting
--- content once, its redeliveries being repeats (P14, C1) counted in times_received.
-        times_received = e.times_received + c.accepted,
--- include: event_contents_seen
-        -- NULL while no delivery came after the first; a row an older schema wrote with its
-        -- last time keeps it written.
+        -- NULL while no delivery came after the first.
         last_received_at = nullif(
             greatest(coalesce(e.last_received_at, e.first_received_at),
                      to_timestamp(c.received_at)),
             CASE WHEN e.last_received_at IS NULL THEN e.first_received_at END),
-        -- Left as it is when nothing is added: NULL stays NULL (no empty array).
         updates = CASE WHEN c.updates = '' THEN e.updates
                        ELSE coalesce(e.updates, '{}') || string_to_array(c.updates, ' ') END
     FROM unnest(:event_ids::bigint[], :event_accepted::int[], :event_conflicts::int[],
@@ -452,14 +290,6 @@ ev_by_message AS (
     WHERE e.id = c.id AND c.by_message
 )
 
--- fragment: count_deliveries_by_key
--- count_deliveries for a store at schema version < 24: every event in dlr.events.
-ev AS (
-    UPDATE dlr.events AS e SET
--- include: event_counters
-    WHERE e.id = c.id
-)
-
 -- name: write_batch
 -- Everything of the batch but the receptions themselves (copied in by binary COPY, P6/P13):
 -- exceptions (joined to their reception by batch position p, 1-based: the reception ids are
@@ -481,7 +311,6 @@ WITH exc AS (
     ON CONFLICT DO NOTHING
 ),
 -- include: upsert_statuses
--- include: upsert_earlier_statuses
 -- include: count_deliveries
 SELECT 1
 

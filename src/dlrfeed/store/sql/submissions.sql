@@ -43,7 +43,8 @@ WHERE NOT EXISTS (
 
 -- fragment: correlated_from_other_ids
 -- Whether events correlated to k.id from another own id (receipt_ids_hex) are stored: by the
--- partial correlation index of each table, as waiting_events reads them.
+-- partial correlation index of each table, as waiting_events reads them (its message by
+-- primary key, OFFSET 0: as there).
     SELECT 1 FROM dlr.event_rows AS e
     WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
     UNION ALL
@@ -51,11 +52,6 @@ WHERE NOT EXISTS (
     CROSS JOIN LATERAL (SELECT m.message_id FROM dlr.messages AS m
                         WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
     WHERE e.correlation_id = k.id AND e.correlation_id <> m.message_id
-
--- fragment: correlated_from_other_ids_by_key
--- correlated_from_other_ids for a store at schema version < 24 (dlr.events).
-    SELECT 1 FROM dlr.events AS e
-    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
 
 -- name: ids_with_waiting_events
 -- Late correlation's first cut: of the ids just recorded, those that may have events waiting.
@@ -67,7 +63,7 @@ WHERE NOT EXISTS (
 -- own id are found as waiting_receptions finds them, by the partial correlation index.
 -- LATERAL ... LIMIT 1: one probe per id of each index, whatever the statistics say (as an
 -- EXISTS, stale statistics of a young queue have the whole login's exceptions read into a hash
--- table on every call).
+-- table on every call: test_growth_plans).
 SELECT k.id
 FROM unnest(:ids::text[]) AS k(id)
 CROSS JOIN LATERAL (
@@ -80,20 +76,20 @@ CROSS JOIN LATERAL (
 
 -- fragment: waiting_events
 -- The events of correlation id k.correlation_id, each table read by plain equality probes on
--- its index's leading columns, in an order no plan can change (LATERAL ... OFFSET 0): a view
--- of both tables leaves the planner a scan of dlr.message_events per id, which a generic plan
--- made while the table is young keeps once it has grown. Those whose own id it is: under its
--- message's row id (the message row found by its key first) where that message keeps its
--- events, by the key of dlr.event_rows otherwise; those correlated to it from
--- another own id (receipt_ids_hex), by each table's partial correlation index.
+-- its index's leading columns: those whose own id it is under its message's row id (the
+-- message row found by its key first; recording a message moves its events there,
+-- dlr.move_events_to_messages); those correlated to it from another own id (receipt_ids_hex),
+-- by each table's partial correlation index, with its message by primary key. The events
+-- under a message row, and the message of each correlated event, in LATERAL ... OFFSET 0:
+-- as joins, estimates that favour a hash (a young dlr.message_events, a generic plan made
+-- while it was) read every event of the table into one per call
+-- (test_sql_statements: test_late_correlation_probes_each_events_receptions_whatever_the_
+-- estimates shows that plan without these fences).
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
            e.later_results, e.conflicting_contents
-    FROM (SELECT m.id, m.message_id FROM dlr.messages AS m
-          WHERE m.login = :login AND m.message_id = k.correlation_id
-            AND m.id >= dlr.message_events_first_message()
-          OFFSET 0) AS m
+    FROM dlr.messages AS m
     CROSS JOIN LATERAL (
         SELECT e.id, e.level, e.stat, e.err, e.done_date_raw, e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
@@ -102,14 +98,7 @@ CROSS JOIN LATERAL (
         WHERE e.message_ref = m.id AND e.correlation_id IS NULL
         OFFSET 0
     ) AS e
-    UNION ALL
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags,
-           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
-           e.later_results, e.conflicting_contents
-    FROM dlr.event_rows AS e
-    WHERE e.login = :login AND e.message_id = k.correlation_id
-      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
+    WHERE m.login = :login AND m.message_id = k.correlation_id
     UNION ALL
     SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
@@ -128,45 +117,23 @@ CROSS JOIN LATERAL (
                         WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
     WHERE e.correlation_id = k.correlation_id AND e.correlation_id <> m.message_id
 
--- fragment: waiting_events_by_key
--- waiting_events for a store at schema version < 24: every event in dlr.events.
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags,
-           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
-           NULL::text[] AS later_results, NULL::text[] AS conflicting_contents
-    FROM dlr.events AS e
-    WHERE e.login = :login AND e.message_id = k.correlation_id
-      AND coalesce(e.correlation_id, e.message_id) = k.correlation_id
-    UNION ALL
-    SELECT e.id, e.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
-           e.done_at, e.fingerprint, e.flags,
-           e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
-           NULL::text[] AS later_results, NULL::text[] AS conflicting_contents
-    FROM dlr.events AS e
-    WHERE e.login = :login AND e.correlation_id = k.correlation_id
-      AND e.correlation_id <> e.message_id
-
 -- name: waiting_receptions
 -- Late correlation and recompute: every delivery of the events of each correlation id in
 -- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
--- needs of it. The receptions are read from their table ({receptions}: dlr.reception_rows, or
--- dlr.receptions at schema version < 21) by their day's primary key, whichever it is:
--- (event_id, id), or on a day an older schema stored, (login, event_id, id) or (login,
--- message_id, id). A row that names its key by its event holds an empty login and message id
--- and no level, so each is matched as itself or empty, and the level read from the event
--- where the row has none. P10:
--- the events are found per id by two index probes - those whose id is the correlation id, by
--- the unique key; the others, by the partial correlation index - each a plain equality on an
--- index's leading columns. One OR of the two would leave the planner a choice: a generic plan
--- made while dlr.events is young (statements prepared on an empty database) chooses a scan of
--- the table per id, and keeps it while a first drain grows the table faster than autovacuum
--- analyzes it. An equality probe stays the cheapest plan at any table size and any
--- statistics. An event's correlation id is NULL where it is its own id (written out on events
--- an older schema stored).
+-- needs of it, each read from dlr.reception_rows by its day's primary key (event_id, id).
+-- P10: the events are found per id by index probes (waiting_events) - those whose id is the
+-- correlation id, under its message row or by the unique key; the others, by the partial
+-- correlation index - each a plain equality on an index's leading columns. One OR of the two
+-- would leave the planner a choice: a generic plan made while the events' tables are young
+-- (statements prepared on an empty database) chooses a scan of the table per id, and keeps it
+-- while a first drain grows the table faster than autovacuum analyzes it (the plan
+-- test_growth_plans shows). An equality probe stays the cheapest plan at any table size and
+-- any statistics. An event's correlation id is NULL where it is its own id.
 -- The receptions of each event found are probed the same way, by their day's key (LATERAL ...
 -- OFFSET 0): as a join, the estimates of a day partition growing faster than autovacuum
 -- analyzes it, and of a young dlr.message_events, make a hash of the whole day's partition
--- look cheaper than probes, and a call reads every reception of the day.
+-- look cheaper than probes, and a call reads every reception of the day (the plan
+-- test_late_correlation_probes_each_events_receptions_whatever_the_estimates shows).
 -- A reception with a NULL stat holds none of its parsed fields: they are its event's, read
 -- from the event row already at hand.
 -- P21: an event whose first delivery's day was retired keeps that delivery's content; it comes
@@ -174,8 +141,7 @@ CROSS JOIN LATERAL (
 -- first of its correlation id: retention drops the oldest days, so a retired delivery arrived
 -- before every delivery still kept. With each row its event's totals (deliveries accepted and
 -- conflicting, contents accepted), which tell the caller what else retention took.
-SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id,
-       coalesce(r.level, e.level) AS level,
+SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id, e.level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
        CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
@@ -191,18 +157,17 @@ CROSS JOIN LATERAL (
 -- include: waiting_events
 ) AS e
 CROSS JOIN LATERAL (
-    SELECT r.id, r.level, r.stat, r.err, r.done_date_raw, r.done_at, r.received_at,
-           r.fingerprint, r.flags
-    FROM dlr.{receptions} AS r
-    WHERE r.event_id = e.id AND r.login IN (:login, '') AND r.message_id IN (e.message_id, '')
+    SELECT r.id, r.stat, r.err, r.done_date_raw, r.done_at, r.received_at, r.fingerprint,
+           r.flags
+    FROM dlr.reception_rows AS r
+    WHERE r.event_id = e.id
     UNION ALL
     -- The first delivery, retired: no delivery kept as early (1 ms: the event's time and its
     -- reception's are written apart, each rounded to the microsecond).
-    SELECT NULL, NULL, NULL, NULL, NULL, NULL, e.first_received_at, NULL, NULL
+    SELECT NULL, NULL, NULL, NULL, NULL, e.first_received_at, NULL, NULL
     WHERE NOT EXISTS (
-        SELECT 1 FROM dlr.{receptions} AS r
-        WHERE r.event_id = e.id AND r.login IN (:login, '')
-          AND r.message_id IN (e.message_id, '')
+        SELECT 1 FROM dlr.reception_rows AS r
+        WHERE r.event_id = e.id
           AND r.received_at <= e.first_received_at + interval '1 millisecond')
     OFFSET 0
 ) AS r
@@ -210,18 +175,18 @@ ORDER BY e.correlation_id, r.id NULLS FIRST, e.id
 
 -- name: lock_open_uncorrelated
 -- The open `uncorrelated` exceptions of the events correlated late, locked until they are
--- resolved by write_late_correlation, with the resolution of their event. LATERAL ... OFFSET 0:
--- one probe of the event_id index per event, the kind and the resolution checked on the locked
--- (newest) row. As one UPDATE joined on the event id, a young queue's default estimates make
--- the partial index of open exceptions look like a handful of rows, so every call reads all of
--- the login's open ones into a hash table.
+-- resolved by write_late_correlation, with the resolution of their event. A locking LATERAL
+-- subquery, which the planner cannot flatten: one probe of the event_id index per event, the
+-- kind and the resolution checked on the locked (newest) row. As one UPDATE joined on the
+-- event id, a young queue's default estimates make the partial index of open exceptions look
+-- like a handful of rows, so every call reads all of the login's open ones into a hash table
+-- (test_growth_plans).
 SELECT o.id, r.resolution
 FROM unnest(:event_ids::bigint[], :resolutions::text[]) AS r(event_id, resolution)
 CROSS JOIN LATERAL (
     SELECT o.id, o.kind, o.resolved_at
     FROM dlr.exceptions AS o
     WHERE o.event_id = r.event_id
-    OFFSET 0
     FOR NO KEY UPDATE
 ) AS o
 WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
@@ -233,7 +198,6 @@ WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
 -- how many exceptions were resolved.
 WITH
 -- include: upsert_statuses
--- include: upsert_earlier_statuses
 resolved AS (
     UPDATE dlr.exceptions AS x SET resolved_at = now(), resolution = r.resolution
     FROM unnest(:exception_ids::bigint[], :resolutions::text[]) AS r(id, resolution)
