@@ -4,7 +4,7 @@
 --     psql -v ON_ERROR_STOP=1 -d dlrfeed -f sql/roles.sql
 --
 -- Roles are cluster-wide objects, so `dlrfeed migrate` never creates them; the schema's grants
--- (the last section of src/dlrfeed/store/migrations/0027_baseline.sql) give each group exactly
+-- (the last section of src/dlrfeed/store/migrations/0001_baseline.sql) give each group exactly
 -- what it needs on schema `dlr` when the groups exist.
 -- Idempotent: running it again changes nothing.
 --

@@ -32,7 +32,7 @@ from support.schema import describe
 
 EXPECTED = Path(__file__).with_name("test_migrations_schema.txt")
 _STORE = Path(str(resources.files("dlrfeed.store")))
-BASELINE = _STORE / "migrations" / "0027_baseline.sql"
+BASELINE = _STORE / "migrations" / "0001_baseline.sql"
 # The schema as it stands: the baseline until a second migration exists, then this file.
 SCHEMA_FILE = BASELINE
 _numbers = itertools.count(1)

@@ -1,5 +1,5 @@
 """What the schema itself holds, whoever writes to it (src/dlrfeed/store/migrations/
-0027_baseline.sql), against the real server.
+0001_baseline.sql), against the real server.
 
 - An event that arrives before its message waits in dlr.event_rows; recording the message, by
   any writer, moves it - the same row, the same id - under the message, probing the waiting

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
-import asyncpg.exceptions
 
 from dlrfeed.errors import SchemaOutOfDateError
 from dlrfeed.store.sql import query
@@ -62,15 +61,6 @@ async def current_version(conn: asyncpg.Connection) -> int:
         return 0
     version = await _SCHEMA_VERSION.fetchval(conn)
     return int(version)
-
-
-async def readable_version(conn: asyncpg.Connection) -> int | None:
-    """current_version, or None when the role may not read it (a role that only connects, say
-    to check the server: what it may do in schema dlr is for its own statements to find)."""
-    try:
-        return await current_version(conn)
-    except asyncpg.exceptions.InsufficientPrivilegeError:
-        return None
 
 
 async def migrate(dsn: str) -> list[str]:

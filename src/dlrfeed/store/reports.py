@@ -41,7 +41,6 @@ _EVENT_TOTALS = query("stats_event_totals")
 _OPEN_EXCEPTIONS = query("stats_open_exceptions")
 _LATENCY = query("stats_latency")
 _VERIFICATIONS = query("verification_rows")
-_VERIFICATIONS_KEPT = query("verifications_kept")
 _VERIFICATION_LOGINS = query("verification_logins")
 
 
@@ -100,9 +99,8 @@ async def message_reports(
 async def _message_reports(
     conn: asyncpg.Connection, message_id: str, login: str | None
 ) -> list[JsonDict]:
-    kept = await _VERIFICATIONS_KEPT.fetchval(conn)
     logins = [login] if login is not None else [r[0] for r in await _LOGINS.fetch(conn)]
-    if login is None and kept:
+    if login is None:
         logins = sorted({*logins, *(r[0] for r in await _VERIFICATION_LOGINS.fetch(conn))})
     messages = {
         r["login"]: _row(r)
@@ -119,11 +117,9 @@ async def _message_reports(
             conn, logins=logins, message_id=message_id, event_ids=event_ids
         )
     ]
-    verifications = (
-        [_row(r) for r in await _VERIFICATIONS.fetch(conn, logins=logins, message_id=message_id)]
-        if kept
-        else []
-    )
+    verifications = [
+        _row(r) for r in await _VERIFICATIONS.fetch(conn, logins=logins, message_id=message_id)
+    ]
     reports: list[JsonDict] = []
     # A login may know the id only through exceptions: a receipt kept as `unstorable` (C8);
     # or only through a verification recorded before its message (it waits for it).

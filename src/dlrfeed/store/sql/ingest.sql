@@ -240,11 +240,6 @@ st AS (
         flags = EXCLUDED.flags
 ),
 
--- fragment: upsert_earlier_statuses
--- Nothing: every status is kept under its message row (upsert_statuses). An empty WITH item,
--- for write_recompute (sql/recompute.sql), which includes it.
-st_earlier AS (SELECT),
-
 -- fragment: event_counters
 -- What count_deliveries sets on an event (e) from its line (c) of the batch's counters, in
 -- whichever table holds it: one text for both tables. conflicting_receptions counts the

@@ -33,8 +33,3 @@ SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'o
 -- Transaction-scoped, so it holds behind a transaction pooler and leaves the session as it
 -- was.
 SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true)
-
--- name: has_earlier_statuses
--- Whether the store may keep statuses in dlr.earlier_statuses: it had recorded messages when it
--- began to keep statuses under message rows (queries.status_writes). A constant of the store.
-SELECT dlr.statuses_first_message() > 1

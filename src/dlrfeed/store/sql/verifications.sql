@@ -29,10 +29,6 @@ FROM dlr.verifications
 WHERE login = ANY(:logins::text[]) AND message_id = :message_id
 ORDER BY login, verified_at, kind
 
--- name: verifications_kept
--- Whether the store keeps verifications (not at schema version < 27).
-SELECT to_regclass('dlr.verifications') IS NOT NULL
-
 -- name: verification_logins
 -- `show` without --login: the logins with verifications, by a loose index scan of the table's
 -- key (one probe per login), beside the logins of the other tables (reports.sql, logins).

@@ -1,9 +1,8 @@
 -- The schema of dlrfeed, schema `dlr`: every table, key, view, function, trigger and grant.
 --
--- A store starts here: `dlrfeed migrate` applies this file once, as schema version 27 (the
--- numbers below it name no file). A later change is a further numbered file beside this one,
--- and src/dlrfeed/store/schema.sql then says the schema as it stands (docs/postgresql.md,
--- "Changing the schema").
+-- A store starts here: `dlrfeed migrate` applies this file once, as schema version 1. A later
+-- change is a further numbered file beside this one, and src/dlrfeed/store/schema.sql then
+-- says the schema as it stands (docs/postgresql.md, "Changing the schema").
 --
 -- The map (PK: primary key, UQ: unique, → : refers to, by value; nothing here is a foreign
 -- key constraint: a key is checked where it is written, inside the ingest transaction):
@@ -1087,45 +1086,6 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
     FOR EACH STATEMENT EXECUTE FUNCTION dlr.check_exception_event();
 
 -------------------------------------------------------------------------------------------
--- Names the ingest statements of this release still write or read, that nothing else uses:
--- a status table for messages kept apart by an id boundary (empty, the boundary is the first
--- message), the boundaries themselves, and a key on each reception row (always empty: a
--- reception names its key through its event). They go when those statements stop naming
--- them.
--------------------------------------------------------------------------------------------
-
-CREATE FUNCTION dlr.statuses_first_message() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$SELECT 1::bigint$$;
-CREATE FUNCTION dlr.message_events_first_message() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$SELECT 1::bigint$$;
-CREATE TABLE dlr.earlier_statuses (
-    login text NOT NULL,
-    message_id text NOT NULL,
-    status text NOT NULL,
-    is_final boolean NOT NULL,
-    reason text,
-    reason_id integer,
-    supporting_event_id bigint NOT NULL,
-    repeats integer NOT NULL DEFAULT 0,
-    conflicts integer NOT NULL DEFAULT 0,
-    progress_events integer NOT NULL DEFAULT 0,
-    deadline_superseded boolean NOT NULL DEFAULT false,
-    rules_version text NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    supporting_reception_id bigint,
-    basis_level bigint,
-    basis_stat text,
-    basis_err text,
-    basis_done_at timestamptz,
-    flags text[],
-    PRIMARY KEY (login, message_id)
-);
-ALTER TABLE dlr.reception_rows
-    ADD COLUMN login text NOT NULL DEFAULT '',
-    ADD COLUMN message_id text NOT NULL DEFAULT '',
-    ADD COLUMN level bigint;
-
--------------------------------------------------------------------------------------------
 -- Roles (docs/security.md): what each dlrfeed group role of sql/roles.sql may do. Where the
 -- roles do not exist (a developer's throwaway database) nothing is granted. The block is
 -- idempotent: when the roles are created after the schema, the owner runs it again as it is.
@@ -1178,9 +1138,6 @@ BEGIN
               ON dlr.exceptions TO dlrfeed_writer;
         -- C6: `dlrfeed record-verifications`.
         GRANT SELECT, INSERT ON dlr.verifications TO dlrfeed_writer;
-        -- The names of the section before, while the ingest statements use them.
-        GRANT SELECT, INSERT, UPDATE ON dlr.earlier_statuses TO dlrfeed_writer;
-        GRANT SELECT (login, message_id, level) ON dlr.reception_rows TO dlrfeed_writer;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN
