@@ -29,6 +29,10 @@ class RecordingSink:
         self.writable = asyncio.Event()
         self.writable.set()
 
+    @property
+    def in_hand(self) -> int:
+        return len(self.held)
+
     async def accept(self, receipts: list[Receipt]) -> None:
         self.held.extend(receipts)
         self.events.append(f"accept {len(receipts)}")

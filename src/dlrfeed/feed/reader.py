@@ -59,9 +59,13 @@ class ReceiptSink(Protocol):
     async def wait_writable(self) -> None:
         """Return when the store accepts writes (at once when it is up)."""
 
+    @property
+    def in_hand(self) -> int:
+        """Receipts accepted and not yet acked."""
+
     def release(self) -> None:
-        """Drop everything in hand, committing or not, unacked; the reader closes its stream
-        and the gateway redelivers (F7)."""
+        """Drop what is in hand unacked (a commit already in flight is acked if it succeeds);
+        the reader closes its stream and the gateway redelivers (F7)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +182,15 @@ class FeedReader:
         A Pull reader keeps what it pulled (see the module docstring): dropped, those receipts
         would stay leased until their lease ended (F6). Its Pull in flight is left to return:
         cancelled, what the gateway had leased for it would be lost the same way."""
+        if self._holding is Mode.PULL:
+            if not self._stopping:
+                log.warning("pulled_receipts_kept", reader=self.name, kept=self._sink.in_hand)
+            return
+        # Even while stopping: the drain of a stop cannot commit them either, and dropped
+        # unacked they go to other readers at once (F7) instead of at the stop's timeout.
+        self._sink.release()
         if self._stopping:
             return
-        if self._holding is Mode.PULL:
-            log.warning("pulled_receipts_kept", reader=self.name)
-            return
-        self._sink.release()
         self._release_requested = True
         if self._current is not None:
             self._current.cancel()
