@@ -149,7 +149,8 @@ async def test_checker_detects_lost_double_applied_and_acked_but_missing(
         conn = await asyncpg.connect(database_url)
         try:
             await conn.execute(
-                "UPDATE dlr.message_status SET repeats = repeats + 1 WHERE message_id = 'c0000001'"
+                "UPDATE dlr.statuses AS s SET repeats = repeats + 1 FROM dlr.messages AS m"
+                " WHERE m.id = s.message_ref AND m.message_id = 'c0000001'"
             )
             await conn.execute(
                 "ALTER TABLE dlr.reception_rows DISABLE TRIGGER receptions_append_only"

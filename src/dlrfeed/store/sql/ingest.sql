@@ -124,9 +124,17 @@ SELECT 'held', NULL, k.message_id, NULL, NULL,
        s.basis_err, s.basis_done_at, coalesce(s.flags, '{}'),
        o.repeats, o.conflicts
 FROM unnest(:correlated::text[], :correlated_refs::bigint[]) AS k(message_id, ref)
--- By the primary key: a probe per message is the cheapest plan at any size and statistics
--- (EXPLAIN on a store grown to 100k statuses past its statistics, generic and custom plans).
-LEFT JOIN dlr.statuses AS s ON s.message_ref = k.ref
+-- LATERAL ... OFFSET 0: one primary-key probe per message whatever the statistics say. As a
+-- plain join, a batch of a few thousand ids on a store of ~150k statuses gets a merge join that
+-- walks the whole primary key (85 ms against 9 ms for 3,000 ids).
+LEFT JOIN LATERAL (
+    SELECT s.status, s.supporting_event_id, s.repeats, s.conflicts, s.progress_events,
+           s.deadline_superseded, s.supporting_reception_id, s.basis_level, s.basis_stat,
+           s.basis_err, s.basis_done_at, s.flags
+    FROM dlr.statuses AS s
+    WHERE s.message_ref = k.ref
+    OFFSET 0
+) AS s ON true
 -- The events of the id while it has no status (s.status IS NULL), each found by a plain
 -- equality probe of an index's leading columns: those whose own id it is under its message's
 -- row id; those correlated to it from another own id (receipt_ids_hex) by the partial
