@@ -1,25 +1,17 @@
-"""The status-change log (docs/changes.md): read it, follow it, keep a place.
+"""The status-change log (docs/changes.md): read it (`read_changes`), follow it
+(`follow_changes`), keep a place (`load_cursor`, `save_cursor`, `consume_changes`).
 
-`dlr.status_changes` gets one row per change of a message's computed status, written by
-triggers in the very transaction that wrote the status. Readers see only positions below the
-horizon of the oldest transaction still running, which makes "changes after P" gap-free: a
-change that commits later always gets a larger position than any change already shown (the
-proof is in docs/changes.md). So a reader that keeps the last position it handled never misses a
-change and never sees one twice.
-
-- `read_changes(conn, after, limit)`: the next changes after a position, in position order.
-- `follow_changes(dsn, after)`: an async iterator of batches, woken by LISTEN/NOTIFY within
-  milliseconds of a commit, polling where LISTEN is unavailable (a transaction pooler).
-- `load_cursor` / `save_cursor`: durable named cursors (`dlr.change_cursors`).
-- `consume_changes(conn, consumer, handler)`: exactly-once for a consumer whose effect lives in
-  the same PostgreSQL: its effect and its cursor commit in one transaction.
+Readers see only positions below the horizon of the oldest transaction still running, which
+makes "changes after P" gap-free (the proof is in the schema, on dlr.status_change_rows): a
+reader that keeps the last position it handled never misses a change nor sees one twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -109,17 +101,6 @@ def _change(record: asyncpg.Record) -> StatusChange:
     return StatusChange(**values)
 
 
-def _translated(exc: BaseException) -> BaseException:
-    """asyncpg/OS errors as the project's own (STYLE: translate errors at the boundary)."""
-    if isinstance(
-        exc, asyncpg.InsufficientPrivilegeError | asyncpg.InvalidAuthorizationSpecificationError
-    ):
-        return ConfigError(f"PostgreSQL refused: {exc} (docs/changes.md, Roles)")
-    if isinstance(exc, asyncpg.UndefinedTableError):
-        return SchemaOutOfDateError("the change log is missing: run `dlrfeed migrate`")
-    return StoreUnavailableError(f"PostgreSQL: {exc}")
-
-
 # The driver's errors that mean "this connection or the server failed": reconnect (or, where
 # _translated says so, stop with a configuration error). InternalClientError belongs here: a
 # backend terminated under the connection (an administrator, a failover) can leave asyncpg's
@@ -133,6 +114,26 @@ DRIVER_ERRORS = (
 )
 
 
+def _translated(exc: BaseException) -> BaseException:
+    """asyncpg/OS errors as the project's own (STYLE: translate errors at the boundary)."""
+    if isinstance(
+        exc, asyncpg.InsufficientPrivilegeError | asyncpg.InvalidAuthorizationSpecificationError
+    ):
+        return ConfigError(f"PostgreSQL refused: {exc} (docs/changes.md, Roles)")
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        return SchemaOutOfDateError("the change log is missing: run `dlrfeed migrate`")
+    return StoreUnavailableError(f"PostgreSQL: {exc}")
+
+
+@contextmanager
+def _translating() -> Iterator[None]:
+    """The driver's errors raised in the block, as the project's own (`_translated`)."""
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise _translated(exc) from exc
+
+
 async def read_changes(
     conn: asyncpg.Connection, after: int = 0, limit: int = 1000
 ) -> list[StatusChange]:
@@ -142,46 +143,36 @@ async def read_changes(
     oldest running transaction), so calling again with the last position returned never skips
     a change and never repeats one, however many writers run at once.
     """
-    try:
+    with _translating():
         return [_change(r) for r in await READ_CHANGES.fetch(conn, after=after, limit=limit)]
-    except DRIVER_ERRORS as exc:
-        raise _translated(exc) from exc
 
 
 async def changes_held_back(conn: asyncpg.Connection, after: int) -> bool:
     """True when changes after `after` have committed but wait for an older transaction."""
-    try:
+    with _translating():
         return bool(await CHANGES_HELD_BACK.fetchval(conn, after=after))
-    except DRIVER_ERRORS as exc:
-        raise _translated(exc) from exc
 
 
 async def backlog(conn: asyncpg.Connection, after: int) -> tuple[int, datetime | None]:
     """(how many changes are committed after `after`, at most BACKLOG_COUNT_CAP; when the
     first of them was made)."""
-    try:
+    with _translating():
         row = await BACKLOG.fetchrow(conn, after=after, count_cap=BACKLOG_COUNT_CAP)
-    except DRIVER_ERRORS as exc:
-        raise _translated(exc) from exc
     assert row is not None
     return int(row["pending"]), row["oldest"]
 
 
 async def load_cursor(conn: asyncpg.Connection, consumer: str) -> int:
     """The last position `consumer` handled (0, the beginning, for a new consumer)."""
-    try:
+    with _translating():
         position = await LOAD_CURSOR.fetchval(conn, consumer=consumer)
-    except DRIVER_ERRORS as exc:
-        raise _translated(exc) from exc
     return 0 if position is None else int(position)
 
 
 async def save_cursor(conn: asyncpg.Connection, consumer: str, position: int) -> None:
     """Record that `consumer` has handled everything up to `position` (never moves back)."""
-    try:
+    with _translating():
         await SAVE_CURSOR.execute(conn, consumer=consumer, position=position)
-    except DRIVER_ERRORS as exc:
-        raise _translated(exc) from exc
 
 
 ChangeHandler = Callable[[asyncpg.Connection, Sequence[StatusChange]], Awaitable[None]]
@@ -199,7 +190,7 @@ async def consume_changes(
     crashes and with several instances of the same consumer. Returns how many were handled
     (0: nothing new; the handler is not called).
     """
-    try:
+    with _translating():
         async with conn.transaction():
             await CREATE_CURSOR.execute(conn, consumer=consumer)
             after = int(await LOCK_CURSOR.fetchval(conn, consumer=consumer))
@@ -207,8 +198,6 @@ async def consume_changes(
             if changes:
                 await handler(conn, changes)
                 await save_cursor(conn, consumer, changes[-1].position)
-    except DRIVER_ERRORS as exc:
-        raise _translated(exc) from exc
     return len(changes)
 
 
@@ -296,18 +285,10 @@ async def follow_changes(
     position = after
     attempt = 0
     while stop is None or not stop.is_set():
+        conn: asyncpg.Connection | None = None
         try:
             # No statement cache: the follower may go through a transaction pooler.
             conn = await asyncpg.connect(dsn, statement_cache_size=0)
-        except DRIVER_ERRORS as exc:
-            translated = _translated(exc)
-            if isinstance(translated, FatalError):
-                raise translated from exc
-            attempt += 1
-            log.warning("changes_reconnect", attempt=attempt, error=str(exc))
-            await _sleep(RECONNECT_BACKOFF.delay(attempt), stop)
-            continue
-        try:
             wakeups = _Wakeups()
             await wakeups.start(conn, dsn)
             attempt = 0
@@ -328,7 +309,8 @@ async def follow_changes(
             log.warning("changes_reconnect", attempt=attempt, error=str(exc))
             await _sleep(RECONNECT_BACKOFF.delay(attempt), stop)
         finally:
-            await _close_quietly(conn)
+            if conn is not None:
+                await _close_quietly(conn)
 
 
 async def _sleep(seconds: float, stop: asyncio.Event | None) -> None:

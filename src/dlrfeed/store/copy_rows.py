@@ -1,20 +1,14 @@
 """The receptions of a batch in PostgreSQL's binary COPY format, encoded in two steps.
 
-Everything of a reception but its id, outcome and event id depends on the receipt alone, so
-those fields are encoded while the server runs the batch's events insert (the client would
-otherwise wait); the three late fields are appended as the plan decides them. The receipt's
-parsed content (stat, err, done date, fingerprint, flags, parser version) is encoded apart, and
-only for the rows that hold it: whether a row does is known once the batch's events are, and a
-reception whose content is its event's leaves it to the event (`AS_EVENT`).
-asyncpg's `copy_records_to_table` would encode every field after the plan, on the critical path. The
-store sends the rows in pieces as its plan completes them, so the server inserts one piece
-while the client plans the next (docs/rules.md, "Throughput").
+A reception's own fields depend on the receipt alone, so they are encoded while the server runs
+the batch's events insert; its parsed content only where it is not its event's (`AS_EVENT`),
+and its id, outcome and event id as the plan decides them (`complete`). asyncpg's
+`copy_records_to_table` would encode it all after the plan, on the critical path.
 
-The format is PostgreSQL's documented binary COPY: a signature and two int32 header words,
-then per row an int16 field count and each field as an int32 length (-1 for NULL) followed by
-its binary send form; an int16 -1 ends the data. Values the server or the encoding refuses
-raise the same errors as the driver's encoder would (UnicodeEncodeError, OverflowError), so the
-store's C8 bisection treats them alike.
+The format: a signature and two int32 header words, then per row an int16 field count and each
+field as an int32 length (-1 for NULL) and its binary send form; an int16 -1 ends the data.
+Values the encoding refuses raise the driver's errors (UnicodeEncodeError, OverflowError), so
+the store's C8 bisection treats them alike.
 """
 
 from __future__ import annotations

@@ -56,10 +56,9 @@ _MISSING = "\x00missing"  # a dict.get default that no storable value equals (no
 Key = tuple[str, int]
 """A logical event's key in its login: the gateway message id and the level (P14)."""
 Content = tuple[str, tuple[str, ...]]
-"""What tells whether a delivery's parsed content is its event's: its fingerprint and flags.
-Within one process (one parser, one set of options) equal fingerprints mean equal raw stat, err
-and done date, hence equal stored stat, err, done_date_raw and done_at; the flags also say
-what the rest of the receipt needed (a cut, an escape, an odd submit date)."""
+"""A delivery's parsed content as compared with its event's: fingerprint and flags (in one
+process equal fingerprints mean equal stat, err and done date; the flags say what the rest of
+the receipt needed)."""
 
 
 async def ingest_batch(
@@ -180,10 +179,8 @@ class _Batch:
             )
 
     async def copy_receptions(self) -> None:
-        """P6/P13: every delivery of the batch appended by binary COPY (the server's multi-row
-        insert path: far less work and WAL than INSERT ... SELECT per row), each piece planned
-        (`plan_piece`) just before it is sent, so the server inserts a piece while the client
-        plans the next."""
+        """P6/P13: every delivery of the batch appended by binary COPY (far less work and WAL
+        than INSERT ... SELECT), each piece planned (`plan_piece`) just before it is sent."""
         events, inserted, stored = self.events, self.inserted, self.stored
         self.planner = Planner(
             self.options, self.key_contents, dict(self.held), self.correlated.submitted
@@ -220,8 +217,8 @@ class _Batch:
         )
 
     def plan_piece(self, piece: slice) -> None:
-        """The planner's outcome of each delivery of `piece` (the next ones, in batch order),
-        and the exceptions it opens, joined to their reception by batch position (1-based)."""
+        """The planner's outcome of each delivery of `piece` and the exceptions it opens, joined
+        to their reception by batch position (1-based)."""
         events, event_ids, reception_ids = self.events, self.event_ids, self.reception_ids
         decide, outcomes, exceptions = self.planner.decide, self.outcomes, self.exceptions
         for position in range(piece.start, piece.stop):
@@ -278,13 +275,11 @@ class _Batch:
 
 
 def first_events(events: list[LogicalEvent]) -> tuple[list[LogicalEvent], str]:
-    """P14: the first delivery of each key in the batch, in arrival order, and their rows as
-    JSON (the :events of insert_events_read_statuses: each row an array of the fields that
-    `keyed` names, in its order; an array, not an object or a named tuple, because the JSON
-    encoder copies every tuple subclass and spells out every key, ~5 % of the ingest's client
-    CPU). Arrival order, not key order: event ids then follow the order the batch's receipts
-    arrived in (the locks serialise the events of one id, so key order buys no deadlock safety
-    here)."""
+    """P14: the first delivery of each key in the batch, in arrival order (so event ids follow
+    arrival; the message locks already serialise the events of one id), and their rows as the
+    :events of insert_events_read_statuses: each an array of the fields `keyed` names, not an
+    object or a named tuple, which the JSON encoder spells out or copies (~5 % of the ingest's
+    client CPU)."""
     first_of_key: dict[Key, LogicalEvent] = {}
     for event in events:
         first_of_key.setdefault((event.message_id, event.level), event)
@@ -354,12 +349,9 @@ def event_contents(
     inserted: Mapping[Key, int],
     stored: Iterable[asyncpg.Record],
 ) -> dict[int, Content | None]:
-    """Each event's first content, by event id, as the batch's deliveries are compared with it
-    (a reception of that content leaves it to its event): the events inserted now were written
-    from their first delivery here; an event stored before counts only if its row holds exactly
-    what this process writes for the batch's first delivery of it (another parser version or
-    other options may have written it otherwise: None, and its deliveries keep their own
-    content)."""
+    """Each event's first content, by event id, which a reception of that content leaves to its
+    event: an event stored before counts only if its row holds exactly what this process writes
+    for the batch's first delivery of it (else None: its deliveries keep their own content)."""
     contents: dict[int, Content | None] = {}
     first_of: dict[Key, LogicalEvent] = {}
     for e in firsts:

@@ -99,13 +99,10 @@ def pending_migrations(version: int) -> list[Migration]:
 
 
 def migration_plan(version: int) -> str:
-    """The SQL `migrate` would run on a database at schema `version`, as one psql script.
-
-    Each migration is wrapped in the transaction `migrate` gives it, followed by the row that
-    records it (the very statement `migrate` runs, its parameters given as psql variables),
-    all under the advisory lock `migrate` holds (so the script, run by hand, waits
-    for a `migrate` in progress and the other way round); psql stops at its first error. An
-    up-to-date database gets an empty plan (a comment saying so).
+    """The SQL `migrate` would run on a database at schema `version`, as one psql script: each
+    migration in its transaction with the statement that records it, all under the advisory
+    lock `migrate` holds (so a script run by hand and a `migrate` wait for each other); psql
+    stops at its first error. An up-to-date database gets a comment saying so.
     """
     refuse_newer_schema(version)
     pending = pending_migrations(version)

@@ -66,13 +66,7 @@ async def recompute(
     progress: Progress | None = None,
     busy: float = 1.0,
 ) -> RecomputeResult:
-    """Recompute the stale status rows (all with `every`) on `conn`, `chunk` messages at a
-    time, each login's part of a chunk in its own transaction (see `Store.recompute`, which
-    translates the driver's errors): the statuses, the events' totals and the conflict
-    exceptions as the current rules plan them; a status computed the same is left unwritten
-    (only its version is). `progress` hears after each
-    transaction what was done so far. With `busy` below 1 it pauses after each transaction,
-    so that it works that share of the time: the live ingest beside it keeps the rest."""
+    """`Store.recompute` on `conn`: each login's part of a chunk in its own transaction."""
     version = options.rules_version(RULES_VERSION)
     total = None
     if progress is not None:

@@ -59,13 +59,9 @@ async def record_submissions(
     options: IntegrationOptions,
     submissions: Sequence[Submission],
 ) -> SubmissionResult:
-    """Record `submissions` on `conn` a chunk of one login at a time, each chunk in its own
-    transaction, and correlate the receipts that were waiting for them, writing their statuses,
-    and the events' totals and conflicts as the live path writes them under `options` (see
-    `Store.record_submissions`, which translates the driver's errors). One
-    durable step: only the last chunk, and a chunk whose late correlation changed statuses,
-    waits for the WAL flush, which makes every chunk before it durable too
-    (sql/submissions.sql, commit_without_flush_wait)."""
+    """`Store.record_submissions` on `conn`: a chunk of one login at a time, each in its own
+    transaction; only the last chunk, and one whose late correlation changed statuses, waits for
+    the WAL flush (sql/submissions.sql, commit_without_flush_wait)."""
     by_login: dict[str, list[Submission]] = {}
     for submission in submissions:
         by_login.setdefault(submission.login, []).append(submission)

@@ -7,6 +7,7 @@ are plain JSON-ready dicts: the commands print them as tables or, with `--json`,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -213,14 +214,9 @@ class ExceptionFilter:
     opened_before: datetime | None = None
     opened_after: datetime | None = None
 
-    def parameters(self) -> dict[str, str | datetime | None]:
+    def parameters(self) -> dict[str, Any]:
         """The filter as the parameters of the matching statements (sql/reports.sql)."""
-        return {
-            "kind": self.kind,
-            "login": self.login,
-            "opened_before": self.opened_before,
-            "opened_after": self.opened_after,
-        }
+        return dataclasses.asdict(self)
 
 
 async def count_matching_exceptions(

@@ -1,20 +1,14 @@
-"""Retention by whole days: partitions created ahead, old ones archived and dropped.
+"""Retention by whole days (docs/retention.md): partitions created ahead, old ones archived
+and dropped, and old messages forgotten.
 
-dlr.receptions is partitioned by UTC day of `received_at`, the status-change log
-dlr.status_changes by UTC day of `changed_at`. The schema owner runs `maintain` (the
-`dlrfeed maintain` command, daily from a systemd timer): it creates the partitions of the days
-ahead in both, and - only when a retention is given - drops each partition whose whole day lies
-further back than the retention, after writing it to an archive file when asked. Evidence is
-never deleted row by row (P13): a day goes as one `DROP TABLE`. The dedup keys live in
-dlr.events, which is not partitioned, so a redelivery of a receipt whose first delivery's day
-was dropped is still a repeat (P14); a retention shorter than the gateway's redelivery horizon
-(F16) is refused all the same, so that the evidence of every delivery the gateway may still
-repeat is kept. A day of changes that a durable consumer (dlr.change_cursors) has not read to
-its end is not dropped: `maintain` refuses, naming the consumer, unless told to abandon it.
-
-A message's record, status and events cannot be partitioned by time (their keys are unique
-across all time), so with `forget_after_days` they leave row by row instead, a whole message at
-a time, once every delivery of it has left with the evidence (docs/retention.md).
+The receptions and the status-change log are partitioned by UTC day. `maintain` (the schema
+owner's `dlrfeed maintain`) creates the days ahead and, with a retention, drops each day older
+than it, as one `DROP TABLE` (P13: evidence is never deleted row by row), after archiving it
+when asked. The dedup keys live in the events, which are not partitioned, so a redelivery after
+its first delivery's day went is still a repeat (P14); a retention shorter than the gateway's
+redelivery horizon (F16) is refused all the same. A day of changes a durable consumer has not
+read is not dropped unless that consumer is abandoned. Messages, their statuses and events are
+keyed for all time, so `forget` removes them row by row, once their evidence has gone.
 """
 
 from __future__ import annotations
@@ -79,22 +73,16 @@ FORGET_BATCH = 1000
 
 @dataclass(frozen=True)
 class DayPartitioned:
-    """One table partitioned by UTC day: the name its readers use in dlr (its partitions'
-    prefix), the statement that creates its partitions ahead and the name of the day column in
-    an archive's manifest."""
+    """One table partitioned by UTC day: the view its readers use in dlr (its partitions'
+    prefix), the partitioned table behind it, the statement that creates its partitions ahead,
+    the name of the day column in an archive's manifest, and a partition's rows as its archive
+    holds them (the view's columns, `{partition}`)."""
 
     table: str
+    parent: str
     create_partitions: Query
     manifest_bound: str
-    archived_rows: Query | None = None
-    """The rows of a partition as its archive holds them ({partition}); None: as stored."""
-    partitioned_table: str | None = None
-    """The partitioned table in dlr, when `table` is a view over it; None: `table` itself."""
-
-    @property
-    def parent(self) -> str:
-        """The partitioned table's name in dlr: the parent of the day partitions."""
-        return self.partitioned_table or self.table
+    archived_rows: Query
 
     @property
     def default_partition(self) -> str:
@@ -104,19 +92,17 @@ class DayPartitioned:
 
 RECEPTIONS = DayPartitioned(
     "receptions",
+    "reception_rows",
     query("create_reception_partitions"),
     "received",
     query("archived_receptions"),
-    # dlr.receptions is the view that shows the rows with their events' keys.
-    "reception_rows",
 )
 STATUS_CHANGES = DayPartitioned(
     "status_changes",
+    "status_change_rows",
     query("create_status_change_partitions"),
     "changed",
     query("archived_status_changes"),
-    # dlr.status_changes is the view that shows the rows with their reasons' texts.
-    "status_change_rows",
 )
 DAY_PARTITIONED = (RECEPTIONS, STATUS_CHANGES)
 
@@ -242,11 +228,13 @@ async def maintain(
                 partitions = await _PARTITIONS_TO_DROP.fetch(
                     conn, parent_table=parent.parent, cutoff=cutoff
                 )
+                # A day of changes is dropped only once its durable consumers have read it.
+                abandoned = abandoned_consumers if parent is STATUS_CHANGES else None
                 for row in partitions:
                     name = str(row["partition_name"])
-                    if parent is STATUS_CHANGES:
+                    if abandoned is not None:
                         # Before the archive: a refused day is neither written out nor dropped.
-                        await _refuse_unread(conn, name, abandoned_consumers, lock=False)
+                        await _refuse_unread(conn, name, abandoned, lock=False)
                     if archive_dir is not None:
                         report.archived.append(
                             await archive_partition(
@@ -258,13 +246,9 @@ async def maintain(
                                 parent=parent,
                             )
                         )
-                    if parent is STATUS_CHANGES:
-                        drop = functools.partial(
-                            _drop_read_changes, conn, name, abandoned_consumers
-                        )
-                    else:
-                        drop = functools.partial(_drop, conn, name)
-                    await _with_lock_retries(parent, drop)
+                    await _with_lock_retries(
+                        parent, functools.partial(_drop, conn, name, abandoned)
+                    )
                     report.dropped.append(name)
         if policy.forget_after_days is not None:
             # After the drops: the messages forgotten are those whose evidence is gone.
@@ -367,21 +351,15 @@ async def _guard_locks(conn: asyncpg.Connection) -> None:
     await _SET_LOCK_TIMEOUT.fetchval(conn, lock_timeout=_LOCK_TIMEOUT)
 
 
-async def _drop(conn: asyncpg.Connection, partition: str) -> None:
+async def _drop(conn: asyncpg.Connection, partition: str, abandoned: Sequence[str] | None) -> None:
+    """Drop a day; a day of changes (`abandoned` given) in the transaction that proves every
+    durable consumer (but the abandoned) has read it: the cursors are locked against a new one
+    starting at 0 meanwhile (they only move forward otherwise, so a check that passed stays
+    true)."""
     async with conn.transaction():
         await _guard_locks(conn)
-        await _DROP_PARTITION.naming(partition=partition).execute(conn)
-
-
-async def _drop_read_changes(
-    conn: asyncpg.Connection, partition: str, abandoned: Sequence[str]
-) -> None:
-    """Drop a day of changes in the transaction that proves every durable consumer (but the
-    abandoned) has read it: the cursors are locked against a new one starting at 0 meanwhile
-    (they only move forward otherwise, so a check that passed stays true)."""
-    async with conn.transaction():
-        await _guard_locks(conn)
-        await _refuse_unread(conn, partition, abandoned, lock=True)
+        if abandoned is not None:
+            await _refuse_unread(conn, partition, abandoned, lock=True)
         await _DROP_PARTITION.naming(partition=partition).execute(conn)
 
 
@@ -431,7 +409,7 @@ async def archive_partition(
     upper_bound: datetime,
     archive_dir: Path,
     *,
-    parent: DayPartitioned = RECEPTIONS,
+    parent: DayPartitioned,
 ) -> ArchivedPartition:
     """Write one partition to `archive_dir` as `<partition>.copy.gz` (binary COPY, gzip) and
     `<partition>.manifest.json` (bounds, row count, columns, SHA-256, how to load it back), each
@@ -451,16 +429,11 @@ async def archive_partition(
                 async def write(chunk: bytes) -> None:
                     packed.write(chunk)
 
-                if parent.archived_rows is None:
-                    await conn.copy_from_table(
-                        partition, schema_name=PARTITION_SCHEMA, output=write, format="binary"
-                    )
-                else:
-                    await conn.copy_from_query(
-                        parent.archived_rows.naming(partition=partition).text,
-                        output=write,
-                        format="binary",
-                    )
+                await conn.copy_from_query(
+                    parent.archived_rows.naming(partition=partition).text,
+                    output=write,
+                    format="binary",
+                )
             raw.flush()
             os.fsync(raw.fileno())
     manifest = {

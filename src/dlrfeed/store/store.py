@@ -1,12 +1,8 @@
-"""The PostgreSQL adapter: the receipt store on an asyncpg pool, and its batch ingest.
-
-The ingest transaction (`ingest`), the sending side (`recording`) and the recompute pass
-(`recompute`) run on a connection of the pool, their driver errors translated here: one ingest
-transaction per batch, a handful of set-based statements, the status of each message computed
-by the pure rules module. Driver errors are translated by SQLSTATE class (`server_errors`): a
-transient one → StoreUnavailableError (retry the batch, ack nothing); deadlock/serialization → first
-retried in place; a data error → the batch is bisected and the poison receipt kept raw (C8);
-anything else → one fatal line.
+"""The receipt store on an asyncpg pool: each call takes a connection of the pool, runs one of
+this package's modules on it (`ingest`, `recording`, `recompute`, `verification`) and
+translates the driver's errors by SQLSTATE class (`server_errors`). A batch the database
+refuses for its data is bisected down to the poison receipt, kept raw (C8); a deadlock or
+serialization failure is first retried in place.
 """
 
 from __future__ import annotations
@@ -361,20 +357,16 @@ class Store:
         progress: Progress | None = None,
         busy: float = 1.0,
     ) -> RecomputeResult:
-        """Compute stored statuses again under the current rules and options
-        (`rules_version`), from every delivery of each message replayed in its recorded arrival
-        order through the planner.
+        """Compute the stale statuses (of another `rules_version`, P8, P22; all with `every`)
+        again, every delivery of each message replayed in arrival order through the planner.
 
-        Rows of another version are the stale ones (P8, P22); `every` takes all rows. Each
-        change is written to `dlr.status_recomputations` with its before, after and why; a row
-        with no applicable receipt under the current rules is removed (and audited); a row the
-        rules compute the same is not written (a stale one gets its version only); the events'
-        totals and conflict exceptions become those the live path writes under these rules. A
-        row whose deliveries retention took beyond what its events keep is left as it is and
-        counted (P21). Chunks of `chunk` messages commit one by one, each under the same
-        message locks as the ingest, so it runs safely beside a live daemon and may be stopped
-        at any moment: running it again finishes the work (`progress` hears after each). With
-        `busy` below 1 it works only that share of the time, pausing between chunks.
+        Each change is audited in `dlr.status_recomputations`; a row with no applicable receipt
+        any more is removed; a row computed the same gets its version only; the events' totals
+        and conflict exceptions become those the live path writes. A row whose deliveries
+        retention took beyond what its events keep is left as it is and counted (P21). Chunks
+        of `chunk` messages commit one by one under the ingest's message locks, so it runs
+        beside a live daemon and may be stopped at any moment (`progress` hears after each);
+        with `busy` below 1 it works only that share of the time.
         """
         with refusing("the recompute"):
             async with self._pool.acquire() as conn:

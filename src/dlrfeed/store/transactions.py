@@ -1,16 +1,6 @@
-"""The store's write transactions: ingest, the sending side's chunks, recompute.
-
-Each plans its statements as the short index probes they are (`sql/server.sql`,
-plan_as_probes), for the rest of the transaction only:
-- without sequential scans where an index answers: dlr.event_rows keeps few live rows (its
-  events move under their messages as they are recorded), so it looks cheaper to scan than to
-  probe, and after a burst of moves one scan per key reads every dead row too (the plan
-  test_sql_statements.test_the_write_transactions_probe_a_table_of_few_rows_by_its_key shows);
-- without JIT: past jit_above_cost PostgreSQL compiles a statement every time it runs, which
-  costs more than these probes. Their estimates stay far below it on a store of 200k messages
-  (11.5k at most, waiting_receptions), but grow with the day partitions each probe of the
-  receptions spans; what it does is held by
-  test_the_write_transactions_plan_without_jit_and_leave_the_session_as_it_was.
+"""The store's write transactions (ingest, the sending side's chunks, recompute), planned as
+the short index probes their statements are: without JIT and without sequential scans where an
+index answers, for the rest of the transaction only (why: `sql/server.sql`, plan_as_probes).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
--- The ingest transaction (dlrfeed.store.ingest), in the order it runs: the message locks, the
--- events and held statuses, the existing events, (the receptions by binary COPY,) then the
--- statuses, counters and exceptions. Set-based statements over whole arrays (`unnest`, or one
--- JSON array) so that a batch costs a handful of round trips, never one per receipt. Locks are
--- always taken in sorted key order: message rows (or, for ids with no message yet, advisory
--- locks) first, event rows second, so concurrent ingests never wait on each other in a cycle.
+-- The ingest transaction (dlrfeed.store.ingest), in the order it runs. Set-based statements
+-- over whole arrays, so a batch costs a handful of round trips, never one per receipt. Locks
+-- are taken in sorted key order, message rows (or, for ids with no message yet, advisory locks)
+-- first, event rows second, so concurrent ingests never wait on each other in a cycle.
 
 -- name: lock_messages
 -- P10: exact correlation by message id within the login; the row lock serialises every status
--- computation of that message; its submission time is what the planner checks reported times
--- against (P19). :message_ids is sorted (Python order), and the rows are locked in that order,
--- one primary-key probe per id: the locking LATERAL subquery cannot be flattened, so no plan
--- can lock them in another order (a join's, which would let two batches deadlock) or hash
--- every message of the login on a young table's stale statistics. With each message its
--- row's id, which its status and events are kept under.
+-- computation of that message; the planner checks reported times against its submission time
+-- (P19). Locked in the order of the sorted :message_ids, one primary-key probe per id: the
+-- locking LATERAL subquery cannot be flattened, so no plan can lock them in another order
+-- (two batches could deadlock) or hash every message of the login on stale statistics.
 SELECT m.message_id, m.submitted_at, m.id
 FROM unnest(:message_ids::text[]) WITH ORDINALITY AS k(message_id, position)
 CROSS JOIN LATERAL (
@@ -32,16 +28,13 @@ SELECT count(pg_advisory_xact_lock(6581362, hashtext(:login || chr(31) || k)))
 FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 
 -- fragment: insert_events
--- P14: the batch's new events (the WITH items of insert_events_read_statuses, ending with `new`:
--- id, message_id and level of each event inserted). :events is a JSON array of rows, each a
--- JSON array of an event's fields (dlrfeed.store.ingest.first_events), named and typed once
--- here (`keyed`). An event whose own id names a recorded message (:own_ids, each with its row's
--- id in :own_refs, found and locked by correlate) goes into dlr.message_events under that
--- row's id; every other one into dlr.event_rows, keyed by login, gateway id and level.
--- Recording a message moves its events there (the trigger dlr.move_events_to_messages), so a
--- key is in one table only and each insert detects its repeats by that table's key. The ids
--- are drawn first, in :events order, one per key as a single insert draws them, so that event
--- ids follow arrival whichever table keeps each.
+-- P14: the batch's new events, as WITH items ending with `new`. :events is a JSON array of
+-- rows, each an array of an event's fields (ingest.first_events), named and typed once here
+-- (`keyed`). An event whose own id names a recorded message (:own_ids, its row id in
+-- :own_refs) goes into dlr.message_events under that row's id, every other one into
+-- dlr.event_rows; recording a message moves its events (dlr.move_events_to_messages), so a key
+-- is in one table only and each insert detects its repeats by that table's key. The ids are
+-- drawn first, in :events order, so that event ids follow arrival whichever table keeps each.
 keyed AS (
     SELECT nextval('dlr.events_id_seq') AS id, k.*
     FROM (
@@ -88,25 +81,16 @@ new AS (
 
 -- name: insert_events_read_statuses
 -- One round trip after the message locks, three parts, told apart by `part`:
--- - 'event': P14, insert-or-detect of logical events, one row per distinct key of the batch
---   in :events order (the order of each key's first delivery, so event ids follow arrival).
---   One JSON parameter instead of eleven arrays, because the driver's per-element array
---   encoding costs more than the server's JSON parse (bench_store). Cheap to encode:
---   correlation_id is null when it is the message id (nearly always; stored so: NULL is the
---   event's own id), received_at integer microseconds (a float costs the JSON encoder a
---   Python call). Returns (id, message_id, level, by_message) per new event.
--- - 'held': the planner's held state of each correlated message in :correlated (its row id
---   in :correlated_refs), from its status row alone (the basis is kept on the row), and - for
---   messages with no status yet - the repeat/conflict counts of their earlier (unapplied)
---   events. Read in the statement's snapshot, taken after the locks were granted, so every
---   status committed under those locks is seen; events inserted by this same statement are
---   not (the counts are of earlier events, as intended). The events of a correlation id are
---   found under its message's row id where they are its own, by the partial correlation
---   index of each table where they differ; waiting_receptions reads them the same way.
--- - 'ids': the id blocks of the batch's receptions (ingest.RECEPTION_ID_BLOCK ids each, the
---   block's first id as `id`), drawn here, under the locks, so that reception ids follow the
---   arrival order of each id's deliveries (P19) and the receptions can be copied in as soon
---   as the planner decides each one's outcome.
+-- - 'event': P14, insert-or-detect of the batch's keys: (id, message_id, level, by_message)
+--   per new event. One JSON parameter instead of eleven arrays: the driver's per-element array
+--   encoding costs more than the server's JSON parse (bench_store).
+-- - 'held': the planner's state of each correlated message in :correlated (row ids in
+--   :correlated_refs), from its status row, and for a message with no status yet the
+--   repeat/conflict counts of its earlier, unapplied events. The statement's snapshot is taken
+--   after the locks were granted, so every status committed under them is seen; the events
+--   this statement inserts are not (the counts are of earlier events, as intended).
+-- - 'ids': the id blocks of the batch's receptions (ingest.RECEPTION_ID_BLOCK ids each), drawn
+--   under the locks so that reception ids follow each id's arrival order (P19).
 WITH
 -- include: insert_events
 SELECT 'event' AS part, n.id, n.message_id, n.level, n.by_message,
@@ -135,10 +119,9 @@ LEFT JOIN LATERAL (
     WHERE s.message_ref = k.ref
     OFFSET 0
 ) AS s ON true
--- The events of the id while it has no status (s.status IS NULL), each found by a plain
--- equality probe of an index's leading columns: those whose own id it is under its message's
--- row id; those correlated to it from another own id (receipt_ids_hex) by the partial
--- correlation index of each table.
+-- The events of the id while it has no status, each by an equality probe of an index: its own
+-- under its message's row id; those correlated to it from another own id (receipt_ids_hex) by
+-- each table's partial correlation index.
 LEFT JOIN LATERAL (
     SELECT coalesce(sum(x.times_received - 1 - coalesce(cardinality(x.updates), 0)), 0)::int
                AS repeats,
@@ -166,13 +149,11 @@ SELECT 'ids', nextval('dlr.receptions_id_seq'), NULL, NULL, NULL, NULL, NULL, NU
 FROM generate_series(1, :id_blocks::int)
 
 -- name: lock_existing_events
--- Keys that were already stored: the contents they hold (P14: the first content's fingerprint
--- and status, the further accepted fingerprints and results, the contents that conflicted),
--- rows locked (their counters are updated at the end of the transaction; every writer of a
--- key holds its message's lock first, so the order they are locked in cannot make a cycle);
--- and the first content's parsed fields, which a reception of the same content leaves to its
--- event. Each key from the table insert_events put it in: under its own id's message row id
--- (:refs) where that message is recorded, by key in dlr.event_rows where not (NULL).
+-- Keys already stored, locked (their counters are updated at the end of the transaction; every
+-- writer of a key holds its message's lock first, so the lock order cannot make a cycle), with
+-- the contents they hold (P14) and the first content's parsed fields, which a reception of the
+-- same content leaves to its event. Each key from the table insert_events puts it in: under
+-- its message's row id (:refs), or by key in dlr.event_rows where :refs is NULL.
 WITH k AS (
     SELECT k.message_id, k.level, k.ref
     FROM unnest(:message_ids::text[], :levels::bigint[], :refs::bigint[])
@@ -203,15 +184,11 @@ FROM (SELECT * FROM by_message UNION ALL SELECT * FROM by_key) AS e
 ORDER BY e.message_id, e.level
 
 -- fragment: upsert_statuses
--- The computed statuses (P7), shared by the ingest, the late-correlation and the recompute
--- writes, as WITH items (each ending in a comma): :statuses is a JSON array of rows, each a
--- JSON array of a status's fields (dlrfeed.store.rows.status_json), named and typed once here
--- (`status_rows`). Each reason by its id in dlr.reasons, resolved once for the
--- statement's distinct texts (dlr.reason_ids adds those the dictionary lacks), as text where
--- the dictionary has none; no flags as NULL. Each status under its message row's id (the
--- writers read it with the row's lock) into dlr.statuses, so its index grows at its end. A
--- status with no id given fails its batch (NOT NULL), which keeps its receipts as unstorable
--- (C8): never dropped.
+-- The computed statuses (P7) of the ingest, late correlation and recompute, as WITH items (each
+-- ending in a comma): :statuses is a JSON array of rows (rows.status_json), named and typed
+-- once here (`status_rows`). Each reason by its id in dlr.reasons (dlr.reason_ids adds the
+-- texts it lacks), as text where the dictionary is full. A status with no message row id fails
+-- its batch (NOT NULL), which keeps its receipts as unstorable (C8): never dropped.
 status_rows AS (
     SELECT (s.r->>0)::bigint AS message_ref, s.r->>1 AS status, (s.r->>2)::boolean AS is_final,
            s.r->>3 AS reason, (s.r->>4)::bigint AS supporting_event_id,
@@ -249,13 +226,11 @@ st AS (
 ),
 
 -- fragment: event_counters
--- What count_deliveries sets on an event (e) from its line (c) of the batch's counters, in
--- whichever table holds it: one text for both tables. conflicting_receptions counts the
--- deliveries whose outcome is a conflict: each conflicting content once, its redeliveries
--- being repeats (P14, C1) counted in times_received. The statuses of results a key accepted
--- after its first content (c.results) and the contents that conflicted with its result
--- (c.conflicting), each joined by spaces; an array left as it is (NULL stays NULL) while
--- nothing is added.
+-- What count_deliveries sets on an event (e) from its line (c) of the batch's counters, one
+-- text for both event tables. conflicting_receptions counts each conflicting content once, its
+-- redeliveries being repeats (P14, C1) counted in times_received. c.updates, c.results and
+-- c.conflicting are joined by spaces; an array stays as it is (NULL stays NULL) while nothing
+-- is added.
         times_received = e.times_received + c.accepted,
         later_results = CASE WHEN c.results = '' THEN e.later_results
                              ELSE coalesce(e.later_results, '{}')
@@ -278,10 +253,9 @@ st AS (
          AS c(id, accepted, conflicts, received_at, updates, by_message, results, conflicting)
 
 -- fragment: count_deliveries
--- The events' counters and accepted contents (:event_ids with :event_accepted,
--- :event_conflicts, :event_received_at and :event_updates), in the table that holds each
--- (:event_by_message, as insert_events and lock_existing_events found it), as WITH items of
--- write_batch: each event probed in its own table only.
+-- The events' counters and accepted contents, as WITH items of write_batch, each event probed
+-- in the table that holds it only (:event_by_message, as insert_events and
+-- lock_existing_events found it).
 ev_rows AS (
     UPDATE dlr.event_rows AS e SET
 -- include: event_counters
@@ -294,12 +268,9 @@ ev_by_message AS (
 )
 
 -- name: write_batch
--- Everything of the batch but the receptions themselves (copied in by binary COPY, P6/P13):
--- exceptions (joined to their reception by batch position p, 1-based: the reception ids are
--- the :id_blocks drawn by insert_events_read_statuses, p getting
--- id_blocks[(p - 1) / :id_block_size + 1] + (p - 1) % :id_block_size), the new statuses, the
--- events' counters and accepted contents (:event_updates: each event's new fingerprints
--- joined by spaces).
+-- Everything of the batch but the receptions (copied in by binary COPY, P6/P13): the
+-- exceptions, each joined to its reception by batch position p (1-based) within the
+-- :id_blocks drawn by insert_events_read_statuses; the new statuses; the events' counters.
 WITH exc AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
     SELECT x.kind, :login, x.message_id, x.details::jsonb, x.event_id,
@@ -318,9 +289,9 @@ WITH exc AS (
 SELECT 1
 
 -- name: open_unstorable
--- C8: a receipt the database refused, kept as raw bytes in the exceptions queue - unless an
--- open exception already holds the same receipt (`evidence_key`): then
--- nothing, and the caller keeps this delivery's bytes with record_unstorable_redelivery.
+-- C8: a receipt the database refused, kept as raw bytes in the exceptions queue, unless an open
+-- exception holds the same receipt (`evidence_key`): the caller then keeps this delivery's
+-- bytes with record_unstorable_redelivery.
 INSERT INTO dlr.exceptions (kind, login, message_id, details, evidence, evidence_key)
 VALUES ('unstorable', :login, :message_id, :details::jsonb, :evidence, :evidence_key)
 ON CONFLICT (login, evidence_key) WHERE kind = 'unstorable' AND resolved_at IS NULL

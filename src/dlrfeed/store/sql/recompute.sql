@@ -2,10 +2,9 @@
 -- rules, chunk by chunk, under the same message locks as the ingest.
 
 -- name: stale_statuses
--- The next statuses after (:after_login, :after_message_id) in key order, those of another
--- rules version unless :every (every one); :chunk at most. Walked along the messages' key, with
--- one probe of the status per message (LATERAL ... OFFSET 0): an ORDER BY ... LIMIT on the
--- view would sort every status for each chunk.
+-- The next :chunk statuses after (:after_login, :after_message_id) of another rules version
+-- (every one with :every), along the messages' key with one probe of the status per message
+-- (LATERAL ... OFFSET 0): an ORDER BY ... LIMIT on the view would sort every status per chunk.
 SELECT m.login, m.message_id
 FROM dlr.messages AS m
 CROSS JOIN LATERAL (
@@ -19,16 +18,13 @@ ORDER BY m.login, m.message_id
 LIMIT :chunk
 
 -- name: count_stale_statuses
--- How many statuses a recompute examines (its progress' total): those of another version than
--- :rules_version (the rules and the options they read, P22) unless :every.
+-- How many statuses a recompute examines (its progress' total), as stale_statuses picks them.
 SELECT count(*) FROM dlr.message_status
 WHERE :every OR rules_version <> :rules_version
 
 -- name: statuses_before_recompute
--- The statuses of one login's messages as they are before the recompute, read after their
--- message rows are locked: every status write holds its message row's lock (the ingest, late
--- correlation, the recompute), so none changes under us.
--- LATERAL ... OFFSET 0: one probe of the view per message, whatever the statistics say.
+-- The statuses of one login's messages before the recompute, read under their message locks,
+-- which every status writer holds. LATERAL ... OFFSET 0: one probe of the view per message.
 SELECT s.message_id, s.status, s.is_final, s.reason, s.supporting_event_id, s.repeats,
        s.conflicts, s.progress_events, s.deadline_superseded, s.rules_version
 FROM unnest(:message_ids::text[]) AS k(message_id)
@@ -41,10 +37,8 @@ ORDER BY s.message_id
 
 -- name: record_recompute_audit
 -- The audit trail of every change the recompute is about to write (:audit: a jsonb array of
--- rows [message_id, old status, old is_final, old reason, old supporting event, old rules
--- version, new status, new is_final, new reason, new supporting event, why]), in its own
--- statement before write_recompute: the change log's trigger names a withdrawn status's why
--- and rules from it, and a statement's data-modifying parts run in no set order.
+-- rows, recompute._Chunk.run), in its own statement before write_recompute: the change log's
+-- trigger reads a withdrawn status's why from it, and a statement's parts run in no set order.
 INSERT INTO dlr.status_recomputations (
     login, message_id, old_status, old_is_final, old_reason, old_supporting_event_id,
     old_rules_version, new_status, new_is_final, new_reason, new_supporting_event_id,
@@ -54,8 +48,7 @@ SELECT :login, a.r->>0, a.r->>1, (a.r->>2)::boolean, a.r->>3, (a.r->>4)::bigint,
 FROM jsonb_array_elements(:audit::jsonb) AS a(r)
 
 -- name: write_recompute
--- The statuses computed again (:statuses) and those with no applicable receipt under the
--- current rules removed (:gone), after record_recompute_audit.
+-- The statuses computed again, and those with no applicable receipt any more removed (:gone).
 WITH
 -- include: upsert_statuses
 gone AS (
@@ -66,8 +59,7 @@ gone AS (
 SELECT 1
 
 -- name: mark_statuses_current
--- Statuses of another version that the current rules compute the same: only their version is
--- written (their updated_at and everything else stay; no change is written, P23).
+-- Statuses the current rules compute the same: only their version is written (no change, P23).
 WITH current_rows AS (
     UPDATE dlr.statuses AS s SET rules_version = :rules_version
     FROM dlr.messages AS m
@@ -77,11 +69,8 @@ WITH current_rows AS (
 SELECT count(*) FROM current_rows
 
 -- name: write_event_contents
--- P22: the events whose totals the current rules count otherwise (an option switched): the
--- deliveries accepted (first included), the conflicting ones, the contents accepted after the
--- first, the results accepted after the first and the contents that conflicted, as the live
--- path writes them (event_counters in sql/ingest.sql), in whichever table keeps each. None
--- accepted: NULL, not an empty array.
+-- P22: the events whose totals the current rules count otherwise (an option switched), as the
+-- live path writes them (event_counters in sql/ingest.sql); an empty list as NULL.
 WITH c AS (
     SELECT c.id, c.times_received, c.conflicts,
            nullif(string_to_array(c.updates, ' '), '{}') AS updates,
@@ -106,8 +95,8 @@ WITH c AS (
 SELECT 1
 
 -- name: conflicts_of_events
--- The conflict exceptions of the events recomputed (one probe of the event_id index each),
--- locked: opened and resolved by write_conflicts as the current rules plan them (P22).
+-- The conflict exceptions of the events recomputed, one probe of the event_id index each,
+-- locked for write_conflicts (P22).
 SELECT x.id, x.event_id, x.reception_id, x.resolved_at, x.resolution
 FROM unnest(:event_ids::bigint[]) AS k(event_id)
 CROSS JOIN LATERAL (
@@ -121,11 +110,10 @@ WHERE x.kind = 'conflict'
 ORDER BY x.id
 
 -- name: write_conflicts
--- P22: the conflicts the current rules plan that no exception holds yet, opened, and those
--- that other rules resolved as none (:reopened_ids), open again; the open ones they no longer
--- plan, resolved with :resolution. A content whose first conflicting delivery left with its
--- day still has that delivery's open exception: the one open conflict of a content (P14)
--- stays that one.
+-- P22: the conflicts the current rules plan, opened where no exception holds them, reopened
+-- where other rules resolved them as none; the open ones they do not plan, resolved. A content
+-- whose first conflicting delivery left with its day keeps that delivery's open exception (P14:
+-- one open conflict per content).
 WITH reopened AS (
     UPDATE dlr.exceptions SET resolved_at = NULL, resolution = NULL
     WHERE id = ANY(:reopened_ids::bigint[])

@@ -61,26 +61,14 @@ WHERE login = ANY(:logins::text[])
 ORDER BY login, level, id
 
 -- name: reception_rows
--- The receptions of those events, as dlr.receptions_readable shows them, each probed by its
--- day's key (event_id, id). The view's filled-in columns are written out here, as in
--- archived_receptions: a filter on them would reach no day's key.
-SELECT r.id, e.login, e.level,
-       coalesce(r.stat, e.stat) AS stat,
-       CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
-       r.submit_date_raw, r.submit_at,
-       CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
-       CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
-       r.delivery_count, r.received_at, r.outcome,
-       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags,
-       r.event_id, r.channel::text AS channel, r.peer,
-       (CASE r.channel
-            WHEN 'webhook' THEN dlr.callback_json(r.payload)
-            ELSE dlr.receipt_json(r.payload)
-        END)::text AS payload_json
-FROM dlr.reception_rows AS r
-LEFT JOIN dlr.events AS e ON e.id = r.event_id
-WHERE r.event_id = ANY(:event_ids::bigint[])
-ORDER BY r.received_at, r.id
+-- The receptions of those events as dlr.receptions_readable shows them, each event's probed by
+-- its day's key (event_id, id).
+SELECT id, login, level, stat, err, submit_date_raw, submit_at, done_date_raw, done_at,
+       delivery_count, received_at, outcome, flags, event_id, channel::text AS channel, peer,
+       payload_json::text AS payload_json
+FROM dlr.receptions_readable
+WHERE event_id = ANY(:event_ids::bigint[])
+ORDER BY received_at, id
 
 -- name: exception_rows_for_message
 -- The exceptions opened for the message id or for one of its events (P20).

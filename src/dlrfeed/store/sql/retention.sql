@@ -4,15 +4,13 @@
 
 -- name: set_lock_timeout
 -- DDL on a partition needs a moment of ACCESS EXCLUSIVE on its parent: wait at most
--- :lock_timeout for the ingest transactions in flight, so that the daemon's next batches queue
--- behind us only that long. Local to the transaction it guards (is_local true): through a
--- transaction pooler a session setting would stay on a server connection another client gets
--- next, or be missing from the one this transaction runs on.
+-- :lock_timeout, so the daemon's next batches queue behind us only that long. Local to the
+-- transaction: through a transaction pooler a session setting would stay on a server
+-- connection another client gets next.
 SELECT set_config('lock_timeout', :lock_timeout, true)
 
 -- name: create_reception_partitions
--- The partitions of dlr.receptions for every day before :through; returns
--- the names of the ones created.
+-- The partitions of dlr.receptions for every day before :through: the names of those created.
 SELECT dlr.create_reception_partitions(:through) AS name
 
 -- name: create_status_change_partitions
@@ -61,11 +59,9 @@ LIMIT 1
 DROP TABLE dlr_partitions.{partition}
 
 -- name: archived_receptions
--- A day of dlr.receptions as its archive holds it: the view's columns in their order, each
--- row with its event's key, and its parsed fields filled in from its event where the row
--- defers to it, so
--- that an archive loaded back reads as the rows did before the day was dropped, without the
--- events it came with.
+-- A day of dlr.receptions as its archive holds it: the view's columns, its parsed fields
+-- filled in from its event (as dlr.receptions_readable), so that an archive loaded back reads
+-- as the rows did, without the events.
 SELECT r.id, e.login, e.message_id, e.level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
@@ -83,9 +79,8 @@ FROM dlr_partitions.{partition} AS r
 LEFT JOIN dlr.events AS e ON e.id = r.event_id
 
 -- name: archived_status_changes
--- A day of the change log as its archive holds it: dlr.status_changes' columns in their order,
--- each reason its text and each message by its login and id, so that
--- an archive loaded back needs neither the dictionary nor the messages.
+-- A day of the change log as its archive holds it: dlr.status_changes' columns, so that an
+-- archive loaded back needs neither the reasons nor the messages.
 SELECT c.position, c.changed_at,
        coalesce(c.login, m.login) AS login,
        coalesce(c.message_id, m.message_id) AS message_id,
@@ -105,8 +100,8 @@ SELECT count(*) FROM dlr_partitions.{partition}
 SELECT EXISTS (SELECT 1 FROM dlr_partitions.{partition})
 
 -- name: start_forgetting
--- This transaction forgets: the statuses it deletes are not withdrawals, so
--- no change is written for them. Local to the transaction, as set_lock_timeout.
+-- This transaction forgets: the statuses it deletes are not withdrawals, so no change is
+-- written for them (local to the transaction, as set_lock_timeout).
 SELECT set_config('dlrfeed.forgetting', 'on', true)
 
 -- name: forgetting_position
@@ -136,20 +131,17 @@ ORDER BY id
 FOR UPDATE SKIP LOCKED
 
 -- name: forgetting_verdicts
--- For each locked message: its events (found as late correlation finds them: by the unique key
--- where the event's id is the message's, by the partial correlation index where not), whether
--- anything of it happened at or after :cutoff (it is recent: kept), and whether an open
--- exception refers to it or to one of its events (kept for the operator: the investigation
--- queue never loses what it still investigates), and whether a reception that names its key
--- by one of its events is still stored (kept, or that reception would lose
--- its login and message id), or an event kept under its row but correlated to another id. The
--- drops before have taken every day older than the retention,
--- so only a day not dropped can hold one (the default partition, whose rows wait for an
--- operator): pruned to the days before :cutoff, one probe of each one's key. And whether a
--- change of its status may still be stored (kept, or that change would lose
--- its login and message id): every change is written at or before its status's updated_at,
--- or, for a status withdrawn, at or before its withdrawal (found by the days' index of
--- withdrawals), and the change log holds nothing from before :changes_since.
+-- For each locked message: its events (found as late correlation finds them), and whether it
+-- is kept because
+-- - recent: anything of it happened at or after :cutoff;
+-- - investigated: an open exception refers to it or to one of its events;
+-- - evidence_kept: a reception naming its key by one of its events is still stored (it would
+--   lose its login and message id), or an event under its row is correlated to another id.
+--   The drops took every day older than the retention, so only a day not dropped (the default
+--   partition) can hold one: pruned to the days before :cutoff, one probe of each one's key;
+-- - changes_kept: a change of its status may still be stored. Every change is written at or
+--   before its status's updated_at or, for a withdrawn status, its withdrawal (by the days'
+--   index of withdrawals), and the log holds nothing from before :changes_since.
 SELECT m.id, m.login, m.message_id, e.ids AS event_ids,
        (m.recorded_at >= :cutoff OR coalesce(e.newest >= :cutoff, false)
         OR coalesce(s.updated_at >= :cutoff, false)) AS recent,
@@ -209,11 +201,9 @@ WHERE m.id = ANY(:ids::bigint[])
 ORDER BY m.id
 
 -- name: forget_closed_exceptions
--- The resolved exceptions that point at the events about to be forgotten (an `uncorrelated`
--- one that late correlation resolved, a conflict an operator closed): their investigation is
--- over and their subject leaves. Before the events, which their foreign key holds. Exceptions
--- that point at no event (an `unstorable` receipt's own bytes, a second record) stay. Returns
--- how many went.
+-- The resolved exceptions that point at the events about to be forgotten: their investigation
+-- is over and their subject leaves.
+-- Exceptions that point at no event (an `unstorable` receipt, a second record) stay.
 WITH closed_gone AS (
     DELETE FROM dlr.exceptions
     WHERE event_id = ANY(:event_ids::bigint[]) AND resolved_at IS NOT NULL
@@ -222,8 +212,8 @@ WITH closed_gone AS (
 SELECT count(*) FROM closed_gone
 
 -- name: forget_messages
--- Whole messages: their events (in whichever table keeps each), their statuses (no change
--- written: start_forgetting), their records. Returns how many of each went.
+-- Whole messages: their events, their statuses (no change written: start_forgetting), their
+-- records. Returns how many of each went.
 WITH events_gone AS (
     DELETE FROM dlr.event_rows WHERE id = ANY(:event_ids::bigint[]) RETURNING 1
 ), message_events_gone AS (

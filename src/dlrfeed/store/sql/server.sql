@@ -19,17 +19,15 @@ FROM pg_stat_replication
 SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on')
 
 -- name: plan_as_probes
--- The rest of this transaction (is_local) plans its statements as the index probes they are
--- written to be. Without JIT compilation: their cost estimates grow with the tables (a join
--- to partitioned dlr.receptions, whose parent has no statistics, is estimated with default
--- selectivities, far above the rows it reads); past jit_above_cost PostgreSQL compiles each
--- into machine code every time, which costs far more than the statement itself
--- (docs/postgresql.md). And with sequential scans priced out where an index can answer: a
--- table whose live rows stay few, such as dlr.event_rows where events are kept under their
--- messages (they move there as messages are recorded), looks cheaper to scan than to probe,
--- and once a burst of moves leaves dead rows in it, one scan per key costs far more than the
--- probes. Every statement of these transactions is a probe by key, so nothing is lost where a
--- table is large.
--- Transaction-scoped, so it holds behind a transaction pooler and leaves the session as it
--- was.
+-- The rest of this transaction (is_local: it holds behind a transaction pooler and leaves the
+-- session as it was) plans its statements as the index probes they are written to be.
+-- Without JIT: past jit_above_cost PostgreSQL compiles a statement into machine code every
+-- time it runs, which costs far more than these probes; their estimates grow with the day
+-- partitions a probe of the receptions spans, whose parent has no statistics
+-- (test_the_write_transactions_plan_without_jit_and_leave_the_session_as_it_was). With
+-- sequential scans priced out where an index answers: dlr.event_rows keeps few live rows (its
+-- events move under their messages as messages are recorded), so it looks cheaper to scan
+-- than to probe, and after a burst of moves one scan per key reads every dead row too
+-- (test_the_write_transactions_probe_a_table_of_few_rows_by_its_key). Every statement of
+-- these transactions is a probe by key, so nothing is lost where a table is large.
 SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true)

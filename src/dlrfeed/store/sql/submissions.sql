@@ -2,10 +2,9 @@
 -- arrived before their message was recorded, replayed through the planner.
 
 -- name: insert_messages
--- P5: the sending side; a message id already recorded is left as it was (idempotent; a
--- different record of it is compared by the caller, P12). Returns each new message with its
--- submission time (the planner checks reported times against it, P19) and its row's id (its
--- status is kept under it). The arrays are the columns of Submission.normalised, in its order.
+-- P5: a message id already recorded is left as it was (idempotent; the caller compares a
+-- different record of it, P12). Returns each new message's submission time (P19) and row id.
+-- The arrays are the columns of Submission.normalised, in its order.
 INSERT INTO dlr.messages (
     login, message_id, internal_id, destination, destination_raw, destination_is_e164, source,
     route, submitted_at, dlr_requested, dlr_level)
@@ -42,9 +41,8 @@ WHERE NOT EXISTS (
       AND x.evidence_key = n.evidence_key)
 
 -- fragment: correlated_from_other_ids
--- Whether events correlated to k.id from another own id (receipt_ids_hex) are stored: by the
--- partial correlation index of each table, as waiting_events reads them (its message by
--- primary key, OFFSET 0: as there).
+-- Whether events correlated to k.id from another own id (receipt_ids_hex) are stored, read as
+-- waiting_events reads them.
     SELECT 1 FROM dlr.event_rows AS e
     WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
     UNION ALL
@@ -55,15 +53,12 @@ WHERE NOT EXISTS (
 
 -- name: ids_with_waiting_events
 -- Late correlation's first cut: of the ids just recorded, those that may have events waiting.
--- An event waits for its message only if its first delivery found no message, and that
--- delivery opened an `uncorrelated` exception under the receipt's id in the same transaction
--- (P12; resolving it by hand leaves the row). So the small, hot exceptions queue answers for
--- nearly every id, where a probe of the events key (the largest random-keyed index of the
--- store) reads a random leaf per id recorded. Events whose correlation id differs from their
--- own id are found as waiting_receptions finds them, by the partial correlation index.
--- LATERAL ... LIMIT 1: one probe per id of each index, whatever the statistics say (as an
--- EXISTS, stale statistics of a young queue have the whole login's exceptions read into a hash
--- table on every call: test_growth_plans).
+-- An event waits for its message only if its first delivery opened an `uncorrelated` exception
+-- under the receipt's id (P12; resolving it by hand leaves the row), so the small, hot queue
+-- answers for nearly every id, where a probe of the events key (the store's largest
+-- random-keyed index) reads a random leaf per id. LATERAL ... LIMIT 1: one probe per id of each
+-- index (as an EXISTS, a young queue's stale statistics hash the whole login's exceptions on
+-- every call: test_growth_plans).
 SELECT k.id
 FROM unnest(:ids::text[]) AS k(id)
 CROSS JOIN LATERAL (
@@ -75,16 +70,13 @@ CROSS JOIN LATERAL (
 ) AS waiting
 
 -- fragment: waiting_events
--- The events of correlation id k.correlation_id, each table read by plain equality probes on
--- its index's leading columns: those whose own id it is under its message's row id (the
--- message row found by its key first; recording a message moves its events there,
--- dlr.move_events_to_messages); those correlated to it from another own id (receipt_ids_hex),
--- by each table's partial correlation index, with its message by primary key. The events
--- under a message row, and the message of each correlated event, in LATERAL ... OFFSET 0:
--- as joins, estimates that favour a hash (a young dlr.message_events, a generic plan made
--- while it was) read every event of the table into one per call
--- (test_sql_statements: test_late_correlation_probes_each_events_receptions_whatever_the_
--- estimates shows that plan without these fences).
+-- The events of correlation id k.correlation_id, by equality probes of an index's leading
+-- columns: its own under its message's row id (recording a message moves its events there);
+-- those correlated to it from another own id (receipt_ids_hex) by each table's partial
+-- correlation index. The events under a message row, and each correlated event's message, in
+-- LATERAL ... OFFSET 0: as joins, a young dlr.message_events' estimates favour a hash of every
+-- event of the table per call
+-- (test_late_correlation_probes_each_events_receptions_whatever_the_estimates).
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
@@ -118,29 +110,19 @@ CROSS JOIN LATERAL (
     WHERE e.correlation_id = k.correlation_id AND e.correlation_id <> m.message_id
 
 -- name: waiting_receptions
--- Late correlation and recompute: every delivery of the events of each correlation id in
--- :correlation_ids, in recorded arrival order (the reception id, P19), with what the planner
--- needs of it, each read from dlr.reception_rows by its day's primary key (event_id, id).
--- P10: the events are found per id by index probes (waiting_events) - those whose id is the
--- correlation id, under its message row or by the unique key; the others, by the partial
--- correlation index - each a plain equality on an index's leading columns. One OR of the two
--- would leave the planner a choice: a generic plan made while the events' tables are young
--- (statements prepared on an empty database) chooses a scan of the table per id, and keeps it
--- while a first drain grows the table faster than autovacuum analyzes it (the plan
--- test_growth_plans shows). An equality probe stays the cheapest plan at any table size and
--- any statistics. An event's correlation id is NULL where it is its own id.
--- The receptions of each event found are probed the same way, by their day's key (LATERAL ...
--- OFFSET 0): as a join, the estimates of a day partition growing faster than autovacuum
--- analyzes it, and of a young dlr.message_events, make a hash of the whole day's partition
--- look cheaper than probes, and a call reads every reception of the day (the plan
--- test_late_correlation_probes_each_events_receptions_whatever_the_estimates shows).
--- A reception with a NULL stat holds none of its parsed fields: they are its event's, read
--- from the event row already at hand.
+-- Late correlation and recompute: every delivery of the events of each of :correlation_ids,
+-- in recorded arrival order (the reception id, P19), with what the planner needs of it.
+-- P10: the events by waiting_events' equality probes. One OR of its branches would leave the
+-- planner a choice: a generic plan made while the tables are young chooses a scan per id, and
+-- keeps it while a first drain outgrows autovacuum (test_growth_plans). The receptions of each
+-- event by their day's key (event_id, id), LATERAL ... OFFSET 0: as a join, the estimates of a
+-- day partition growing faster than autovacuum analyzes it make a hash of the whole day look
+-- cheaper (test_late_correlation_probes_each_events_receptions_whatever_the_estimates).
+-- A reception with a NULL stat takes its parsed fields from its event.
 -- P21: an event whose first delivery's day was retired keeps that delivery's content; it comes
--- back as a row of its own (id NULL, received at the event's first time, the event's fields),
--- first of its correlation id: retention drops the oldest days, so a retired delivery arrived
--- before every delivery still kept. With each row its event's totals (deliveries accepted and
--- conflicting, contents accepted), which tell the caller what else retention took.
+-- back as a row of its own (id NULL, at the event's first time), first of its correlation id
+-- (retention drops the oldest days). With each row its event's totals, which tell the caller
+-- what else retention took.
 SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id, e.level,
        coalesce(r.stat, e.stat) AS stat,
        CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
@@ -174,14 +156,13 @@ CROSS JOIN LATERAL (
 ORDER BY e.correlation_id, r.id NULLS FIRST, e.id
 
 -- name: lock_open_uncorrelated
--- The open `uncorrelated` exceptions of the events correlated late, locked until they are
--- resolved by write_late_correlation, with the resolution of their event: one probe of the
--- event_id index per event, the kind and the resolution checked on the locked (newest) row.
--- LATERAL ... OFFSET 0: the lock alone keeps the subquery apart but lets the outer filter in,
--- and on a never-analyzed queue the partial index of open exceptions then wins: the whole
--- open queue read per event (4 s against 0.7 ms for 200 events in a queue of 200k). As one
--- UPDATE joined on the event id, a young queue's default estimates likewise read all of the
--- login's open ones into a hash table (test_growth_plans).
+-- The open `uncorrelated` exceptions of the events correlated late, locked until
+-- write_late_correlation resolves them: one probe of the event_id index per event, kind and
+-- resolution checked on the locked (newest) row. LATERAL ... OFFSET 0: the lock alone lets the
+-- outer filter in, and on a never-analyzed queue the partial index of open exceptions then
+-- wins: the whole open queue read per event (4 s against 0.7 ms for 200 events in a queue of
+-- 200k). As one UPDATE joined on the event id, a young queue's estimates likewise hash all of
+-- the login's open ones (test_growth_plans).
 SELECT o.id, r.resolution
 FROM unnest(:event_ids::bigint[], :resolutions::text[]) AS r(event_id, resolution)
 CROSS JOIN LATERAL (
@@ -194,10 +175,8 @@ CROSS JOIN LATERAL (
 WHERE o.kind = 'uncorrelated' AND o.resolved_at IS NULL
 
 -- name: write_late_correlation
--- The statuses the planner computed from the waiting deliveries, the uncorrelated exceptions
--- lock_open_uncorrelated locked resolved with their reason (by primary key), and the
--- exceptions the message layer raised on the way (joined to their reception by id). Returns
--- how many exceptions were resolved.
+-- The statuses computed from the waiting deliveries, the exceptions lock_open_uncorrelated
+-- locked resolved, and those the message layer raised on the way. Returns how many resolved.
 WITH
 -- include: upsert_statuses
 resolved AS (
@@ -218,14 +197,11 @@ SELECT count(*) FROM resolved
 
 -- name: commit_without_flush_wait
 -- A chunk of record_submissions that is not the call's last commits without waiting for its
--- WAL to be flushed (synchronous_commit off, this transaction only). The call's last chunk
--- commits with the session's setting, and waits for its own WAL to be flushed (and, with a
--- synchronous standby, replicated): WAL is written and flushed in order, so that wait covers
--- every earlier chunk too. A call of many chunks then waits for one flush, not one per chunk,
--- each behind the ingest's full-page images (docs/postgresql.md). No durable transaction can build
--- on a chunk lost in a crash (its WAL precedes theirs), and a call that did not return is run
--- again: recording is idempotent. Each chunk still holds at most 500 ids' locks. A chunk
--- that late-correlated receipts wrote status changes, which a consumer may read and act on
--- as soon as they are visible: it waits for its flush (P23: a change lost in a crash and
--- written again at another position would reach a billing consumer twice).
+-- WAL flush (this transaction only). The last chunk waits for its own flush (and a synchronous
+-- standby), and WAL is flushed in order, so that wait covers every earlier chunk: one flush per
+-- call, not one per chunk behind the ingest's full-page images (docs/postgresql.md). No durable
+-- transaction builds on a chunk lost in a crash (its WAL precedes theirs), and a call that did
+-- not return is run again: recording is idempotent. A chunk whose late correlation wrote
+-- status changes waits for its flush (P23: a change lost in a crash and written again at
+-- another position would reach a billing consumer twice).
 SELECT set_config('synchronous_commit', 'off', true)
