@@ -9,6 +9,7 @@ reader that keeps the last position it handled never misses a change nor sees on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -78,18 +79,10 @@ class StatusChange:
     def to_json(self) -> dict[str, Any]:
         """The change as a JSON-ready dict (the `dlrfeed changes --json` line, the relay's
         items): every field, `reason_only`, `changed_at` in ISO 8601."""
+        fields = dataclasses.asdict(self)
+        del fields["changed_at"]  # last, after reason_only
         return {
-            "position": self.position,
-            "login": self.login,
-            "message_id": self.message_id,
-            "status": self.status,
-            "is_final": self.is_final,
-            "reason": self.reason,
-            "previous_status": self.previous_status,
-            "previous_is_final": self.previous_is_final,
-            "previous_reason": self.previous_reason,
-            "supporting_event_id": self.supporting_event_id,
-            "rules_version": self.rules_version,
+            **fields,
             "reason_only": self.reason_only,
             "changed_at": self.changed_at.isoformat(),
         }

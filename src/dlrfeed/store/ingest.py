@@ -1,18 +1,6 @@
-"""The ingest transaction (`sql/ingest.sql`): one batch of one login's receipts, stored in the
-steps it runs, each a method of `_Batch` in this file in that order.
-
-1. `lock_messages` - P10: the messages the batch correlates to, locked in sorted order.
-2. `insert_events` - P14: the batch's new events inserted (repeats detected), the held statuses
-   of its messages read and its reception ids drawn, in one statement.
-3. `lock_stored_events` - the events the batch repeats, locked, with the contents they hold.
-4. `copy_receptions` - P6/P13: the planner decides each delivery a piece of the batch at a time
-   (`plan_piece`), and each piece's receptions (the evidence) go to the server by binary COPY
-   as soon as they are complete: it inserts them while the client plans the next piece.
-5. `write_outcome` - the exceptions the plan opened, the statuses it changed and the events'
-   counters, in one statement.
-
-Module functions on a connection the caller holds, inside its write transaction; `Store.ingest`
-acquires it, retries and bisects, and translates the driver's errors.
+"""The ingest transaction (`sql/ingest.sql`): one batch of one login's receipts, in the write
+transaction of the caller (`Store.ingest`, which retries, bisects and translates the driver's
+errors), stored in the steps `ingest_batch` runs, each a method of `_Batch` in that order.
 """
 
 from __future__ import annotations

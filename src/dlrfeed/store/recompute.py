@@ -1,8 +1,5 @@
-"""The recompute pass (`sql/recompute.sql`): stored statuses computed again under the current
-rules and options, every delivery of each message replayed through the planner (P8, P22).
-
-Module functions on a connection the caller holds; `Store.recompute` acquires it and
-translates the driver's errors.
+"""The recompute pass (`sql/recompute.sql`, for `Store.recompute`): stored statuses computed
+again under the current rules and options (P8, P22).
 """
 
 from __future__ import annotations
@@ -89,10 +86,11 @@ async def recompute(
         for key in keys:
             by_login.setdefault(key["login"], []).append(key["message_id"])
         for login, message_ids in by_login.items():
-            pass_ = _Chunk(conn, options, version, login)
             started = time.monotonic()
             async with write_transaction(conn):
-                changed, retired = await pass_.run(message_ids)
+                changed, retired = await _recompute_chunk(
+                    conn, options, version, login, message_ids
+                )
             if busy < 1.0:  # no transaction open meanwhile: nothing held back
                 await asyncio.sleep((time.monotonic() - started) * (1.0 / busy - 1.0))
             done = RecomputeResult(
@@ -106,84 +104,79 @@ async def recompute(
     return done
 
 
-@dataclass(slots=True)
-class _Chunk:
-    """One login's part of a chunk, recomputed in the caller's transaction."""
-
-    conn: Connection
-    options: IntegrationOptions
-    version: str
-    login: str
-
-    async def run(self, message_ids: list[str]) -> tuple[int, int]:
-        """Recompute the statuses of `message_ids` under their message locks: the number of
-        rows changed (each audited) and of rows left as they were (evidence retired)."""
-        conn, login = self.conn, self.login
-        correlated = await correlate(conn, login, sorted(message_ids))
-        submitted = correlated.submitted
-        before = {
-            r["message_id"]: r
-            for r in await STATUSES_BEFORE_RECOMPUTE.fetch(
-                conn, login=login, message_ids=message_ids
-            )
-        }
-        planner = Planner(self.options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
-        replayed = replay(
-            planner,
-            await WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=sorted(submitted)),
+async def _recompute_chunk(
+    conn: Connection,
+    options: IntegrationOptions,
+    version: str,
+    login: str,
+    message_ids: list[str],
+) -> tuple[int, int]:
+    """Recompute the statuses of `login`'s `message_ids` under their message locks, in the
+    caller's transaction: the number of rows changed (each audited) and of rows left as they
+    were (evidence retired)."""
+    correlated = await correlate(conn, login, sorted(message_ids))
+    submitted = correlated.submitted
+    before = {
+        r["message_id"]: r
+        for r in await STATUSES_BEFORE_RECOMPUTE.fetch(conn, login=login, message_ids=message_ids)
+    }
+    planner = Planner(options, {}, dict.fromkeys(submitted, EMPTY_STATE), submitted)
+    replayed = replay(
+        planner,
+        await WAITING_RECEPTIONS.fetch(conn, login=login, correlation_ids=sorted(submitted)),
+    )
+    # P21: a status whose deliveries retention took beyond what its events keep is left
+    # as it is (its version too: it was not computed under this one).
+    kept = replayed.retired_messages() & before.keys()
+    audit: list[list[Any]] = []
+    gone: list[str] = []
+    current: list[str] = []
+    for message_id, old in sorted(before.items()):
+        if message_id in kept:
+            continue
+        state = planner.messages.get(message_id, EMPTY_STATE)
+        why = status_change(dict(old), state)
+        if state.basis is None:
+            gone.append(message_id)
+        if why is None:
+            if old["rules_version"] != version:
+                current.append(message_id)
+            continue
+        basis = state.basis
+        audit.append(
+            [
+                message_id,
+                old["status"],
+                old["is_final"],
+                old["reason"],
+                old["supporting_event_id"],
+                old["rules_version"],
+                None if basis is None else basis.status,
+                None if basis is None else is_final(state),
+                None if basis is None else explain(state),
+                None if basis is None else basis.event_id,
+                f"recomputed under {version} (was {old['rules_version']}): {why}",
+            ]
         )
-        # P21: a status whose deliveries retention took beyond what its events keep is left
-        # as it is (its version too: it was not computed under this one).
-        kept = replayed.retired_messages() & before.keys()
-        audit: list[list[Any]] = []
-        gone: list[str] = []
-        current: list[str] = []
-        for message_id, old in sorted(before.items()):
-            if message_id in kept:
-                continue
-            state = planner.messages.get(message_id, EMPTY_STATE)
-            why = status_change(dict(old), state)
-            if state.basis is None:
-                gone.append(message_id)
-            if why is None:
-                if old["rules_version"] != self.version:
-                    current.append(message_id)
-                continue
-            basis = state.basis
-            audit.append(
-                [
-                    message_id,
-                    old["status"],
-                    old["is_final"],
-                    old["reason"],
-                    old["supporting_event_id"],
-                    old["rules_version"],
-                    None if basis is None else basis.status,
-                    None if basis is None else is_final(state),
-                    None if basis is None else explain(state),
-                    None if basis is None else basis.event_id,
-                    f"recomputed under {self.version} (was {old['rules_version']}): {why}",
-                ]
-            )
-        if audit:  # most chunks of a recompute change nothing: no round trip for them
-            await RECORD_RECOMPUTE_AUDIT.execute(
-                conn, login=login, rules_version=self.version, audit=dumps(audit)
-            )
-        changed = {a[0] for a in audit}
-        if changed or gone:
-            await WRITE_RECOMPUTE.execute(
-                conn,
-                login=login,
-                rules_version=self.version,
-                statuses=status_json(
-                    {m: s for m, s in planner.messages.items() if m in changed}, correlated.refs
-                ),
-                gone=gone,
-            )
-        if current:
-            await MARK_STATUSES_CURRENT.fetchval(
-                conn, login=login, message_ids=current, rules_version=self.version
-            )
-        recomputed = {m for m in before if m not in kept}
-        await write_as_replayed(conn, login, self.version, planner, replayed, recomputed)
-        return len(audit), len(kept)
+    if audit:  # most chunks of a recompute change nothing: no round trip for them
+        await RECORD_RECOMPUTE_AUDIT.execute(
+            conn, login=login, rules_version=version, audit=dumps(audit)
+        )
+    changed = {a[0] for a in audit}
+    if changed or gone:
+        await WRITE_RECOMPUTE.execute(
+            conn,
+            login=login,
+            rules_version=version,
+            statuses=status_json(
+                {m: s for m, s in planner.messages.items() if m in changed}, correlated.refs
+            ),
+            gone=gone,
+        )
+    if current:
+        await MARK_STATUSES_CURRENT.fetchval(
+            conn, login=login, message_ids=current, rules_version=version
+        )
+    recomputed = {m for m in before if m not in kept}
+    await write_as_replayed(conn, login, version, planner, replayed, recomputed)
+    return len(audit), len(kept)

@@ -1,8 +1,6 @@
-"""The sending side (`sql/submissions.sql`): recording sent messages (P5), the late
-correlation of the receipts that were waiting for them (P19), and second records (P12).
-
-Module functions on a connection the caller holds; `Store.record_submissions` acquires it and
-translates the driver's errors.
+"""The sending side (`sql/submissions.sql`, for `Store.record_submissions`): recording sent
+messages (P5), the late correlation of the receipts that were waiting for them (P19), and
+second records (P12).
 """
 
 from __future__ import annotations

@@ -42,7 +42,6 @@ _EVENT_TOTALS = query("stats_event_totals")
 _OPEN_EXCEPTIONS = query("stats_open_exceptions")
 _LATENCY = query("stats_latency")
 _VERIFICATIONS = query("verification_rows")
-_VERIFICATION_LOGINS = query("verification_logins")
 
 
 async def connect(dsn: str, pooler: Pooler = Pooler.AUTO) -> asyncpg.Connection:
@@ -101,8 +100,6 @@ async def _message_reports(
     conn: asyncpg.Connection, message_id: str, login: str | None
 ) -> list[JsonDict]:
     logins = [login] if login is not None else [r[0] for r in await _LOGINS.fetch(conn)]
-    if login is None:
-        logins = sorted({*logins, *(r[0] for r in await _VERIFICATION_LOGINS.fetch(conn))})
     messages = {
         r["login"]: _row(r)
         for r in await _MESSAGES.fetch(conn, logins=logins, message_id=message_id)

@@ -1,17 +1,10 @@
 """What the PostgreSQL server behind a `--database-url` is: a pooler or not, writable or not,
-and whether a commit waits for a synchronous standby.
+and whether a commit waits for a synchronous standby (each check at start one line, exit 78).
 
-The store's statements need no session of their own (transaction-scoped advisory locks only, no
-SET, LISTEN, cursors or temporary tables; COPY runs inside the ingest transaction), so the one
-thing a transaction pooler such as PgBouncer breaks is asyncpg's cache of *named* prepared
-statements: a later transaction may run on another server connection that never saw the
-statement. Behind a pooler the cache is off and every statement is an unnamed one, parsed, bound
-and executed before the Sync that lets the pooler switch connections.
-
-The checks at start are one line each (ConfigError, exit 78): a read-only server is a standby
-or a server in read-only mode, not an outage to retry; `--require-synchronous-commit` refuses a
-primary whose commits do not wait for a synchronous standby (an ack would then precede what a
-failover keeps, F8).
+The store's statements need no session of their own (transaction-scoped locks and settings
+only; COPY runs inside the ingest transaction), so the one thing a transaction pooler such as
+PgBouncer breaks is asyncpg's cache of *named* prepared statements: a later transaction may run
+on a server connection that never saw the statement. Behind a pooler the cache is off.
 """
 
 from __future__ import annotations

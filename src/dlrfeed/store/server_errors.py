@@ -67,9 +67,8 @@ _CLIENT_BAD_DATA: tuple[type[BaseException], ...] = (
     UnicodeError,
     OverflowError,
 )
-# The statements name a table, column or function the database no longer has, or write a
-# table that has become a view (dlr.message_status, dlr.receptions: a COPY cannot fill one,
-# "wrong object type").
+# The statements name a table, column or function the database does not have, or write a
+# relation that is not a table ("wrong object type", "cannot change view").
 _SCHEMA_CHANGED_STATES = frozenset({"42P01", "42703", "42883", "42809", "0A000", "55000"})
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,

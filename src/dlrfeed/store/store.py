@@ -105,11 +105,11 @@ class Store:
         *,
         through_pooler: bool = False,
         server: ServerFacts | None = None,
-        dsn: str | None = None,
+        dsn: str,
     ) -> None:
         self._pool = pool
         self._dsn = dsn
-        """Where `quality` opens a connection of its own (None: it takes one of the pool)."""
+        """Where `quality` opens a connection of its own."""
         self.options = options
         self.through_pooler = through_pooler
         """Whether the pool does without named prepared statements (a transaction pooler)."""
@@ -336,9 +336,6 @@ class Store:
         ingest's. StoreUnavailableError when the server does not answer or refuses it for now.
         """
         with refusing("the quality report"):
-            if self._dsn is None:
-                async with self._pool.acquire() as pooled:
-                    return await quality_reads.quality(pooled, by, window)
             conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
                 self._dsn, timeout=_CONNECT_TIMEOUT_S, **connect_options(self.through_pooler)
             )

@@ -60,11 +60,9 @@ COMMENT ON TABLE dlr.messages IS
 CREATE INDEX messages_sent_at_idx ON dlr.messages (coalesce(submitted_at, recorded_at));
 
 -------------------------------------------------------------------------------------------
--- Events: one row per logical event, a key (login, message id, level) of the feed (P14).
--- An event whose own id names a recorded message lives under that message's row id
--- (message_events); one that arrived before its message waits in event_rows, keyed by
--- login and gateway id, until recording the message moves it (dlr.move_events_to_messages).
--- A key is in one table only; the view dlr.events shows both.
+-- Events: one row per logical event, a key (login, message id, level) of the feed (P14),
+-- in one table only: under its message's row id, or waiting for its message in event_rows
+-- until recording the message moves it (dlr.move_events_to_messages).
 -------------------------------------------------------------------------------------------
 
 CREATE TABLE dlr.event_rows (
@@ -175,10 +173,8 @@ COMMENT ON COLUMN dlr.statuses.change_epoch IS
     'at least the epoch of this message''s latest status change (its position div 10^19): raised by a trigger on every write of the row, whatever the writer sets';
 
 -------------------------------------------------------------------------------------------
--- Receptions: every delivery received from the feed or a callback, repeats included (P6,
--- P13); append-only, one partition per UTC day of received_at. A reception names its login,
--- message id and level through its event (event_id); its parsed content (stat … fingerprint)
--- is NULL where it is its event's, which dlr.receptions_readable fills in.
+-- Receptions: every delivery received, repeats included (P6, P13); append-only, one partition
+-- per UTC day of received_at. Its login, message id and level are its event's (event_id).
 -------------------------------------------------------------------------------------------
 
 CREATE TYPE dlr.reception_channel AS ENUM ('feed', 'webhook');
@@ -415,10 +411,6 @@ BEGIN
     value := mod(value, 18446744073709551616);
 END;
 $$;
-
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
 COMMENT ON FUNCTION dlr.wire_varint(bytea, integer) IS
     'one protobuf varint of payload at byte pos: its value and the byte after it (for dlr.receipt_json)';
 

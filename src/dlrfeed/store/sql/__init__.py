@@ -1,24 +1,18 @@
 """Every SQL statement of dlrfeed, as named blocks of the `.sql` files beside this module.
 
-Each file holds blocks that start with a `-- name: <name>` line, followed by comment lines that
-say why the statement is written as it is, then the statement (procrastinate's `queries.sql`
-layout). Statements use named parameters (`:login`, `:message_ids`), turned once, at import,
-into asyncpg's positional `$1 … $n` in order of first appearance; a call binds by name
-(`query.bind(login=…)`, or `await query.fetch(conn, login=…)`), and a missing or an unknown
-name raises ParameterError before anything reaches the server, so no argument can land in the
-wrong position by miscounting. PostgreSQL's `::type` casts, string literals, quoted identifiers
-and comments are never taken for parameters (an array slice is written `a[1 : n]`, spaced).
+A block is a `-- name: <name>` line, comment lines that say why the statement is written as it
+is, then the statement (procrastinate's `queries.sql` layout). Named parameters (`:login`) are
+turned at import into asyncpg's `$1 … $n`; a call binds by name (`await query.fetch(conn,
+login=…)`), and a missing or unknown name raises ParameterError before anything reaches the
+server. Casts, literals, quoted identifiers and comments are never taken for parameters (an
+array slice is written `a[1 : n]`, spaced).
 
-Two things cannot be bind parameters in PostgreSQL, and are handled here without templating
-values into SQL:
-- a fragment shared word for word by several statements (the status upsert) is a
-  `-- fragment: <name>` block, spliced at load time where a statement has a line
-  `-- include: <name>` (composition of fixed text, never of values; a fragment may include
-  another);
-- a table name that is only known at run time (a day partition) is written `{partition}` and
-  filled by `query.naming(partition=…)`, which quotes it as an identifier.
-Every name is unique across all files (a duplicate refuses to load), and every statement is
-PREPAREd against a migrated database by the integration tests.
+What cannot be a bind parameter is composed without templating values into SQL: a fragment
+shared word for word by several statements is a `-- fragment: <name>` block, spliced where a
+statement has a line `-- include: <name>` (a fragment may include another); a table known
+only at run time (a day partition) is written `{partition}` and filled by
+`query.naming(partition=…)`, quoted as an identifier. Every statement is PREPAREd against a
+migrated database by the integration tests.
 """
 
 from __future__ import annotations

@@ -4,30 +4,26 @@
 -- tables are keyed by login first.
 
 -- name: logins
--- Every login with anything stored, for `show` without --login: a loose index scan (one probe
--- per login) of each table's (login, ...) index, so it costs the number of logins, not rows.
-WITH RECURSIVE
-event_logins(login) AS (
-    SELECT min(login) FROM dlr.events
+-- Every login with anything stored, for `show` without --login: a loose index scan, each step
+-- one probe of each table's (login, ...) index for the next login, so it costs the number of
+-- logins, not rows.
+WITH RECURSIVE logins(login) AS (
+    SELECT min(f.login) FROM (
+        SELECT min(login) FROM dlr.events UNION ALL SELECT min(login) FROM dlr.messages
+        UNION ALL SELECT min(login) FROM dlr.exceptions
+        UNION ALL SELECT min(login) FROM dlr.verifications
+    ) AS f(login)
     UNION ALL
-    SELECT (SELECT min(x.login) FROM dlr.events AS x WHERE x.login > l.login)
-    FROM event_logins AS l WHERE l.login IS NOT NULL
-),
-message_logins(login) AS (
-    SELECT min(login) FROM dlr.messages
-    UNION ALL
-    SELECT (SELECT min(x.login) FROM dlr.messages AS x WHERE x.login > l.login)
-    FROM message_logins AS l WHERE l.login IS NOT NULL
-),
-exception_logins(login) AS (
-    SELECT min(login) FROM dlr.exceptions
-    UNION ALL
-    SELECT (SELECT min(x.login) FROM dlr.exceptions AS x WHERE x.login > l.login)
-    FROM exception_logins AS l WHERE l.login IS NOT NULL
+    SELECT (SELECT min(n.login) FROM (
+                SELECT min(x.login) FROM dlr.events AS x WHERE x.login > l.login
+                UNION ALL SELECT min(x.login) FROM dlr.messages AS x WHERE x.login > l.login
+                UNION ALL SELECT min(x.login) FROM dlr.exceptions AS x WHERE x.login > l.login
+                UNION ALL
+                SELECT min(x.login) FROM dlr.verifications AS x WHERE x.login > l.login
+            ) AS n(login))
+    FROM logins AS l WHERE l.login IS NOT NULL
 )
-SELECT login FROM event_logins WHERE login IS NOT NULL
-UNION SELECT login FROM message_logins WHERE login IS NOT NULL
-UNION SELECT login FROM exception_logins WHERE login IS NOT NULL
+SELECT login FROM logins WHERE login IS NOT NULL
 
 -- name: message_rows
 -- The sent message as the sender recorded it (P5), under each login that has it.

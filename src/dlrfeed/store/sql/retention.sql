@@ -168,18 +168,12 @@ FROM dlr.messages AS m
 CROSS JOIN LATERAL (
     SELECT coalesce(array_agg(k.id), '{}') AS ids, max(k.last_received_at) AS newest
     FROM (
-        -- Each table by probes of its own keys: under the message's row id,
+        -- Each table by probes of its own keys: its own under the message's row id (recording
+        -- a message moves them there), the others by the partial correlation indexes.
         SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
         FROM dlr.message_events AS e
         WHERE e.message_ref = m.id AND e.correlation_id IS NULL
         UNION ALL
-        -- by login and id,
-        SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
-        FROM dlr.event_rows AS e
-        WHERE e.login = m.login AND e.message_id = m.message_id
-          AND coalesce(e.correlation_id, e.message_id) = m.message_id  -- NULL: its own
-        UNION ALL
-        -- and by the partial correlation indexes.
         SELECT e.id, coalesce(e.last_received_at, e.first_received_at) AS last_received_at
         FROM dlr.event_rows AS e
         WHERE e.login = m.login AND e.correlation_id = m.message_id

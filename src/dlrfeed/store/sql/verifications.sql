@@ -28,14 +28,3 @@ SELECT login, kind, verified_at, source, recorded_at
 FROM dlr.verifications
 WHERE login = ANY(:logins::text[]) AND message_id = :message_id
 ORDER BY login, verified_at, kind
-
--- name: verification_logins
--- `show` without --login: the logins with verifications, by a loose index scan of the table's
--- key (one probe per login), beside the logins of the other tables (reports.sql, logins).
-WITH RECURSIVE verification_logins(login) AS (
-    SELECT min(login) FROM dlr.verifications
-    UNION ALL
-    SELECT (SELECT min(x.login) FROM dlr.verifications AS x WHERE x.login > l.login)
-    FROM verification_logins AS l WHERE l.login IS NOT NULL
-)
-SELECT login FROM verification_logins WHERE login IS NOT NULL
