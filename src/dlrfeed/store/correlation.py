@@ -36,7 +36,7 @@ class Correlated(NamedTuple):
 def ids_to_lock(events: Iterable[LogicalEvent]) -> list[str]:
     """The ids whose messages a batch locks, sorted: each event's correlation id and its own id
     (the same but with receipt_ids_hex), whose message decides the table the event is kept in
-    (sql/ingest.sql, insert_events)."""
+    (sql/ingest.sql, insert_events_read_statuses)."""
     return sorted({e.correlation_id for e in events} | {e.message_id for e in events})
 
 

@@ -27,14 +27,26 @@ ORDER BY k.position
 SELECT count(pg_advisory_xact_lock(6581362, hashtext(:login || chr(31) || k)))
 FROM (SELECT k FROM unnest(:ids::text[]) AS k ORDER BY k) AS sorted
 
--- fragment: insert_events
--- P14: the batch's new events, as WITH items ending with `new`. :events is a JSON array of
--- rows, each an array of an event's fields (ingest.first_events), named and typed once here
--- (`keyed`). An event whose own id names a recorded message (:own_ids, its row id in
--- :own_refs) goes into dlr.message_events under that row's id, every other one into
--- dlr.event_rows; recording a message moves its events (dlr.move_events_to_messages), so a key
--- is in one table only and each insert detects its repeats by that table's key. The ids are
--- drawn first, in :events order, so that event ids follow arrival whichever table keeps each.
+-- name: insert_events_read_statuses
+-- One round trip after the message locks, three parts, told apart by `part`:
+-- - 'event': P14, insert-or-detect of the batch's keys, (id, message_id, level, by_message) per
+--   new event. :events is a JSON array of rows, each an array of an event's fields
+--   (ingest.first_events), named and typed once (`keyed`): one JSON parameter instead of
+--   eleven arrays, because the driver's per-element array encoding costs more than the
+--   server's JSON parse (bench_store). An event whose own id names a recorded message
+--   (:own_ids, its row id in :own_refs) goes into dlr.message_events under that row's id, every
+--   other one into dlr.event_rows; recording a message moves its events
+--   (dlr.move_events_to_messages), so a key is in one table only and each insert detects its
+--   repeats by that table's key. The ids are drawn first, in :events order, so that event ids
+--   follow arrival whichever table keeps each.
+-- - 'held': the planner's state of each correlated message in :correlated (row ids in
+--   :correlated_refs), from its status row, and for a message with no status yet the
+--   repeat/conflict counts of its earlier, unapplied events. The statement's snapshot is taken
+--   after the locks were granted, so every status committed under them is seen; the events
+--   this statement inserts are not (the counts are of earlier events, as intended).
+-- - 'ids': the id blocks of the batch's receptions (ingest.RECEPTION_ID_BLOCK ids each), drawn
+--   under the locks so that reception ids follow each id's arrival order (P19).
+WITH
 keyed AS (
     SELECT nextval('dlr.events_id_seq') AS id, k.*
     FROM (
@@ -78,21 +90,6 @@ new AS (
     FROM keyed AS u
     WHERE u.id IN (SELECT id FROM new_by_message UNION ALL SELECT id FROM new_rows)
 )
-
--- name: insert_events_read_statuses
--- One round trip after the message locks, three parts, told apart by `part`:
--- - 'event': P14, insert-or-detect of the batch's keys: (id, message_id, level, by_message)
---   per new event. One JSON parameter instead of eleven arrays: the driver's per-element array
---   encoding costs more than the server's JSON parse (bench_store).
--- - 'held': the planner's state of each correlated message in :correlated (row ids in
---   :correlated_refs), from its status row, and for a message with no status yet the
---   repeat/conflict counts of its earlier, unapplied events. The statement's snapshot is taken
---   after the locks were granted, so every status committed under them is seen; the events
---   this statement inserts are not (the counts are of earlier events, as intended).
--- - 'ids': the id blocks of the batch's receptions (ingest.RECEPTION_ID_BLOCK ids each), drawn
---   under the locks so that reception ids follow each id's arrival order (P19).
-WITH
--- include: insert_events
 SELECT 'event' AS part, n.id, n.message_id, n.level, n.by_message,
        NULL::text AS status, NULL::bigint AS supporting_event_id, NULL::int AS repeats,
        NULL::int AS conflicts, NULL::int AS progress_events,
@@ -152,8 +149,8 @@ FROM generate_series(1, :id_blocks::int)
 -- Keys already stored, locked (their counters are updated at the end of the transaction; every
 -- writer of a key holds its message's lock first, so the lock order cannot make a cycle), with
 -- the contents they hold (P14) and the first content's parsed fields, which a reception of the
--- same content leaves to its event. Each key from the table insert_events puts it in: under
--- its message's row id (:refs), or by key in dlr.event_rows where :refs is NULL.
+-- same content leaves to its event. Each key from the table insert_events_read_statuses puts
+-- it in: under its message's row id (:refs), or by key in dlr.event_rows where :refs is NULL.
 WITH k AS (
     SELECT k.message_id, k.level, k.ref
     FROM unnest(:message_ids::text[], :levels::bigint[], :refs::bigint[])
@@ -226,7 +223,7 @@ st AS (
 ),
 
 -- fragment: event_counters
--- What count_deliveries sets on an event (e) from its line (c) of the batch's counters, one
+-- What write_batch sets on an event (e) from its line (c) of the batch's counters, one
 -- text for both event tables. conflicting_receptions counts each conflicting content once, its
 -- redeliveries being repeats (P14, C1) counted in times_received. c.updates, c.results and
 -- c.conflicting are joined by spaces; an array stays as it is (NULL stays NULL) while nothing
@@ -252,25 +249,12 @@ st AS (
                 :event_conflicting::text[])
          AS c(id, accepted, conflicts, received_at, updates, by_message, results, conflicting)
 
--- fragment: count_deliveries
--- The events' counters and accepted contents, as WITH items of write_batch, each event probed
--- in the table that holds it only (:event_by_message, as insert_events and
--- lock_existing_events found it).
-ev_rows AS (
-    UPDATE dlr.event_rows AS e SET
--- include: event_counters
-    WHERE e.id = c.id AND NOT c.by_message
-),
-ev_by_message AS (
-    UPDATE dlr.message_events AS e SET
--- include: event_counters
-    WHERE e.id = c.id AND c.by_message
-)
-
 -- name: write_batch
 -- Everything of the batch but the receptions (copied in by binary COPY, P6/P13): the
 -- exceptions, each joined to its reception by batch position p (1-based) within the
--- :id_blocks drawn by insert_events_read_statuses; the new statuses; the events' counters.
+-- :id_blocks drawn by insert_events_read_statuses; the new statuses; the events' counters,
+-- each event probed in the table that holds it only (:event_by_message, as
+-- insert_events_read_statuses and lock_existing_events found it).
 WITH exc AS (
     INSERT INTO dlr.exceptions (kind, login, message_id, details, event_id, reception_id)
     SELECT x.kind, :login, x.message_id, x.details::jsonb, x.event_id,
@@ -285,7 +269,16 @@ WITH exc AS (
     ON CONFLICT DO NOTHING
 ),
 -- include: upsert_statuses
--- include: count_deliveries
+ev_rows AS (
+    UPDATE dlr.event_rows AS e SET
+-- include: event_counters
+    WHERE e.id = c.id AND NOT c.by_message
+),
+ev_by_message AS (
+    UPDATE dlr.message_events AS e SET
+-- include: event_counters
+    WHERE e.id = c.id AND c.by_message
+)
 SELECT 1
 
 -- name: open_unstorable

@@ -37,8 +37,9 @@ ORDER BY s.message_id
 
 -- name: record_recompute_audit
 -- The audit trail of every change the recompute is about to write (:audit: a jsonb array of
--- rows, recompute._Chunk.run), in its own statement before write_recompute: the change log's
--- trigger reads a withdrawn status's why from it, and a statement's parts run in no set order.
+-- rows, recompute._recompute_chunk), in its own statement before write_recompute: the change
+-- log's trigger reads a withdrawn status's why from it, and a statement's parts run in no set
+-- order.
 INSERT INTO dlr.status_recomputations (
     login, message_id, old_status, old_is_final, old_reason, old_supporting_event_id,
     old_rules_version, new_status, new_is_final, new_reason, new_supporting_event_id,

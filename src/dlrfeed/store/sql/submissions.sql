@@ -40,17 +40,6 @@ WHERE NOT EXISTS (
     WHERE x.login = :login AND x.message_id = n.message_id AND x.kind = 'second_record'
       AND x.evidence_key = n.evidence_key)
 
--- fragment: correlated_from_other_ids
--- Whether events correlated to k.id from another own id (receipt_ids_hex) are stored, read as
--- waiting_events reads them.
-    SELECT 1 FROM dlr.event_rows AS e
-    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
-    UNION ALL
-    SELECT 1 FROM dlr.message_events AS e
-    CROSS JOIN LATERAL (SELECT m.message_id FROM dlr.messages AS m
-                        WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
-    WHERE e.correlation_id = k.id AND e.correlation_id <> m.message_id
-
 -- name: ids_with_waiting_events
 -- Late correlation's first cut: of the ids just recorded, those that may have events waiting.
 -- An event waits for its message only if its first delivery opened an `uncorrelated` exception
@@ -58,25 +47,55 @@ WHERE NOT EXISTS (
 -- answers for nearly every id, where a probe of the events key (the store's largest
 -- random-keyed index) reads a random leaf per id. LATERAL ... LIMIT 1: one probe per id of each
 -- index (as an EXISTS, a young queue's stale statistics hash the whole login's exceptions on
--- every call: test_growth_plans).
+-- every call: test_growth_plans). Events correlated to k.id from another own id
+-- (receipt_ids_hex) are found as waiting_receptions finds them.
 SELECT k.id
 FROM unnest(:ids::text[]) AS k(id)
 CROSS JOIN LATERAL (
     SELECT 1 FROM dlr.exceptions AS x
     WHERE x.login = :login AND x.message_id = k.id AND x.kind = 'uncorrelated'
     UNION ALL
--- include: correlated_from_other_ids
+    SELECT 1 FROM dlr.event_rows AS e
+    WHERE e.login = :login AND e.correlation_id = k.id AND e.correlation_id <> e.message_id
+    UNION ALL
+    SELECT 1 FROM dlr.message_events AS e
+    CROSS JOIN LATERAL (SELECT m.message_id FROM dlr.messages AS m
+                        WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
+    WHERE e.correlation_id = k.id AND e.correlation_id <> m.message_id
     LIMIT 1
 ) AS waiting
 
--- fragment: waiting_events
--- The events of correlation id k.correlation_id, by equality probes of an index's leading
--- columns: its own under its message's row id (recording a message moves its events there);
--- those correlated to it from another own id (receipt_ids_hex) by each table's partial
--- correlation index. The events under a message row, and each correlated event's message, in
--- LATERAL ... OFFSET 0: as joins, a young dlr.message_events' estimates favour a hash of every
--- event of the table per call
+-- name: waiting_receptions
+-- Late correlation and recompute: every delivery of the events of each of :correlation_ids,
+-- in recorded arrival order (the reception id, P19), with what the planner needs of it.
+-- P10: the events of each id (e) by equality probes of an index's leading columns: its own
+-- under its message's row id (recording a message moves its events there); those correlated
+-- to it from another own id (receipt_ids_hex) by each table's partial correlation index. One
+-- OR of the branches would leave the planner a choice: a generic plan made while the tables
+-- are young chooses a scan per id, and keeps it while a first drain outgrows autovacuum
+-- (test_growth_plans). The events under a message row, each correlated event's message, and
+-- each event's receptions by their day's key (event_id, id), in LATERAL ... OFFSET 0: as
+-- joins, the estimates of a young dlr.message_events, or of a day partition growing faster
+-- than autovacuum analyzes it, favour a hash of the whole table or day per call
 -- (test_late_correlation_probes_each_events_receptions_whatever_the_estimates).
+-- A reception with a NULL stat takes its parsed fields from its event.
+-- P21: an event whose first delivery's day was retired keeps that delivery's content; it comes
+-- back as a row of its own (id NULL, at the event's first time), first of its correlation id
+-- (retention drops the oldest days). With each row its event's totals, which tell the caller
+-- what else retention took.
+SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id, e.level,
+       coalesce(r.stat, e.stat) AS stat,
+       CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
+       CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
+       CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
+       r.received_at,
+       CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
+       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags,
+       e.times_received, e.conflicting_receptions, coalesce(e.updates, '{}') AS updates,
+       coalesce(e.later_results, '{}') AS later_results,
+       coalesce(e.conflicting_contents, '{}') AS conflicting_contents
+FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
+CROSS JOIN LATERAL (
     SELECT e.id, m.message_id, e.level, k.correlation_id, e.stat, e.err, e.done_date_raw,
            e.done_at, e.fingerprint, e.flags,
            e.first_received_at, e.times_received, e.conflicting_receptions, e.updates,
@@ -108,35 +127,6 @@ CROSS JOIN LATERAL (
     CROSS JOIN LATERAL (SELECT m.message_id FROM dlr.messages AS m
                         WHERE m.id = e.message_ref AND m.login = :login OFFSET 0) AS m
     WHERE e.correlation_id = k.correlation_id AND e.correlation_id <> m.message_id
-
--- name: waiting_receptions
--- Late correlation and recompute: every delivery of the events of each of :correlation_ids,
--- in recorded arrival order (the reception id, P19), with what the planner needs of it.
--- P10: the events by waiting_events' equality probes. One OR of its branches would leave the
--- planner a choice: a generic plan made while the tables are young chooses a scan per id, and
--- keeps it while a first drain outgrows autovacuum (test_growth_plans). The receptions of each
--- event by their day's key (event_id, id), LATERAL ... OFFSET 0: as a join, the estimates of a
--- day partition growing faster than autovacuum analyzes it make a hash of the whole day look
--- cheaper (test_late_correlation_probes_each_events_receptions_whatever_the_estimates).
--- A reception with a NULL stat takes its parsed fields from its event.
--- P21: an event whose first delivery's day was retired keeps that delivery's content; it comes
--- back as a row of its own (id NULL, at the event's first time), first of its correlation id
--- (retention drops the oldest days). With each row its event's totals, which tell the caller
--- what else retention took.
-SELECT r.id, e.id AS event_id, e.message_id, e.correlation_id, e.level,
-       coalesce(r.stat, e.stat) AS stat,
-       CASE WHEN r.stat IS NULL THEN e.err ELSE r.err END AS err,
-       CASE WHEN r.stat IS NULL THEN e.done_date_raw ELSE r.done_date_raw END AS done_date_raw,
-       CASE WHEN r.stat IS NULL THEN e.done_at ELSE r.done_at END AS done_at,
-       r.received_at,
-       CASE WHEN r.stat IS NULL THEN e.fingerprint ELSE r.fingerprint END AS fingerprint,
-       CASE WHEN r.stat IS NULL THEN coalesce(e.flags, '{}') ELSE r.flags END AS flags,
-       e.times_received, e.conflicting_receptions, coalesce(e.updates, '{}') AS updates,
-       coalesce(e.later_results, '{}') AS later_results,
-       coalesce(e.conflicting_contents, '{}') AS conflicting_contents
-FROM unnest(:correlation_ids::text[]) AS k(correlation_id)
-CROSS JOIN LATERAL (
--- include: waiting_events
 ) AS e
 CROSS JOIN LATERAL (
     SELECT r.id, r.stat, r.err, r.done_date_raw, r.done_at, r.received_at, r.fingerprint,
