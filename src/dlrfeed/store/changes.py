@@ -32,7 +32,6 @@ RECONNECT_BACKOFF = Backoff(0.2, 10.0)
 CHANNEL = "dlr_status_changes"
 """The NOTIFY channel the log's trigger signals at every commit that wrote changes."""
 
-# The statements live in sql/changes.sql.
 READ_CHANGES = query("read_changes")
 CHANGES_HELD_BACK = query("changes_held_back")
 BACKLOG = query("backlog")

@@ -22,8 +22,6 @@ from dlrfeed.store.sql import query
 _MIGRATION_LOCK_KEY = 0x646C7266  # "dlrf"
 _FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
-# The statements live in sql/schema.sql. The bootstrap runs before the migrations, so that a
-# database never migrated gets its version table.
 _BOOTSTRAP = (query("create_schema"), query("create_version_table"))
 _LOCK = query("lock_migrations")
 _RECORD_MIGRATION = query("record_migration")

@@ -24,7 +24,6 @@ from dlrfeed.store.sql import Query, query
 
 JsonDict = dict[str, Any]
 
-# The statements live in sql/reports.sql.
 _LOGINS = query("logins")
 _MESSAGES = query("message_rows")
 _STATUS = query("status_row")

@@ -47,7 +47,6 @@ _LOCK_ATTEMPTS = 30
 
 _T = TypeVar("_T")
 
-# The statements live in sql/retention.sql.
 _SET_LOCK_TIMEOUT = query("set_lock_timeout")
 _PARTITIONS_TO_DROP = query("partitions_to_drop")
 _COLUMNS = query("table_columns")

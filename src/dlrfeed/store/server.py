@@ -34,7 +34,6 @@ SYNCHRONOUS_COMMIT_LEVELS = ("on", "remote_write", "remote_apply")
 # asyncpg's default cache size, kept for direct connections.
 _STATEMENT_CACHE_SIZE = 100
 
-# The statements live in sql/server.sql.
 _SERVER_FACTS = query("server_facts")
 _SYNC_STANDBYS = query("synchronous_standbys")
 WRITABLE = query("writable")

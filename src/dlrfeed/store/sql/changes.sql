@@ -1,7 +1,5 @@
--- The status-change log (dlrfeed.store.changes, docs/changes.md). Readers see only positions
--- below the exposure horizon, pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19:
--- the positions below the oldest running transaction's id, which makes "changes after P"
--- gap-free (docs/changes.md gives the proof).
+-- The status-change log (dlrfeed.store.changes). Readers see only positions below the horizon
+-- of the oldest running transaction (the proof of why: the schema, on dlr.status_change_rows).
 
 -- name: read_changes
 -- The next :limit changes after :after that are exposed: one index range scan of the primary
