@@ -328,6 +328,7 @@ async def _stale_traffic(database_url: str, count: int) -> dict[str, dict[str, A
         await db.close()
 
 
+@pytest.mark.timeout(300)  # two recompute processes and their start-ups, on busy cores
 @pytest.mark.parametrize("every", [False, True], ids=["stale", "all"])
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
 async def test_an_interrupted_recompute_run_again_ends_as_one_run(
