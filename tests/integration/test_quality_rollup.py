@@ -18,7 +18,7 @@ import pytest
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification
 from dlrfeed.store.quality import GROUP_BY, Window, quality, raw_quality, refresh
-from dlrfeed.store.retention import forget
+from dlrfeed.store.retention import RetentionPolicy, forget, maintain
 from gateway.receipts.v1 import feed_pb2
 
 LOGINS = ("acme", "beta")
@@ -244,3 +244,21 @@ async def test_forgetting_messages_leaves_the_rollup_exact(
     assert 0 < left < len(submissions)
     assert await _same_report(db, traffic) > 0
     assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == left
+
+
+async def test_dropping_days_of_the_change_log_loses_no_change_of_the_rollup(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    traffic = Traffic(13, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    assert await refresh(db) > 0
+    # Changes the rollup has not read when `maintain` drops their day.
+    await _ingest(store, traffic.receipts(0.7))
+    await store.record_verifications(traffic.verifications(0.5))
+    await maintain(
+        database_url,
+        RetentionPolicy(retention_days=30),
+        now=datetime.now(UTC) + timedelta(days=40),
+    )
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_change_rows") == 0
+    assert await _same_report(db, traffic) > 0

@@ -31,6 +31,7 @@ GROUP_BY: tuple[GroupBy, ...] = ("route", "country", "err")
 _PLAN = query("plan_quality")
 _GROUPS = query("quality_groups")
 _REFRESH = query("refresh_quality_hours")
+_REFRESH_BUILT = query("refresh_built_quality_hours")
 _ROLLUP_GROUPS = query("quality_rollup_groups")
 _HOUR = timedelta(hours=1)
 _TOTALS = query("verification_totals")
@@ -96,6 +97,12 @@ async def refresh(conn: Connection) -> int:
     """Bring the rollup up to date; the number of hours it re-aggregated."""
     hours = await _REFRESH.fetchval(conn, countries=countries_json())
     return int(hours)
+
+
+async def refresh_before_retention(conn: Connection) -> None:
+    """Bring a built rollup up to date before days of the change log are dropped: the changes
+    it has not read yet would be gone."""
+    await _REFRESH_BUILT.fetchval(conn, countries=countries_json())
 
 
 async def raw_quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDict]:

@@ -137,6 +137,13 @@ ORDER BY g.accepted DESC, g.key NULLS LAST
 -- already running, then has little left to do).
 SELECT dlr.refresh_quality_hours(:countries::jsonb)
 
+-- name: refresh_built_quality_hours
+-- `maintain`, before it drops days of the change log: a rollup that exists reads their changes
+-- first (one never built is built whole from the raw tables when first asked).
+SELECT dlr.refresh_quality_hours(:countries::jsonb)
+FROM dlr.quality_refresh
+WHERE position IS NOT NULL
+
 -- name: quality_rollup_groups
 -- quality_groups from the rollup: the whole hours in [:hours_from, :hours_to) but the
 -- :raw_hours from dlr.quality_hours, the rest of the window (its partial hours, the hour of the
