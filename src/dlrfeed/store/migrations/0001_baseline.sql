@@ -20,6 +20,9 @@
 --   verifications   PK id, UQ (login, message_id, kind, verified_at)   C6, apart (P2)
 --   status_recomputations  PK id                         what `dlrfeed recompute` changed
 --   change_cursors  PK consumer;  forgetting_position    readers' and retention's places
+--   quality_hours   by hour and cell; quality_marks PK id; quality_refresh
+--                                                        `dlrfeed quality`'s rollup, its
+--                                                        hours to redo, its change-log place
 --
 -- Public names (docs/spec/interfaces.md): the tables messages, exceptions, verifications;
 -- the plain views events (event_rows ∪ message_events), message_status (statuses ⋈
