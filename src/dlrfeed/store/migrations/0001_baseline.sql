@@ -1240,7 +1240,8 @@ DECLARE
     run record;
 BEGIN
     -- One refresh at a time; the second one's statements, after the lock, see the first's.
-    PERFORM pg_advisory_xact_lock(hashtext('dlr.refresh_quality_hours')::bigint);
+    -- A class of its own (ingest locks ids under 6581362): no receipt ever waits for it.
+    PERFORM pg_advisory_xact_lock(6581363, 0);
     SELECT r.position INTO read_from FROM dlr.quality_refresh AS r FOR UPDATE;
     -- Every change below the horizon is committed, hence visible to the statements below
     -- (docs/changes.md, "Positions and the gap").
