@@ -262,3 +262,21 @@ async def test_dropping_days_of_the_change_log_loses_no_change_of_the_rollup(
     )
     assert await db.fetchval("SELECT count(*) FROM dlr.status_change_rows") == 0
     assert await _same_report(db, traffic) > 0
+
+
+async def test_a_read_only_server_answers_from_the_raw_tables(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    """A standby cannot bring the rollup up to date: a stale one would be wrong."""
+    traffic = Traffic(17, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    await _ingest(store, traffic.receipts(0.5))
+    read_only = await asyncpg.connect(
+        database_url, server_settings={"default_transaction_read_only": "on"}
+    )
+    try:
+        window = traffic.windows()[0]
+        assert await quality(read_only, "route", window) == await raw_quality(db, "route", window)
+    finally:
+        await read_only.close()
+    assert await db.fetchval("SELECT position FROM dlr.quality_refresh") is None

@@ -65,13 +65,19 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
     `suspicious` with the `signals` that fired (dlrfeed.domain.quality).
 
     The rollup answers when `same_time_seconds` is a bucket boundary (LATENCY_BOUNDARIES: the
-    default 1 s is); any other threshold is counted from the raw tables, exactly, at their cost.
+    default 1 s is) and the server lets the rollup be brought up to date (not a standby); else
+    the raw tables answer, exactly, at their cost.
     """
     t = window.thresholds
     same_time_bucket = _boundary_bucket(t.same_time_seconds)
     if same_time_bucket is None:
         return await raw_quality(conn, by, window)
-    await refresh(conn)
+    try:
+        await refresh(conn)
+    except asyncpg.ReadOnlySQLTransactionError:
+        # A standby, or a session read-only by default: the rollup cannot be brought up to
+        # date here, and a stale one would be wrong; the raw tables answer.
+        return await raw_quality(conn, by, window)
     ranges = _raw_ranges(window)
     async with conn.transaction(readonly=True):
         await _PLAN.fetchrow(conn)
