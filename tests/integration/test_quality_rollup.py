@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import asyncpg
@@ -129,6 +129,14 @@ class Traffic:
             Window(since=middle, until=until, now=until, login="acme"),
             Window(since=middle, until=until, now=until, deadline=timedelta(hours=30)),
             Window(since=self.base, until=middle, now=middle, deadline=timedelta(hours=5)),
+            # Given in a zone half an hour off UTC: the rollup's hours are UTC's.
+            Window(
+                since=middle.astimezone(timezone(timedelta(hours=5, minutes=30))).replace(
+                    minute=0, second=0
+                ),
+                until=until,
+                now=until,
+            ),
         ]
 
 

@@ -12,7 +12,7 @@ import json
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -153,7 +153,8 @@ class _Ranges:
 
 
 def _floor_hour(moment: datetime) -> datetime:
-    return moment.replace(minute=0, second=0, microsecond=0)
+    """The start of the rollup's hour (UTC, as dlr.quality_facts cuts them) holding `moment`."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def _raw_ranges(window: Window) -> _Ranges:
