@@ -86,7 +86,6 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
             key=by,
             hours_from=ranges.hours_from,
             hours_to=ranges.hours_to,
-            raw_hours=ranges.raw_hours,
             raw_from=[lo for lo, _ in ranges.raw],
             raw_to=[hi for _, hi in ranges.raw],
             now=window.now,
@@ -148,7 +147,6 @@ async def raw_quality(conn: Connection, by: GroupBy, window: Window) -> list[Jso
 class _Ranges:
     hours_from: datetime
     hours_to: datetime
-    raw_hours: list[datetime]
     raw: list[tuple[datetime, datetime]]
 
 
@@ -158,18 +156,13 @@ def _floor_hour(moment: datetime) -> datetime:
 
 
 def _raw_ranges(window: Window) -> _Ranges:
-    """Which parts of the window the raw tables answer: the partial hours at its ends, and the
-    hour of the pending cutoff (its messages are pending or not by the second)."""
+    """The whole hours of the window, which the rollup answers, and its partial hours at either
+    end, which the raw tables answer."""
     start = _floor_hour(window.since)
     hours_from = start if start == window.since else start + _HOUR
     hours_to = max(_floor_hour(window.until), hours_from)
     raw = [(window.since, min(hours_from, window.until)), (hours_to, window.until)]
-    raw_hours = []
-    cutoff_hour = _floor_hour(window.now - window.deadline)
-    if hours_from <= cutoff_hour < hours_to:
-        raw_hours.append(cutoff_hour)
-        raw.append((cutoff_hour, cutoff_hour + _HOUR))
-    return _Ranges(hours_from, hours_to, raw_hours, [(lo, hi) for lo, hi in raw if lo < hi])
+    return _Ranges(hours_from, hours_to, [(lo, hi) for lo, hi in raw if lo < hi])
 
 
 LATENCY_BOUNDARIES = tuple(10 ** (k / 10) for k in range(-30, 81))

@@ -1121,10 +1121,13 @@ CREATE TABLE dlr.quality_hours (
     to_done_buckets smallint[] NOT NULL,
     to_done_counts bigint[] NOT NULL,
     to_received_buckets smallint[] NOT NULL,
-    to_received_counts bigint[] NOT NULL
+    to_received_counts bigint[] NOT NULL,
+    awaiting_sent timestamptz[]
 );
 COMMENT ON TABLE dlr.quality_hours IS
     'the quality report''s facts per hour the messages were sent in (UTC) and group: counts, and the finals'' latencies as sparse histograms of dlr.latency_bucket (a bucket may repeat: its counts add up)';
+COMMENT ON COLUMN dlr.quality_hours.awaiting_sent IS
+    'a non-final group''s send times, so that a deadline falling within the hour counts its pending messages exactly; NULL for finals';
 CREATE INDEX quality_hours_hour_idx ON dlr.quality_hours (hour);
 
 CREATE TABLE dlr.quality_marks (
@@ -1157,7 +1160,7 @@ CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login tex
                    err text, status text, is_final boolean, messages bigint, pending bigint,
                    verified bigint, with_done_time bigint, to_done_buckets smallint[],
                    to_done_counts bigint[], to_received_buckets smallint[],
-                   to_received_counts bigint[])
+                   to_received_counts bigint[], awaiting_sent timestamptz[])
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1207,7 +1210,8 @@ cells AS (
            count(*) AS messages,
            count(*) FILTER (WHERE NOT f.is_final AND f.sent_at < cutoff) AS pending,
            count(*) FILTER (WHERE f.verified) AS verified,
-           count(*) FILTER (WHERE f.to_done IS NOT NULL) AS with_done_time
+           count(*) FILTER (WHERE f.to_done IS NOT NULL) AS with_done_time,
+           array_agg(f.sent_at ORDER BY f.sent_at) FILTER (WHERE NOT f.is_final) AS awaiting_sent
     FROM facts AS f
     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 )
@@ -1221,7 +1225,9 @@ SELECT c.hour, c.login, c.source, c.route, c.country, c.err, c.status, c.is_fina
        coalesce(array_agg(c.received_bucket ORDER BY c.done_bucket, c.received_bucket)
                 FILTER (WHERE c.received_bucket IS NOT NULL), '{}'),
        coalesce(array_agg(c.messages ORDER BY c.done_bucket, c.received_bucket)
-                FILTER (WHERE c.received_bucket IS NOT NULL), '{}')
+                FILTER (WHERE c.received_bucket IS NOT NULL), '{}'),
+       -- A non-final group is one row of cells (no buckets): its one array.
+       max(c.awaiting_sent)
 FROM cells AS c
 GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
 $$;
@@ -1288,7 +1294,7 @@ BEGIN
         INSERT INTO dlr.quality_hours
         SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
                f.messages, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
-               f.to_received_buckets, f.to_received_counts
+               f.to_received_buckets, f.to_received_counts, f.awaiting_sent
         FROM dlr.quality_facts(run.lo, run.hi, NULL, '-infinity', countries) AS f;
     END LOOP;
     DELETE FROM dlr.quality_marks AS k WHERE k.id = ANY(consumed);

@@ -145,21 +145,24 @@ FROM dlr.quality_refresh
 WHERE position IS NOT NULL
 
 -- name: quality_rollup_groups
--- quality_groups from the rollup: the whole hours in [:hours_from, :hours_to) but the
--- :raw_hours from dlr.quality_hours, the rest of the window (its partial hours, the hour of the
--- pending cutoff) from the raw tables by dlr.quality_facts over the :raw_from/:raw_to ranges.
--- An hour of the rollup is pending whole when it ends by the cutoff. The same counts as
+-- quality_groups from the rollup: the whole hours in [:hours_from, :hours_to) from
+-- dlr.quality_hours, the partial hours at the window's ends from the raw tables by
+-- dlr.quality_facts over the :raw_from/:raw_to ranges. A non-final group of the rollup is
+-- pending whole when its hour ends by the deadline's cutoff, in part when the cutoff falls
+-- within it (by its send times), not at all after. The same counts as
 -- quality_groups; the latencies are percentiles of the buckets (dlrfeed.store.quality), and a
 -- done time counts as the submission when its bucket lies under :same_time_bucket.
 WITH cells AS (
     SELECT q.login, q.source, q.route, q.country, q.err, q.status, q.is_final, q.messages,
-           CASE WHEN NOT q.is_final
-                     AND q.hour + interval '1 hour' <= :now::timestamptz - :deadline::interval
-                THEN q.messages ELSE 0 END AS pending,
+           CASE WHEN q.is_final OR q.hour >= c.cutoff THEN 0
+                WHEN q.hour + interval '1 hour' <= c.cutoff THEN q.messages
+                ELSE (SELECT count(*) FROM unnest(q.awaiting_sent) AS t(sent_at)
+                      WHERE t.sent_at < c.cutoff) END AS pending,
            q.verified, q.with_done_time, q.to_done_buckets, q.to_done_counts,
            q.to_received_buckets, q.to_received_counts
     FROM dlr.quality_hours AS q
-    WHERE q.hour >= :hours_from AND q.hour < :hours_to AND q.hour <> ALL(:raw_hours::timestamptz[])
+    CROSS JOIN (SELECT :now::timestamptz - :deadline::interval AS cutoff) AS c
+    WHERE q.hour >= :hours_from AND q.hour < :hours_to
       AND (:login::text IS NULL OR q.login = :login)
     UNION ALL
     SELECT f.login, f.source, f.route, f.country, f.err, f.status, f.is_final, f.messages,
