@@ -1115,17 +1115,17 @@ CREATE TABLE dlr.quality_hours (
     err text,
     status text,
     is_final boolean NOT NULL,
-    messages bigint NOT NULL,
-    verified bigint NOT NULL,
-    with_done_time bigint NOT NULL,
+    messages integer NOT NULL,
+    verified integer NOT NULL,
+    with_done_time integer NOT NULL,
     to_done_buckets smallint[] NOT NULL,
-    to_done_counts bigint[] NOT NULL,
+    to_done_counts integer[] NOT NULL,
     to_received_buckets smallint[] NOT NULL,
-    to_received_counts bigint[] NOT NULL,
+    to_received_counts integer[] NOT NULL,
     awaiting_sent timestamptz[]
 );
 COMMENT ON TABLE dlr.quality_hours IS
-    'the quality report''s facts per hour the messages were sent in (UTC) and group: counts, and the finals'' latencies as sparse histograms of dlr.latency_bucket (a bucket may repeat: its counts add up)';
+    'the quality report''s facts per hour the messages were sent in (UTC) and group: counts (integers: their sums are bigint, fast), and the finals'' latencies as sparse histograms of dlr.latency_bucket (a bucket may repeat: its counts add up)';
 COMMENT ON COLUMN dlr.quality_hours.awaiting_sent IS
     'a non-final group''s send times, so that a deadline falling within the hour counts its pending messages exactly; NULL for finals';
 CREATE INDEX quality_hours_hour_idx ON dlr.quality_hours (hour);
@@ -1157,10 +1157,10 @@ INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
                                   cutoff timestamptz, countries jsonb)
     RETURNS TABLE (hour timestamptz, login text, source text, route text, country text,
-                   err text, status text, is_final boolean, messages bigint, pending bigint,
-                   verified bigint, with_done_time bigint, to_done_buckets smallint[],
-                   to_done_counts bigint[], to_received_buckets smallint[],
-                   to_received_counts bigint[], awaiting_sent timestamptz[])
+                   err text, status text, is_final boolean, messages integer, pending integer,
+                   verified integer, with_done_time integer, to_done_buckets smallint[],
+                   to_done_counts integer[], to_received_buckets smallint[],
+                   to_received_counts integer[], awaiting_sent timestamptz[])
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1207,17 +1207,17 @@ cells AS (
     SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
            CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_done) END AS done_bucket,
            CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_received) END AS received_bucket,
-           count(*) AS messages,
-           count(*) FILTER (WHERE NOT f.is_final AND f.sent_at < cutoff) AS pending,
-           count(*) FILTER (WHERE f.verified) AS verified,
-           count(*) FILTER (WHERE f.to_done IS NOT NULL) AS with_done_time,
+           count(*)::integer AS messages,
+           count(*) FILTER (WHERE NOT f.is_final AND f.sent_at < cutoff)::integer AS pending,
+           count(*) FILTER (WHERE f.verified)::integer AS verified,
+           count(*) FILTER (WHERE f.to_done IS NOT NULL)::integer AS with_done_time,
            array_agg(f.sent_at ORDER BY f.sent_at) FILTER (WHERE NOT f.is_final) AS awaiting_sent
     FROM facts AS f
     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 )
 SELECT c.hour, c.login, c.source, c.route, c.country, c.err, c.status, c.is_final,
-       sum(c.messages)::bigint, sum(c.pending)::bigint, sum(c.verified)::bigint,
-       sum(c.with_done_time)::bigint,
+       sum(c.messages)::integer, sum(c.pending)::integer, sum(c.verified)::integer,
+       sum(c.with_done_time)::integer,
        coalesce(array_agg(c.done_bucket ORDER BY c.done_bucket, c.received_bucket)
                 FILTER (WHERE c.done_bucket IS NOT NULL), '{}'),
        coalesce(array_agg(c.messages ORDER BY c.done_bucket, c.received_bucket)

@@ -203,7 +203,7 @@ latencies AS (
     SELECT key, kind, array_agg(bucket ORDER BY bucket) AS buckets,
            array_agg(messages ORDER BY bucket) AS counts,
            sum(at_submit) AS at_submit
-    FROM (SELECT m.key, h.kind, h.bucket, sum(h.messages)::bigint AS messages,
+    FROM (SELECT m.key, h.kind, h.bucket, sum(h.messages) AS messages,
                  sum(h.messages) FILTER (WHERE m.delivered AND abs(h.bucket) < :same_time_bucket)
                      AS at_submit
           FROM marked AS m
