@@ -209,6 +209,10 @@ async def test_the_rollup_counts_what_the_raw_tables_count(
     await _ingest(store, traffic.receipts(0.4))
     await store.record_verifications(traffic.verifications(0.3))
     assert await _same_report(db, traffic) > 0
+    # A verification of a message never recorded leaves nothing to do behind it.
+    await store.record_verifications([Verification("acme", "never", "click", traffic.now)])
+    await refresh(db)
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") == 0
     # Nothing changed since: nothing to re-aggregate.
     assert await refresh(db) == 0
     rolled = await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours")

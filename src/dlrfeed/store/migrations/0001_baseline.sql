@@ -1137,7 +1137,7 @@ CREATE TABLE dlr.quality_marks (
     message_id text
 );
 COMMENT ON TABLE dlr.quality_marks IS
-    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified (their hour, once the message is recorded); written by triggers, consumed by dlr.refresh_quality_hours()';
+    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified (their message''s hour); written by triggers, consumed by dlr.refresh_quality_hours()';
 
 CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -1275,9 +1275,10 @@ BEGIN
             JOIN dlr.messages AS m ON m.login = c.login AND m.message_id = c.message_id
             WHERE c.position >= read_from AND c.position < horizon AND c.message_ref IS NULL
         )
-        -- A verification of a message not recorded (yet) stays marked: the message's own
-        -- mark covers the hour once it is.
-        SELECT (SELECT array_agg(x.id) FROM marked AS x WHERE x.hour IS NOT NULL),
+        -- Every mark seen is consumed. A verification's message not recorded in this
+        -- snapshot is recorded later, with a mark of its own: its hour is re-aggregated then,
+        -- with this verification (committed before this snapshot, as its mark is).
+        SELECT (SELECT array_agg(x.id) FROM marked AS x),
                (SELECT array_agg(DISTINCT h.hour)
                 FROM (SELECT x.hour FROM marked AS x WHERE x.hour IS NOT NULL
                       UNION SELECT c.hour FROM changed AS c) AS h)
