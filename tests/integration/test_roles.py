@@ -394,11 +394,20 @@ async def test_writer_records_verifications_and_the_reader_reports_quality(
     try:
         verified = Verification("acme", "m1", "otp_confirmed", datetime.now(UTC))
         assert (await store.record_verifications([verified])).recorded == 1
+        # The daemon's route gauges, as the writer: the rollup is brought up to date first.
+        now = datetime.now(UTC)
+        year = Window(since=now - timedelta(days=365), until=now, now=now)
+        (route,) = await store.quality("route", year)
+        assert route["verified"] == 1
     finally:
         await store.close()
     assert "permission denied" in await _refused(
         roles_db.writer, "UPDATE dlr.verifications SET kind = 'x'"
     )
+    # Only dlr.refresh_quality_hours() (the owner's) writes the rollup.
+    for role in (roles_db.writer, roles_db.reader):
+        assert "permission denied" in await _refused(role, "DELETE FROM dlr.quality_hours")
+        assert "permission denied" in await _refused(role, "DELETE FROM dlr.quality_marks")
     conn = await asyncpg.connect(roles_db.reader)
     try:
         now = datetime.now(UTC)

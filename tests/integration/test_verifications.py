@@ -182,7 +182,8 @@ def test_quality_by_route_keeps_the_three_facts_apart_and_names_the_lying_route(
     assert honest["final_by_status"] == {"DELIVERED": 150, "UNDELIVERABLE": 5}
     assert honest["suspicious"] is False
     assert honest["signals"] == []
-    assert honest["latency_submit_to_done_s"]["p50"] == 12.0  # 5-25 s, NEWS at 9 s, GB at 30 s
+    # 12 s exactly (5-25 s, NEWS at 9 s, GB at 30 s), read from its bucket (docs/quality.md).
+    assert 12.0 / 10**0.1 <= honest["latency_submit_to_done_s"]["p50"] <= 12.0 * 10**0.1
     assert grey["delivered"] == grey["delivered_without_verification"] == 120
     assert grey["verified"] == 0
     assert grey["suspicious"] is True

@@ -1,14 +1,18 @@
 """Route quality reads (sql/quality.sql): the three facts of C6 per group, with the signals.
 
-Read-only, like the other operator reports: `dlrfeed quality`, the `quality` section of
-`dlrfeed stats` and the daemon's route gauges run it as the reader role.
+`dlrfeed quality`, the `quality` section of `dlrfeed stats` and the daemon's route gauges read
+the hourly rollup dlr.quality_hours, which they first bring up to date
+(dlr.refresh_quality_hours, run as the schema owner: the reader role writes nothing itself),
+and the raw tables only for the partial hours of their window (docs/quality.md, "Cost").
 """
 
 from __future__ import annotations
 
 import json
+import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,6 +30,10 @@ GROUP_BY: tuple[GroupBy, ...] = ("route", "country", "err")
 
 _PLAN = query("plan_quality")
 _GROUPS = query("quality_groups")
+_REFRESH = query("refresh_quality_hours")
+_REFRESH_BUILT = query("refresh_built_quality_hours")
+_ROLLUP_GROUPS = query("quality_rollup_groups")
+_HOUR = timedelta(hours=1)
 _TOTALS = query("verification_totals")
 
 
@@ -55,7 +63,57 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
     pending past the deadline, verified, verified_without_delivered,
     delivered_without_verification on verifiable traffic, ...), the latencies in seconds, and
     `suspicious` with the `signals` that fired (dlrfeed.domain.quality).
+
+    The rollup answers when `same_time_seconds` is a bucket boundary (LATENCY_BOUNDARIES: the
+    default 1 s is) and the server lets the rollup be brought up to date (not a standby); else
+    the raw tables answer, exactly, at their cost.
     """
+    t = window.thresholds
+    same_time_bucket = _boundary_bucket(t.same_time_seconds)
+    if same_time_bucket is None:
+        return await raw_quality(conn, by, window)
+    try:
+        await refresh(conn)
+    except asyncpg.ReadOnlySQLTransactionError:
+        # A standby, or a session read-only by default: the rollup cannot be brought up to
+        # date here, and a stale one would be wrong; the raw tables answer.
+        return await raw_quality(conn, by, window)
+    ranges = _raw_ranges(window)
+    async with conn.transaction(readonly=True):
+        await _PLAN.fetchrow(conn)
+        records = await _ROLLUP_GROUPS.fetch(
+            conn,
+            key=by,
+            hours_from=ranges.hours_from,
+            hours_to=ranges.hours_to,
+            raw_from=[lo for lo, _ in ranges.raw],
+            raw_to=[hi for _, hi in ranges.raw],
+            now=window.now,
+            login=window.login,
+            deadline=window.deadline,
+            min_messages=t.min_messages,
+            same_time_bucket=same_time_bucket,
+            countries=countries_json(),
+        )
+    return [_group(by, r, t, _bucket_percentiles(r)) for r in records]
+
+
+async def refresh(conn: Connection) -> int:
+    """Bring the rollup up to date; the number of hours it re-aggregated."""
+    hours = await _REFRESH.fetchval(conn, countries=countries_json())
+    return int(hours)
+
+
+async def refresh_before_retention(conn: Connection) -> None:
+    """Bring a built rollup up to date before days of the change log are dropped: the changes
+    it has not read yet would be gone."""
+    await _REFRESH_BUILT.fetchval(conn, countries=countries_json())
+
+
+async def raw_quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDict]:
+    """`quality` counted from the raw tables alone, with exact percentiles: for a
+    `same_time_seconds` that is no bucket boundary (and the reference the rollup is tested
+    against)."""
     t = window.thresholds
     async with conn.transaction(readonly=True):
         await _PLAN.fetchrow(conn)
@@ -71,7 +129,97 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
             same_time_seconds=t.same_time_seconds,
             countries=countries_json(),
         )
-    return [_group(by, r, t) for r in records]
+    return [
+        _group(
+            by,
+            r,
+            t,
+            (
+                None if r["to_done"] is None else list(r["to_done"]),
+                None if r["to_received"] is None else list(r["to_received"]),
+            ),
+        )
+        for r in records
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranges:
+    hours_from: datetime
+    hours_to: datetime
+    raw: list[tuple[datetime, datetime]]
+
+
+def _floor_hour(moment: datetime) -> datetime:
+    """The start of the rollup's hour (UTC, as dlr.quality_facts cuts them) holding `moment`."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _raw_ranges(window: Window) -> _Ranges:
+    """The whole hours of the window, which the rollup answers, and its partial hours at either
+    end, which the raw tables answer."""
+    start = _floor_hour(window.since)
+    hours_from = start if start == window.since else start + _HOUR
+    hours_to = max(_floor_hour(window.until), hours_from)
+    raw = [(window.since, min(hours_from, window.until)), (hours_to, window.until)]
+    return _Ranges(hours_from, hours_to, [(lo, hi) for lo, hi in raw if lo < hi])
+
+
+LATENCY_BOUNDARIES = tuple(10 ** (k / 10) for k in range(-30, 81))
+"""The latency buckets' bounds in seconds (dlr.latency_bucket): ten a decade, 1 ms to 10^8 s;
+a percentile is exact to one bucket, a factor of 10^0.1 (26 %)."""
+
+
+def _boundary_bucket(seconds: float) -> int | None:
+    """The first bucket (dlr.latency_bucket, absolute) not under `seconds`, or None when
+    `seconds` is no bucket boundary."""
+    if seconds <= 0:
+        return None
+    tenths = 10 * math.log10(seconds)
+    k = round(tenths)
+    if abs(tenths - k) > 1e-9 or not -30 <= k <= 80:
+        return None
+    return k + 32
+
+
+def _bucket_value(bucket: int) -> float:
+    """The latency a bucket stands for: 0, else the geometric middle of its bounds."""
+    if bucket == 0:
+        return 0.0
+    sign = 1.0 if bucket > 0 else -1.0
+    if abs(bucket) == 1:
+        return sign * 0.0005
+    return sign * 10 ** ((abs(bucket) - 32 + 0.5) / 10)
+
+
+def _percentiles_of(
+    buckets: list[int] | None, counts: list[int] | None, ps: tuple[float, ...]
+) -> list[float] | None:
+    """percentile_cont of the bucketed latencies: each value stands at its bucket's value."""
+    if not buckets or not counts:
+        return None
+    cumulative: list[int] = []
+    total = 0
+    for count in counts:
+        total += count
+        cumulative.append(total)
+
+    def at(rank: int) -> float:
+        return _bucket_value(buckets[bisect_right(cumulative, rank)])
+
+    found = []
+    for p in ps:
+        rank = p * (total - 1)
+        low = math.floor(rank)
+        found.append(at(low) + (rank - low) * (at(math.ceil(rank)) - at(low)))
+    return found
+
+
+def _bucket_percentiles(r: asyncpg.Record) -> tuple[list[float] | None, list[float] | None]:
+    return (
+        _percentiles_of(r["to_done_buckets"], r["to_done_counts"], (0.25, 0.5, 0.75, 0.95, 0.99)),
+        _percentiles_of(r["to_received_buckets"], r["to_received_counts"], (0.5, 0.95, 0.99)),
+    )
 
 
 @cache
@@ -80,7 +228,12 @@ def countries_json() -> str:
     return json.dumps(prefix_countries(), separators=(",", ":"))
 
 
-def _group(by: GroupBy, r: asyncpg.Record, t: Thresholds) -> JsonDict:
+def _group(
+    by: GroupBy,
+    r: asyncpg.Record,
+    t: Thresholds,
+    latencies: tuple[list[float] | None, list[float] | None],
+) -> JsonDict:
     counts = {
         name: int(r[name])
         for name in (
@@ -100,7 +253,7 @@ def _group(by: GroupBy, r: asyncpg.Record, t: Thresholds) -> JsonDict:
             "silent_delivered",
         )
     }
-    to_done = list(r["to_done"]) if r["to_done"] is not None else None
+    to_done, to_received = latencies
     fired = signals(counts, to_done, t)
     verifiable = counts["verifiable"]
     return {
@@ -112,10 +265,7 @@ def _group(by: GroupBy, r: asyncpg.Record, t: Thresholds) -> JsonDict:
         "verification_gap": None if (gap := verification_gap(counts)) is None else round(gap, 4),
         "silent_countries": list(r["silent_countries"]),
         "latency_submit_to_done_s": _percentiles(to_done, ("p25", "p50", "p75", "p95", "p99")),
-        "latency_submit_to_received_s": _percentiles(
-            list(r["to_received"]) if r["to_received"] is not None else None,
-            ("p50", "p95", "p99"),
-        ),
+        "latency_submit_to_received_s": _percentiles(to_received, ("p50", "p95", "p99")),
         "suspicious": bool(fired),
         "signals": fired,
     }

@@ -31,6 +31,7 @@ import asyncpg.exceptions
 
 from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store.migrate import ensure_current
+from dlrfeed.store.quality import refresh_before_retention
 from dlrfeed.store.sql import Query, query
 
 # F16: the fake gateway keeps an unacked receipt 7 days (fakegw --retention-seconds 604800).
@@ -222,6 +223,8 @@ async def maintain(
                     f"{PARTITION_SCHEMA}.{parent.default_partition} (docs/retention.md)"
                 ) from exc
         if policy.retention_days is not None:
+            # The rollup reads the changes of the days about to go (docs/quality.md).
+            await refresh_before_retention(conn)
             cutoff = moment - timedelta(days=policy.retention_days)
             for parent in DAY_PARTITIONED:
                 partitions = await _PARTITIONS_TO_DROP.fetch(

@@ -20,6 +20,9 @@
 --   verifications   PK id, UQ (login, message_id, kind, verified_at)   C6, apart (P2)
 --   status_recomputations  PK id                         what `dlrfeed recompute` changed
 --   change_cursors  PK consumer;  forgetting_position    readers' and retention's places
+--   quality_hours   by hour and cell; quality_marks PK id; quality_refresh
+--                                                        `dlrfeed quality`'s rollup, its
+--                                                        hours to redo, its change-log place
 --
 -- Public names (docs/spec/interfaces.md): the tables messages, exceptions, verifications;
 -- the plain views events (event_rows ∪ message_events), message_status (statuses ⋈
@@ -1078,6 +1081,257 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
     FOR EACH STATEMENT EXECUTE FUNCTION dlr.check_exception_event();
 
 -------------------------------------------------------------------------------------------
+-- Route quality rollup (docs/quality.md, "Cost"): `dlrfeed quality` reads whole hours from
+-- dlr.quality_hours and only the partial hours of its window from the raw tables. The rollup is
+-- brought up to date by dlr.refresh_quality_hours(), outside the ingest: it re-aggregates the
+-- hours touched since its last run, found in the status-change log (by position, below the
+-- horizon) and in dlr.quality_marks (messages recorded or forgotten, verifications recorded).
+-------------------------------------------------------------------------------------------
+
+-- A latency's bucket: 0 for 0 s; else its sign times 32 + floor(10 log10 |seconds|), clamped
+-- to 1 (under 1 ms) .. 112 (10^8 s and more): ten buckets a decade, each spanning a factor of
+-- 10^0.1, ascending with the latency.
+CREATE FUNCTION dlr.latency_bucket(seconds double precision) RETURNS smallint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN seconds = 0 THEN 0
+                ELSE (sign(seconds)
+                      * (least(greatest(floor(10 * log(abs(seconds))), -31), 80) + 32))::smallint
+           END;
+
+CREATE TABLE dlr.quality_hours (
+    hour timestamptz NOT NULL,
+    login text NOT NULL,
+    source text NOT NULL,
+    route text,
+    country text,
+    err text,
+    status text,
+    is_final boolean NOT NULL,
+    messages integer NOT NULL,
+    verified integer NOT NULL,
+    with_done_time integer NOT NULL,
+    to_done_buckets smallint[] NOT NULL,
+    to_done_counts integer[] NOT NULL,
+    to_received_buckets smallint[] NOT NULL,
+    to_received_counts integer[] NOT NULL,
+    awaiting_sent timestamptz[]
+);
+COMMENT ON TABLE dlr.quality_hours IS
+    'the quality report''s facts per hour the messages were sent in (UTC) and group: counts (integers: their sums are bigint, fast), and the finals'' latencies as sparse histograms of dlr.latency_bucket (a bucket may repeat: its counts add up)';
+COMMENT ON COLUMN dlr.quality_hours.awaiting_sent IS
+    'a non-final group''s send times, so that a deadline falling within the hour counts its pending messages exactly; NULL for finals';
+CREATE INDEX quality_hours_hour_idx ON dlr.quality_hours (hour);
+
+CREATE TABLE dlr.quality_marks (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    hour timestamptz,
+    login text,
+    message_id text
+);
+COMMENT ON TABLE dlr.quality_marks IS
+    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified (their message''s hour); written by triggers, consumed by dlr.refresh_quality_hours()';
+
+CREATE TABLE dlr.quality_refresh (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    position numeric,
+    refreshed_at timestamptz
+);
+COMMENT ON TABLE dlr.quality_refresh IS
+    'how far dlr.quality_hours has read the status-change log (NULL: never built)';
+INSERT INTO dlr.quality_refresh DEFAULT VALUES;
+
+-- The facts of the messages sent in [lo, hi), of `only_login` or all, one row per hour and
+-- group; `pending` counts the non-final ones sent before `cutoff`. Ranges, never a whole
+-- table: the messages by their send time, their statuses and events by the range of their row
+-- ids (messages are recorded as they are sent), a verification by its key. A verification
+-- counts when dated at most a day before its message was sent (clock skew); the country comes
+-- from the first four digits of an E.164 destination in `countries`.
+CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
+                                  cutoff timestamptz, countries jsonb)
+    RETURNS TABLE (hour timestamptz, login text, source text, route text, country text,
+                   err text, status text, is_final boolean, messages integer, pending integer,
+                   verified integer, with_done_time integer, to_done_buckets smallint[],
+                   to_done_counts integer[], to_received_buckets smallint[],
+                   to_received_counts integer[], awaiting_sent timestamptz[])
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+WITH sent AS MATERIALIZED (
+    SELECT m.id, m.login, m.message_id, m.route, coalesce(m.source, '') AS source,
+           m.submitted_at, coalesce(m.submitted_at, m.recorded_at) AS sent_at,
+           CASE WHEN m.destination_is_e164 THEN countries ->> substr(m.destination, 2, 4) END
+               AS country
+    FROM dlr.messages AS m
+    WHERE coalesce(m.submitted_at, m.recorded_at) >= lo
+      AND coalesce(m.submitted_at, m.recorded_at) < hi
+      AND (only_login IS NULL OR m.login = only_login)
+),
+ids AS (
+    SELECT coalesce(min(id), 0) AS first, coalesce(max(id), -1) AS last FROM sent
+),
+statuses AS (
+    SELECT st.message_ref, st.status, st.is_final, st.basis_err, st.basis_done_at,
+           st.supporting_event_id
+    FROM dlr.statuses AS st
+    WHERE st.message_ref BETWEEN (SELECT first FROM ids) AND (SELECT last FROM ids)
+),
+events AS (
+    SELECT me.id, me.first_received_at
+    FROM dlr.message_events AS me
+    WHERE me.message_ref BETWEEN (SELECT first FROM ids) AND (SELECT last FROM ids)
+),
+facts AS (
+    SELECT date_trunc('hour', s.sent_at, 'UTC') AS hour, s.login, s.source, s.route,
+           s.country, st.basis_err AS err, st.status, coalesce(st.is_final, false) AS is_final,
+           s.sent_at,
+           EXISTS (SELECT 1 FROM dlr.verifications AS v
+                   WHERE v.login = s.login AND v.message_id = s.message_id
+                     AND v.verified_at >= s.sent_at - interval '1 day') AS verified,
+           extract(epoch FROM st.basis_done_at - s.submitted_at) AS to_done,
+           extract(epoch FROM coalesce(me.first_received_at, er.first_received_at)
+                              - s.submitted_at) AS to_received
+    FROM sent AS s
+    LEFT JOIN statuses AS st ON st.message_ref = s.id
+    LEFT JOIN events AS me ON me.id = st.supporting_event_id
+    LEFT JOIN dlr.event_rows AS er ON me.id IS NULL AND er.id = st.supporting_event_id
+),
+cells AS (
+    SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
+           CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_done) END AS done_bucket,
+           CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_received) END AS received_bucket,
+           count(*)::integer AS messages,
+           count(*) FILTER (WHERE NOT f.is_final AND f.sent_at < cutoff)::integer AS pending,
+           count(*) FILTER (WHERE f.verified)::integer AS verified,
+           count(*) FILTER (WHERE f.to_done IS NOT NULL)::integer AS with_done_time,
+           array_agg(f.sent_at ORDER BY f.sent_at) FILTER (WHERE NOT f.is_final) AS awaiting_sent
+    FROM facts AS f
+    GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+)
+SELECT c.hour, c.login, c.source, c.route, c.country, c.err, c.status, c.is_final,
+       sum(c.messages)::integer, sum(c.pending)::integer, sum(c.verified)::integer,
+       sum(c.with_done_time)::integer,
+       coalesce(array_agg(c.done_bucket ORDER BY c.done_bucket, c.received_bucket)
+                FILTER (WHERE c.done_bucket IS NOT NULL), '{}'),
+       coalesce(array_agg(c.messages ORDER BY c.done_bucket, c.received_bucket)
+                FILTER (WHERE c.done_bucket IS NOT NULL), '{}'),
+       coalesce(array_agg(c.received_bucket ORDER BY c.done_bucket, c.received_bucket)
+                FILTER (WHERE c.received_bucket IS NOT NULL), '{}'),
+       coalesce(array_agg(c.messages ORDER BY c.done_bucket, c.received_bucket)
+                FILTER (WHERE c.received_bucket IS NOT NULL), '{}'),
+       -- A non-final group is one row of cells (no buckets): its one array.
+       max(c.awaiting_sent)
+FROM cells AS c
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+$$;
+
+-- Brings dlr.quality_hours up to date (docs/quality.md, "Cost"); returns the hours it
+-- re-aggregated. Runs as the owner, so that the reader role (`dlrfeed quality`) may call it.
+CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    read_from numeric;
+    horizon numeric;
+    consumed bigint[];
+    touched timestamptz[];
+    run record;
+BEGIN
+    -- One refresh at a time; the second one's statements, after the lock, see the first's.
+    -- A class of its own (ingest locks ids under 6581362): no receipt ever waits for it.
+    PERFORM pg_advisory_xact_lock(6581363, 0);
+    SELECT r.position INTO read_from FROM dlr.quality_refresh AS r FOR UPDATE;
+    -- Every change below the horizon is committed, hence visible to the statements below
+    -- (docs/changes.md, "Positions and the gap").
+    horizon := pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19;
+    IF read_from IS NULL THEN
+        SELECT array_agg(k.id) INTO consumed FROM dlr.quality_marks AS k;
+        SELECT array_agg(DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC'))
+            INTO touched FROM dlr.messages AS m;
+    ELSE
+        WITH marked AS (
+            SELECT k.id, coalesce(k.hour, (
+                SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
+                FROM dlr.messages AS m
+                WHERE m.login = k.login AND m.message_id = k.message_id)) AS hour
+            FROM dlr.quality_marks AS k
+        ),
+        changed AS (
+            SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC') AS hour
+            FROM dlr.status_change_rows AS c
+            JOIN dlr.messages AS m ON m.id = c.message_ref
+            WHERE c.position >= read_from AND c.position < horizon
+            UNION
+            SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
+            FROM dlr.status_change_rows AS c
+            JOIN dlr.messages AS m ON m.login = c.login AND m.message_id = c.message_id
+            WHERE c.position >= read_from AND c.position < horizon AND c.message_ref IS NULL
+        )
+        -- Every mark seen is consumed. A verification's message not recorded in this
+        -- snapshot is recorded later, with a mark of its own: its hour is re-aggregated then,
+        -- with this verification (committed before this snapshot, as its mark is).
+        SELECT (SELECT array_agg(x.id) FROM marked AS x),
+               (SELECT array_agg(DISTINCT h.hour)
+                FROM (SELECT x.hour FROM marked AS x WHERE x.hour IS NOT NULL
+                      UNION SELECT c.hour FROM changed AS c) AS h)
+            INTO consumed, touched;
+    END IF;
+    DELETE FROM dlr.quality_hours AS q WHERE q.hour = ANY(touched);
+    FOR run IN
+        SELECT min(t.hour) AS lo, max(t.hour) + interval '1 hour' AS hi
+        FROM (SELECT u.hour, u.hour - row_number() OVER (ORDER BY u.hour) * interval '1 hour'
+                  AS streak
+              FROM unnest(touched) AS u(hour)) AS t
+        GROUP BY t.streak
+    LOOP
+        INSERT INTO dlr.quality_hours
+        SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
+               f.messages, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
+               f.to_received_buckets, f.to_received_counts, f.awaiting_sent
+        FROM dlr.quality_facts(run.lo, run.hi, NULL, '-infinity', countries) AS f;
+    END LOOP;
+    DELETE FROM dlr.quality_marks AS k WHERE k.id = ANY(consumed);
+    UPDATE dlr.quality_refresh
+    SET position = greatest(horizon, read_from), refreshed_at = now();
+    RETURN coalesce(cardinality(touched), 0);
+END;
+$$;
+
+-- The marks: hours of messages recorded or forgotten, messages verified.
+CREATE FUNCTION dlr.mark_message_hours() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO dlr.quality_marks (hour)
+    SELECT DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
+    FROM changed_messages AS m;
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION dlr.mark_verified_messages() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO dlr.quality_marks (login, message_id)
+    SELECT DISTINCT v.login, v.message_id FROM new_verifications AS v;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER messages_quality_marks_insert AFTER INSERT ON dlr.messages
+    REFERENCING NEW TABLE AS changed_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_message_hours();
+CREATE TRIGGER messages_quality_marks_delete AFTER DELETE ON dlr.messages
+    REFERENCING OLD TABLE AS changed_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_message_hours();
+CREATE TRIGGER verifications_quality_marks AFTER INSERT ON dlr.verifications
+    REFERENCING NEW TABLE AS new_verifications
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_verified_messages();
+
+-------------------------------------------------------------------------------------------
 -- Roles (docs/security.md): what each dlrfeed group role of sql/roles.sql may do. Where the
 -- roles do not exist (a developer's throwaway database) nothing is granted. The block is
 -- idempotent: when the roles are created after the schema, the owner runs it again as it is.
@@ -1090,7 +1344,9 @@ REVOKE ALL ON FUNCTION dlr.add_reasons(text[]), dlr.reason_ids(text[]),
     dlr.check_reason_ids(integer[]), dlr.create_reception_partitions(timestamptz),
     dlr.create_status_change_partitions(timestamptz),
     dlr.latest_withdrawal(text, text, timestamptz, timestamptz),
-    dlr.record_status_changes(), dlr.move_events_to_messages() FROM PUBLIC;
+    dlr.record_status_changes(), dlr.move_events_to_messages(),
+    dlr.refresh_quality_hours(jsonb), dlr.mark_message_hours(), dlr.mark_verified_messages()
+    FROM PUBLIC;
 
 DO $grants$
 BEGIN
@@ -1130,6 +1386,9 @@ BEGIN
               ON dlr.exceptions TO dlrfeed_writer;
         -- C6: `dlrfeed record-verifications`.
         GRANT SELECT, INSERT ON dlr.verifications TO dlrfeed_writer;
+        -- The daemon's route gauges (docs/quality.md).
+        GRANT SELECT ON dlr.quality_hours TO dlrfeed_writer;
+        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb) TO dlrfeed_writer;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN
@@ -1137,6 +1396,8 @@ BEGIN
         -- everything, write nothing.
         GRANT USAGE ON SCHEMA dlr TO dlrfeed_reader;
         GRANT SELECT ON ALL TABLES IN SCHEMA dlr TO dlrfeed_reader;
+        -- `quality` first brings its rollup up to date (as the owner, dlr.quality_hours).
+        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb) TO dlrfeed_reader;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_operator') THEN

@@ -9,12 +9,14 @@
 SELECT set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true)
 
 -- name: quality_groups
--- One row per group: the counts, the latencies (seconds; percentiles of the finals with a
+-- The report from the raw tables alone (quality_rollup_groups is the same from the rollup), for
+-- a done-time threshold that is no bucket boundary. One row per group: the counts, the latencies (seconds; percentiles of the finals with a
 -- usable reported done time, P19), the finals by status, and the countries of the group whose
 -- verifiable DELIVERED messages (at least :min_messages) were never verified.
 -- Below them, the facts: one row per message sent in [since, until), with its group's keys, its computed status, the
 -- reported done time and our receive time of the receipt behind it, and whether it was
--- verified. Everything is read by ranges, never a whole table: the window's messages by the
+-- verified (a verification counts when dated at most a day before its message was sent, as in
+-- dlr.quality_facts). Everything is read by ranges, never a whole table: the window's messages by the
 -- index on the time each was sent; their statuses and events by the range of
 -- their row ids (messages are recorded as they are sent, so a window is about one range of
 -- the keys dlr.statuses and dlr.message_events are ordered by); their verifications by the
@@ -49,10 +51,11 @@ events AS (
     WHERE me.message_ref BETWEEN (SELECT first FROM ids) AND (SELECT last FROM ids)
 ),
 verified AS (
-    SELECT DISTINCT v.login, v.message_id
+    SELECT v.login, v.message_id, max(v.verified_at) AS last_verified_at
     FROM dlr.verifications AS v
     WHERE v.verified_at >= :since::timestamptz - interval '1 day'
       AND (:login::text IS NULL OR v.login = :login)
+    GROUP BY v.login, v.message_id
 ),
 facts AS (
     SELECT s.login, s.route, s.source, s.submitted_at, s.sent_at, s.country,
@@ -64,7 +67,9 @@ facts AS (
     LEFT JOIN statuses AS st ON st.message_ref = s.id
     LEFT JOIN events AS me ON me.id = st.supporting_event_id
     LEFT JOIN dlr.event_rows AS er ON me.id IS NULL AND er.id = st.supporting_event_id
-    LEFT JOIN verified AS vd ON vd.login = s.login AND vd.message_id = s.message_id
+    LEFT JOIN verified AS vd
+        ON vd.login = s.login AND vd.message_id = s.message_id
+       AND vd.last_verified_at >= s.sent_at - interval '1 day'
 ),
 -- Verifiable traffic: the messages of a sender address (login and source) with at least one
 -- verification in the window - the kind of message that gets verified (an OTP sender's), not
@@ -125,6 +130,124 @@ SELECT g.*, coalesce(b.final_by_status, '{}') AS final_by_status,
 FROM groups AS g
 LEFT JOIN by_status AS b ON b.key IS NOT DISTINCT FROM g.key
 LEFT JOIN silent AS s ON s.key IS NOT DISTINCT FROM g.key
+ORDER BY g.accepted DESC, g.key NULLS LAST
+
+-- name: refresh_quality_hours
+-- The rollup up to date before a report reads it (its own transaction; it waits for a refresh
+-- already running, then has little left to do).
+SELECT dlr.refresh_quality_hours(:countries::jsonb)
+
+-- name: refresh_built_quality_hours
+-- `maintain`, before it drops days of the change log: a rollup that exists reads their changes
+-- first (one never built is built whole from the raw tables when first asked).
+SELECT dlr.refresh_quality_hours(:countries::jsonb)
+FROM dlr.quality_refresh
+WHERE position IS NOT NULL
+
+-- name: quality_rollup_groups
+-- quality_groups from the rollup: the whole hours in [:hours_from, :hours_to) from
+-- dlr.quality_hours, the partial hours at the window's ends from the raw tables by
+-- dlr.quality_facts over the :raw_from/:raw_to ranges. A non-final group of the rollup is
+-- pending whole when its hour ends by the deadline's cutoff, in part when the cutoff falls
+-- within it (by its send times), not at all after. The same counts as
+-- quality_groups; the latencies are percentiles of the buckets (dlrfeed.store.quality), and a
+-- done time counts as the submission when its bucket lies under :same_time_bucket.
+WITH cells AS (
+    SELECT q.login, q.source, q.route, q.country, q.err, q.status, q.is_final, q.messages,
+           CASE WHEN q.is_final OR q.hour >= c.cutoff THEN 0
+                WHEN q.hour + interval '1 hour' <= c.cutoff THEN q.messages
+                ELSE (SELECT count(*) FROM unnest(q.awaiting_sent) AS t(sent_at)
+                      WHERE t.sent_at < c.cutoff) END AS pending,
+           q.verified, q.with_done_time, q.to_done_buckets, q.to_done_counts,
+           q.to_received_buckets, q.to_received_counts
+    FROM dlr.quality_hours AS q
+    CROSS JOIN (SELECT :now::timestamptz - :deadline::interval AS cutoff) AS c
+    WHERE q.hour >= :hours_from AND q.hour < :hours_to
+      AND (:login::text IS NULL OR q.login = :login)
+    UNION ALL
+    SELECT f.login, f.source, f.route, f.country, f.err, f.status, f.is_final, f.messages,
+           f.pending, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
+           f.to_received_buckets, f.to_received_counts
+    FROM unnest(:raw_from::timestamptz[], :raw_to::timestamptz[]) AS r(lo, hi)
+    CROSS JOIN LATERAL dlr.quality_facts(r.lo, r.hi, :login, :now::timestamptz - :deadline::interval,
+                                         :countries::jsonb) AS f
+),
+-- Verifiable traffic: the sender addresses (login and source) with a verification in the window.
+senders AS (
+    SELECT c.login, c.source FROM cells AS c GROUP BY c.login, c.source HAVING sum(c.verified) > 0
+),
+marked AS MATERIALIZED (
+    SELECT CASE :key WHEN 'route' THEN c.route WHEN 'country' THEN c.country ELSE c.err END AS key,
+           c.*, c.is_final AND c.status = 'DELIVERED' AS delivered,
+           s.login IS NOT NULL AS verifiable
+    FROM cells AS c
+    LEFT JOIN senders AS s ON s.login = c.login AND s.source = c.source
+),
+by_status AS (
+    SELECT key, jsonb_object_agg(status, messages ORDER BY status)::text AS final_by_status
+    FROM (SELECT key, status, sum(messages) AS messages FROM marked WHERE is_final
+          GROUP BY key, status) AS x
+    GROUP BY key
+),
+silent AS (
+    SELECT key, array_agg(coalesce(country, '?') ORDER BY delivered DESC, country) AS countries,
+           sum(delivered)::bigint AS delivered
+    FROM (SELECT key, country,
+                 coalesce(sum(messages) FILTER (WHERE verifiable AND delivered), 0) AS delivered,
+                 coalesce(sum(verified) FILTER (WHERE verifiable), 0) AS verified
+          FROM marked GROUP BY key, country) AS d
+    WHERE verified = 0 AND delivered >= :min_messages
+    GROUP BY key
+),
+latencies AS (
+    SELECT key, kind, array_agg(bucket ORDER BY bucket) AS buckets,
+           array_agg(messages ORDER BY bucket) AS counts,
+           sum(at_submit) AS at_submit
+    FROM (SELECT m.key, h.kind, h.bucket, sum(h.messages) AS messages,
+                 sum(h.messages) FILTER (WHERE m.delivered AND abs(h.bucket) < :same_time_bucket)
+                     AS at_submit
+          FROM marked AS m
+          CROSS JOIN LATERAL (
+              SELECT 'done' AS kind, d.bucket, d.messages
+              FROM unnest(m.to_done_buckets, m.to_done_counts) AS d(bucket, messages)
+              UNION ALL
+              SELECT 'received', r.bucket, r.messages
+              FROM unnest(m.to_received_buckets, m.to_received_counts) AS r(bucket, messages)
+          ) AS h
+          WHERE m.is_final
+          GROUP BY m.key, h.kind, h.bucket) AS b
+    GROUP BY key, kind
+),
+groups AS (
+    SELECT key,
+           sum(messages) AS accepted,
+           coalesce(sum(messages) FILTER (WHERE delivered), 0) AS delivered,
+           coalesce(sum(messages) FILTER (WHERE is_final AND NOT delivered), 0) AS failed,
+           coalesce(sum(messages) FILTER (WHERE NOT is_final), 0) AS awaiting,
+           sum(pending) AS pending,
+           sum(verified) AS verified,
+           coalesce(sum(verified) FILTER (WHERE NOT delivered), 0) AS verified_without_delivered,
+           coalesce(sum(messages) FILTER (WHERE verifiable), 0) AS verifiable,
+           coalesce(sum(messages) FILTER (WHERE verifiable AND delivered), 0)
+               AS verifiable_delivered,
+           coalesce(sum(verified) FILTER (WHERE verifiable), 0) AS verifiable_verified,
+           coalesce(sum(messages - verified) FILTER (WHERE verifiable AND delivered), 0)
+               AS delivered_without_verification,
+           coalesce(sum(with_done_time) FILTER (WHERE delivered), 0) AS delivered_with_done_time
+    FROM marked
+    GROUP BY key
+)
+SELECT g.*, coalesce(b.final_by_status, '{}') AS final_by_status,
+       coalesce(s.countries, '{}') AS silent_countries,
+       coalesce(s.delivered, 0) AS silent_delivered,
+       coalesce(d.at_submit, 0) AS done_at_submit,
+       d.buckets AS to_done_buckets, d.counts AS to_done_counts,
+       r.buckets AS to_received_buckets, r.counts AS to_received_counts
+FROM groups AS g
+LEFT JOIN by_status AS b ON b.key IS NOT DISTINCT FROM g.key
+LEFT JOIN silent AS s ON s.key IS NOT DISTINCT FROM g.key
+LEFT JOIN latencies AS d ON d.key IS NOT DISTINCT FROM g.key AND d.kind = 'done'
+LEFT JOIN latencies AS r ON r.key IS NOT DISTINCT FROM g.key AND r.kind = 'received'
 ORDER BY g.accepted DESC, g.key NULLS LAST
 
 -- name: verification_totals

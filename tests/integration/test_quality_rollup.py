@@ -1,0 +1,307 @@
+"""The quality report from its hourly rollup (dlr.quality_hours) against the same report counted
+from the raw tables alone (`raw_quality`, the reference): the same counts, to the message, on a
+generated store with late receipts, status changes, messages recorded after their receipts,
+late verifications, a forgetting pass, and two refreshes at once; latencies within one bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dlrfeed.domain.quality import Thresholds
+from dlrfeed.feed.client import receipt_from_proto
+from dlrfeed.store import Store, Submission, Verification
+from dlrfeed.store.quality import GROUP_BY, Window, quality, raw_quality, refresh
+from dlrfeed.store.retention import RetentionPolicy, forget, maintain
+from gateway.receipts.v1 import feed_pb2
+
+LOGINS = ("acme", "beta")
+SOURCES = ("OTP", "NEWS", None)
+ROUTES = ("r1", "r2", "grey", None)
+DESTINATIONS = ("+3461", "+4479", "+1416", "+7701", "0612")  # the last is not E.164
+# Equal to the message; the signals too on this traffic (uniform_latency reads percentiles from
+# the buckets, where equal latencies stay equal).
+EQUAL_FIELDS = (
+    "accepted",
+    "delivered",
+    "failed",
+    "awaiting",
+    "pending",
+    "verified",
+    "verified_without_delivered",
+    "delivered_without_verification",
+    "verifiable",
+    "verifiable_delivered",
+    "verifiable_verified",
+    "delivered_with_done_time",
+    "done_at_submit",
+    "silent_delivered",
+    "final_by_status",
+    "silent_countries",
+    "signals",
+)
+# A percentile from the buckets is within half a bucket of the exact one (docs/quality.md).
+HALF_BUCKET = 10**0.05
+
+
+def _date(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%y%m%d%H%M%S")
+
+
+def _receipt(message_id: str, level: int, stat: str, sent: datetime, done: datetime) -> Any:
+    wire = feed_pb2.Receipt(
+        id=message_id,
+        level=level,
+        stat=stat,
+        err="000" if stat == "DELIVRD" else f"0{level}{len(stat)}",
+        submit_date=_date(sent),
+        done_date=_date(done),
+        ack_token=f"t-{message_id}-{level}-{stat}",
+        delivery_count=1,
+    )
+    return receipt_from_proto(wire, wire.SerializeToString(), time.time())
+
+
+class Traffic:
+    """Messages sent over the last 60 hours (the deadline's cutoff falls among them), their
+    receipts and verifications, in rounds, from one seed."""
+
+    def __init__(self, seed: int, now: datetime) -> None:
+        self.rng = random.Random(seed)
+        self.now = now
+        self.base = now - timedelta(hours=60, minutes=self.rng.randrange(60))
+        self.messages: list[tuple[Submission, datetime]] = []
+        for n in range(360):
+            sent = self.base + timedelta(seconds=self.rng.randrange(60 * 3600))
+            login = self.rng.choice(LOGINS)
+            submission = Submission(
+                login,
+                f"m{n}",
+                f"{self.rng.choice(DESTINATIONS)}{n:07d}",
+                source=self.rng.choice(SOURCES),
+                submitted_at=sent,
+                route=self.rng.choice(ROUTES),
+            )
+            self.messages.append((submission, sent))
+
+    def receipts(self, share: float) -> dict[str, list[Any]]:
+        """Receipts for a share of the messages, by login: progress, finals, fake DELIVRDs at
+        submit time on the grey route, latencies of whole seconds."""
+        by_login: dict[str, list[Any]] = {login: [] for login in LOGINS}
+        for submission, sent in self.messages:
+            if self.rng.random() >= share:
+                continue
+            key = submission.message_id
+            if self.rng.random() < 0.3:
+                later = sent + timedelta(seconds=self.rng.randrange(1, 30))
+                by_login[submission.login].append(_receipt(key, 1, "ENROUTE", sent, later))
+                continue
+            if submission.route == "grey":
+                done = sent
+            else:
+                done = sent + timedelta(seconds=self.rng.choice((0, 1, 4, 9, 10, 30, 200, 4000)))
+            stat = self.rng.choice(("DELIVRD", "DELIVRD", "DELIVRD", "UNDELIV", "EXPIRED"))
+            by_login[submission.login].append(_receipt(key, 2, stat, sent, done))
+        return by_login
+
+    def verifications(self, share: float) -> list[Verification]:
+        return [
+            Verification(
+                s.login,
+                s.message_id,
+                self.rng.choice(("otp_confirmed", "click")),
+                sent + timedelta(seconds=self.rng.randrange(-3600, 7200)),
+            )
+            for s, sent in self.messages
+            if s.source == "OTP" and s.route != "grey" and self.rng.random() < share
+        ]
+
+    def windows(self) -> list[Window]:
+        """Windows starting in the middle of an hour, or before every message; one login or all;
+        pending measured from the end of the window, or from a cutoff among the messages."""
+        until = datetime.now(UTC)
+        middle = self.base + timedelta(hours=20, minutes=self.rng.randrange(1, 59))
+        return [
+            Window(since=self.base - timedelta(hours=1), until=until, now=until),
+            Window(since=middle, until=until, now=until, login="acme"),
+            Window(since=middle, until=until, now=until, deadline=timedelta(hours=30)),
+            Window(since=self.base, until=middle, now=middle, deadline=timedelta(hours=5)),
+            # Done at submit within 10 s, a bucket bound; signals on few messages.
+            Window(
+                since=self.base,
+                until=until,
+                now=until,
+                thresholds=Thresholds(min_messages=5, same_time_seconds=10),
+            ),
+            # Given in a zone half an hour off UTC: the rollup's hours are UTC's.
+            Window(
+                since=middle.astimezone(timezone(timedelta(hours=5, minutes=30))).replace(
+                    minute=0, second=0
+                ),
+                until=until,
+                now=until,
+            ),
+        ]
+
+
+async def _ingest(store: Store, receipts: dict[str, list[Any]]) -> None:
+    for login, batch in receipts.items():
+        if batch:
+            await store.ingest(login, batch)
+
+
+def _close(exact: float | None, from_buckets: float | None) -> bool:
+    """Within half a bucket, both rounded to the millisecond."""
+    if exact is None or from_buckets is None:
+        return exact is from_buckets
+    low, high = sorted((exact / HALF_BUCKET, exact * HALF_BUCKET))
+    return low - 0.0015 <= from_buckets <= high + 0.0015
+
+
+async def _same_report(conn: asyncpg.Connection, traffic: Traffic) -> int:
+    """The rollup's report equals the raw one for every grouping and window; the messages
+    they covered."""
+    covered = 0
+    for window in traffic.windows():
+        for by in GROUP_BY:
+            rolled = {g[by]: g for g in await quality(conn, by, window)}
+            exact = {g[by]: g for g in await raw_quality(conn, by, window)}
+            assert rolled.keys() == exact.keys(), (by, window)
+            for key, group in exact.items():
+                assert {c: rolled[key][c] for c in EQUAL_FIELDS} == {
+                    c: group[c] for c in EQUAL_FIELDS
+                }, (
+                    by,
+                    key,
+                    window,
+                )
+                for latency in ("latency_submit_to_done_s", "latency_submit_to_received_s"):
+                    for name, value in group[latency].items():
+                        assert _close(value, rolled[key][latency][name]), (by, key, latency, name)
+            covered += sum(g["accepted"] for g in exact.values()) if by == "route" else 0
+    return covered
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+async def test_the_rollup_counts_what_the_raw_tables_count(
+    store: Store, db: asyncpg.Connection, seed: int
+) -> None:
+    traffic = Traffic(seed, datetime.now(UTC).replace(microsecond=0))
+    submissions = [s for s, _ in traffic.messages]
+    first, rest = submissions[:250], submissions[250:]
+    # Receipts before and after their messages are recorded (late correlation), a refresh in
+    # between, verifications before their message and late ones.
+    await _ingest(store, traffic.receipts(0.3))
+    await store.record_verifications(traffic.verifications(0.2))
+    await store.record_submissions(first)
+    assert await _same_report(db, traffic) > 0
+    await _ingest(store, traffic.receipts(0.5))  # progress to finals, new finals, repeats
+    await store.record_verifications(traffic.verifications(0.4))
+    await store.record_submissions(rest)
+    assert await _same_report(db, traffic) > 0
+    await _ingest(store, traffic.receipts(0.4))
+    await store.record_verifications(traffic.verifications(0.3))
+    assert await _same_report(db, traffic) > 0
+    # A verification of a message never recorded leaves nothing to do behind it.
+    await store.record_verifications([Verification("acme", "never", "click", traffic.now)])
+    await refresh(db)
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") == 0
+    # Nothing changed since: nothing to re-aggregate.
+    assert await refresh(db) == 0
+    rolled = await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours")
+    assert rolled == len(submissions)
+
+
+async def test_two_refreshes_at_once_count_each_message_once(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    traffic = Traffic(5, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    await _ingest(store, traffic.receipts(0.6))
+    await store.record_verifications(traffic.verifications(0.5))
+    other = await asyncpg.connect(database_url)
+    try:
+        async with db.transaction():
+            assert await refresh(db) > 0
+            second = asyncio.create_task(refresh(other))
+            # The second waits for the first's lock...
+            for _ in range(600):
+                waiting = await db.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting == 1
+        # ...then finds nothing left to do.
+        assert await second == 0
+    finally:
+        await other.close()
+    rolled = await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours")
+    assert rolled == len(traffic.messages)
+    assert await _same_report(db, traffic) > 0
+
+
+async def test_forgetting_messages_leaves_the_rollup_exact(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    traffic = Traffic(7, datetime.now(UTC).replace(microsecond=0))
+    submissions = [s for s, _ in traffic.messages]
+    await store.record_submissions(submissions)
+    await _ingest(store, traffic.receipts(0.5))
+    await store.record_verifications(traffic.verifications(0.5))
+    assert await _same_report(db, traffic) > 0
+    await asyncio.sleep(0.01)
+    cutoff = await db.fetchval("SELECT clock_timestamp()")
+    await asyncio.sleep(0.01)
+    # Something new for some messages after the cutoff: those are kept, the others forgotten.
+    await _ingest(store, traffic.receipts(0.3))
+    forgotten = await forget(db, cutoff)
+    left = await db.fetchval("SELECT count(*) FROM dlr.messages")
+    assert forgotten.messages > 0
+    assert 0 < left < len(submissions)
+    assert await _same_report(db, traffic) > 0
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == left
+
+
+async def test_dropping_days_of_the_change_log_loses_no_change_of_the_rollup(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    traffic = Traffic(13, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    assert await refresh(db) > 0
+    # Changes the rollup has not read when `maintain` drops their day.
+    await _ingest(store, traffic.receipts(0.7))
+    await store.record_verifications(traffic.verifications(0.5))
+    await maintain(
+        database_url,
+        RetentionPolicy(retention_days=30),
+        now=datetime.now(UTC) + timedelta(days=40),
+    )
+    assert await db.fetchval("SELECT count(*) FROM dlr.status_change_rows") == 0
+    assert await _same_report(db, traffic) > 0
+
+
+async def test_a_read_only_server_answers_from_the_raw_tables(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    """A standby cannot bring the rollup up to date: a stale one would be wrong."""
+    traffic = Traffic(17, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    await _ingest(store, traffic.receipts(0.5))
+    read_only = await asyncpg.connect(
+        database_url, server_settings={"default_transaction_read_only": "on"}
+    )
+    try:
+        window = traffic.windows()[0]
+        assert await quality(read_only, "route", window) == await raw_quality(db, "route", window)
+    finally:
+        await read_only.close()
+    assert await db.fetchval("SELECT position FROM dlr.quality_refresh") is None

@@ -1,0 +1,209 @@
+"""`dlrfeed quality` on a grown store: the report from the raw tables against the report from
+the hourly rollup, and what keeping the rollup up to date costs (docs/quality.md, "Cost").
+
+A throwaway server; a store of `--messages` messages sent over the last 7 days (10 routes, the
+first a lying one: DELIVRD at submit time, never verified; half the OTP traffic verified)
+written by SQL, statuses through their triggers (so the change log is written as the ingest
+writes it). Figures are the server backend's CPU time (/proc), which the machine's other load
+does not inflate, and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import TypeVar
+
+import asyncpg
+
+from dlrfeed.store.migrate import migrate
+from dlrfeed.store.quality import Window, quality, raw_quality, refresh
+from dlrfeed_tools.pgcluster import scratch_directory, start_on_a_free_port
+
+_T = TypeVar("_T")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+# The traffic of `minutes` at the store's rate, sent in the last hour; and late finals of
+# `late` messages sent within the 48 hours before.
+_MESSAGES = """
+INSERT INTO dlr.messages (login, message_id, internal_id, destination, destination_raw,
+                          destination_is_e164, source, route, submitted_at, recorded_at)
+SELECT 'acme', :prefix || g, :prefix || g, d, d, true,
+       CASE WHEN abs(hashint4(g + 1)) % 3 = 0 THEN 'NEWS' ELSE 'OTP' END,
+       'r' || abs(hashint4(g)) % 10, t, t
+FROM generate_series(1, :count) AS g,
+     LATERAL (SELECT :start::timestamptz + (g::float8 / :count) * :span::interval AS t,
+                     '+' || (ARRAY[COUNTRIES])[1 + abs(hashint4(g + 2)) % 30]
+                         || lpad(g::text, 8, '0') AS d) AS x
+"""
+# 30 destination countries, by a four-digit E.164 prefix each.
+_PREFIXES = (
+    "3461",
+    "4479",
+    "1416",
+    "7701",
+    "4915",
+    "3362",
+    "3934",
+    "4475",
+    "5511",
+    "5255",
+    "9198",
+    "6281",
+    "6391",
+    "2348",
+    "2547",
+    "2771",
+    "2010",
+    "9053",
+    "4860",
+    "3161",
+    "3247",
+    "4176",
+    "4369",
+    "3519",
+    "3069",
+    "4072",
+    "3630",
+    "4670",
+    "4794",
+    "4540",
+)
+_MESSAGES = _MESSAGES.replace("COUNTRIES", ", ".join(f"'{p}'" for p in _PREFIXES))
+_EVENTS = """
+INSERT INTO dlr.message_events (message_ref, level, first_received_at, done_at, stat, status,
+                                err, fingerprint, parser_version, rules_version)
+SELECT m.id, 2, m.submitted_at + (2 + m.id % 50) * interval '1 second',
+       CASE WHEN m.route = 'r0' THEN m.submitted_at
+            ELSE m.submitted_at + (1 + m.id % 40) * interval '1 second' END,
+       CASE WHEN m.id % 20 = 1 THEN 'UNDELIV' ELSE 'DELIVRD' END,
+       CASE WHEN m.id % 20 = 1 THEN 'UNDELIVERABLE' ELSE 'DELIVERED' END,
+       CASE WHEN m.id % 20 = 1 THEN '001' ELSE '000' END, 'f', 'bench', 'bench'
+FROM dlr.messages AS m
+WHERE m.message_id LIKE :prefix || '%' AND m.id % 25 <> 0
+"""
+_STATUSES = """
+INSERT INTO dlr.statuses (message_ref, supporting_event_id, is_final, status, rules_version,
+                          basis_err, basis_done_at, reason)
+SELECT e.message_ref, e.id, true, e.status, 'bench', e.err, e.done_at, 'final: ' || e.stat
+FROM dlr.message_events AS e
+JOIN dlr.messages AS m ON m.id = e.message_ref
+WHERE m.message_id LIKE :prefix || '%'
+"""
+_VERIFICATIONS = """
+INSERT INTO dlr.verifications (login, message_id, kind, verified_at)
+SELECT m.login, m.message_id, 'otp_confirmed', m.submitted_at + interval '40 seconds'
+FROM dlr.messages AS m
+WHERE m.message_id LIKE :prefix || '%' AND m.source = 'OTP' AND m.route <> 'r0' AND m.id % 2 = 0
+"""
+_LATE = """
+INSERT INTO dlr.statuses (message_ref, supporting_event_id, is_final, status, rules_version,
+                          basis_err, basis_done_at, reason)
+SELECT m.id, 0, true, 'EXPIRED', 'bench', '002', now(), 'final: EXPIRED'
+FROM dlr.messages AS m
+WHERE m.submitted_at > now() - interval '48 hours' AND m.id % 25 = 0
+ORDER BY random() LIMIT :late
+"""
+
+
+def _sql(text: str, **values: object) -> str:
+    for name, value in values.items():
+        text = text.replace(f":{name}", f"'{value}'")
+    return text
+
+
+async def _cpu(
+    conn: asyncpg.Connection, action: Callable[[], Awaitable[_T]]
+) -> tuple[float, float, _T]:
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+
+    def ticks() -> int:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    before, started = ticks(), time.perf_counter()
+    result = await action()
+    return (ticks() - before) / _TICK, time.perf_counter() - started, result
+
+
+async def _traffic(
+    conn: asyncpg.Connection, prefix: str, count: int, start: datetime, span: timedelta
+) -> None:
+    values = {"prefix": prefix, "count": count, "start": start.isoformat(), "span": str(span)}
+    await conn.execute(_sql(_MESSAGES, **values))
+    await conn.execute(_sql(_EVENTS, prefix=prefix))
+    await conn.execute(_sql(_STATUSES, prefix=prefix))
+    await conn.execute(_sql(_VERIFICATIONS, prefix=prefix))
+
+
+def _last(days: int) -> Window:
+    """The messages sent in the last `days` days, pending measured from now."""
+    now = datetime.now(UTC)
+    return Window(since=now - timedelta(days=days), until=now, now=now)
+
+
+async def run(messages: int) -> None:
+    cluster = start_on_a_free_port(scratch_directory("bench-quality"))
+    try:
+        dsn = await cluster.create_database("bench")
+        await migrate(dsn)
+        conn = await asyncpg.connect(dsn)
+        try:
+            now = datetime.now(UTC)
+            started = time.perf_counter()
+            await _traffic(conn, "m", messages, now - timedelta(days=7), timedelta(days=7))
+            await conn.execute("VACUUM ANALYZE")
+            took = time.perf_counter() - started
+            print(f"store: {messages:,} messages over 7 days in {took:.0f} s")
+
+            for days in (7, 1):
+                cpu, wall, _ = await _cpu(conn, partial(raw_quality, conn, "route", _last(days)))
+                print(f"raw report {days} d: backend CPU {cpu:.2f} s, wall {wall:.2f} s")
+            cpu, wall, hours = await _cpu(conn, lambda: refresh(conn))
+            print(f"rollup built ({hours} hours): backend CPU {cpu:.2f} s, wall {wall:.2f} s")
+            await conn.execute("ANALYZE dlr.quality_hours")
+            rows = await conn.fetchval("SELECT count(*) FROM dlr.quality_hours")
+            print(f"rollup rows: {rows:,}")
+            for days in (7, 1):
+                cpu, wall, _ = await _cpu(conn, partial(quality, conn, "route", _last(days)))
+                print(f"rollup report {days} d, up to date: CPU {cpu:.2f} s, wall {wall:.2f} s")
+            # Five minutes of traffic at the store's rate, and late finals over the last 48 h.
+            fresh = max(1, messages * 5 // (7 * 24 * 60))
+            at = datetime.now(UTC)
+            await _traffic(conn, "n", fresh, at - timedelta(minutes=5), timedelta(minutes=5))
+            cpu, wall, _ = await _cpu(conn, lambda: quality(conn, "route", _last(7)))
+            print(
+                f"rollup report 7 d after 5 min of traffic ({fresh:,} messages): "
+                f"backend CPU {cpu:.2f} s, wall {wall:.2f} s"
+            )
+            for late in (10, 200):
+                await conn.execute(_sql(_LATE, late=late))
+                touched = await conn.fetchval(
+                    "SELECT count(DISTINCT date_trunc('hour', submitted_at)) FROM dlr.messages m"
+                    " JOIN dlr.statuses s ON s.message_ref = m.id WHERE s.status = 'EXPIRED'"
+                )
+                cpu, wall, _ = await _cpu(conn, lambda: quality(conn, "route", _last(7)))
+                print(
+                    f"rollup report 7 d after late finals in {touched} hours of the last 48: "
+                    f"backend CPU {cpu:.2f} s, wall {wall:.2f} s"
+                )
+                await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
+                await refresh(conn)
+        finally:
+            await conn.close()
+    finally:
+        cluster.destroy()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    args = parser.parse_args()
+    asyncio.run(run(args.messages))
+    return 0
