@@ -305,3 +305,32 @@ async def test_a_read_only_server_answers_from_the_raw_tables(
     finally:
         await read_only.close()
     assert await db.fetchval("SELECT position FROM dlr.quality_refresh") is None
+
+
+async def test_changes_committed_while_a_transaction_is_open_are_counted(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    """A session idle in a transaction holds the change log's horizon back: the changes
+    committed above it are counted at once, and read again later."""
+    traffic = Traffic(19, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    assert await refresh(db) > 0
+    idle = await asyncpg.connect(database_url)
+    try:
+        held = idle.transaction()
+        await held.start()
+        await idle.fetchval("SELECT pg_current_xact_id()")
+        await _ingest(store, traffic.receipts(0.7))
+        window = traffic.windows()[0]
+        rolled = await quality(db, "route", window)
+        exact = await raw_quality(db, "route", window)
+        assert sum(g["delivered"] for g in exact) > 0
+        assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
+            {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
+        ]
+        await held.rollback()
+    finally:
+        await idle.close()
+    # Read again once the horizon passes them: still counted once.
+    await refresh(db)
+    assert await _same_report(db, traffic) > 0

@@ -1084,8 +1084,8 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
 -- Route quality rollup (docs/quality.md, "Cost"): `dlrfeed quality` reads whole hours from
 -- dlr.quality_hours and only the partial hours of its window from the raw tables. The rollup is
 -- brought up to date by dlr.refresh_quality_hours(), outside the ingest: it re-aggregates the
--- hours touched since its last run, found in the status-change log (by position, below the
--- horizon) and in dlr.quality_marks (messages recorded or forgotten, verifications recorded).
+-- hours touched since its last run, found in the status-change log (by position, every change
+-- its snapshot sees) and in dlr.quality_marks (messages recorded or forgotten, verifications recorded).
 -------------------------------------------------------------------------------------------
 
 -- A latency's bucket: 0 for 0 s; else its sign times 32 + floor(10 log10 |seconds|), clamped
@@ -1242,7 +1242,9 @@ BEGIN
     PERFORM pg_advisory_xact_lock(6581363, 0);
     SELECT r.position INTO read_from FROM dlr.quality_refresh AS r FOR UPDATE;
     -- Every change below the horizon is committed, hence visible to the statements below
-    -- (docs/changes.md, "Positions and the gap").
+    -- (docs/changes.md, "Positions and the gap"): the position advances to it. The changes
+    -- committed above it are read too (a transaction left open must not hold the report's
+    -- counts back), and again next time: an hour re-aggregated twice is the same hour.
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19;
     IF read_from IS NULL THEN
         SELECT array_agg(k.id) INTO consumed FROM dlr.quality_marks AS k;
@@ -1260,12 +1262,12 @@ BEGIN
             SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC') AS hour
             FROM dlr.status_change_rows AS c
             JOIN dlr.messages AS m ON m.id = c.message_ref
-            WHERE c.position >= read_from AND c.position < horizon
+            WHERE c.position >= read_from
             UNION
             SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
             FROM dlr.status_change_rows AS c
             JOIN dlr.messages AS m ON m.login = c.login AND m.message_id = c.message_id
-            WHERE c.position >= read_from AND c.position < horizon AND c.message_ref IS NULL
+            WHERE c.position >= read_from AND c.message_ref IS NULL
         )
         -- Every mark seen is consumed. A verification's message not recorded in this
         -- snapshot is recorded later, with a mark of its own: its hour is re-aggregated then,
