@@ -334,3 +334,21 @@ async def test_changes_committed_while_a_transaction_is_open_are_counted(
     # Read again once the horizon passes them: still counted once.
     await refresh(db)
     assert await _same_report(db, traffic) > 0
+
+
+async def test_a_refresh_with_another_country_map_rebuilds_the_rollup_whole(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """Two maps are never mixed in the rollup: another map (another phonenumbers) rebuilds it."""
+    traffic = Traffic(23, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    assert await refresh(db) > 0
+    spain = sum(1 for s, _ in traffic.messages if s.destination.startswith("+3461"))
+    assert spain > 0
+    await db.fetchval("""SELECT dlr.refresh_quality_hours('{"3461": "XX"}')""")
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == len(traffic.messages)
+    assert (
+        await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours WHERE country = 'XX'")
+        == spain
+    )
+    assert await _same_report(db, traffic) > 0

@@ -31,7 +31,7 @@ from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification, evidence
 from dlrfeed.store.changes import load_cursor, read_changes, save_cursor
 from dlrfeed.store.migrate import migrate
-from dlrfeed.store.quality import Window, quality
+from dlrfeed.store.quality import Window, quality, raw_quality
 from dlrfeed.store.reports import list_exceptions, message_reports, resolve_exception, statistics
 from dlrfeed_tools.pgcluster import PgCluster
 from gateway.receipts.v1 import feed_pb2
@@ -408,12 +408,18 @@ async def test_writer_records_verifications_and_the_reader_reports_quality(
     for role in (roles_db.writer, roles_db.reader):
         assert "permission denied" in await _refused(role, "DELETE FROM dlr.quality_hours")
         assert "permission denied" in await _refused(role, "DELETE FROM dlr.quality_marks")
+    # The caller supplies the country map: the reader may not fill the rollup with its own.
+    assert "permission denied" in await _refused(
+        roles_db.reader, """SELECT dlr.refresh_quality_hours('{"3461": "XX"}')"""
+    )
     conn = await asyncpg.connect(roles_db.reader)
     try:
         now = datetime.now(UTC)
         window = Window(since=now - timedelta(days=365), until=now, now=now)
+        # The reader may not refresh the rollup: its report is counted from the raw tables.
         (group,) = await quality(conn, "route", window)
         assert group["verified"] == 1
+        assert [group] == await raw_quality(conn, "route", window)
         assert (await message_reports(conn, "m1", None))[0]["facts"]["verified"] is not None
     finally:
         await conn.close()

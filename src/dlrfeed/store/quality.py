@@ -2,8 +2,9 @@
 
 `dlrfeed quality`, the `quality` section of `dlrfeed stats` and the daemon's route gauges read
 the hourly rollup dlr.quality_hours, which they first bring up to date
-(dlr.refresh_quality_hours, run as the schema owner: the reader role writes nothing itself),
-and the raw tables only for the partial hours of their window (docs/quality.md, "Cost").
+(dlr.refresh_quality_hours, run as the schema owner; only the writer may call it), and the raw
+tables only for the partial hours of their window (docs/quality.md, "Cost"). A role that may
+not refresh (the reader) is answered from the raw tables.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
     `suspicious` with the `signals` that fired (dlrfeed.domain.quality).
 
     The rollup answers when `same_time_seconds` is a bucket boundary (LATENCY_BOUNDARIES: the
-    default 1 s is) and the server lets the rollup be brought up to date (not a standby); else
-    the raw tables answer, exactly, at their cost.
+    default 1 s is) and the rollup can be brought up to date (not a standby, by a role that may
+    refresh it); else the raw tables answer, exactly, at their cost. The rollup is read after
+    its refresh committed: it holds every change the read can see.
     """
     t = window.thresholds
     same_time_bucket = _boundary_bucket(t.same_time_seconds)
@@ -74,9 +76,10 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
         return await raw_quality(conn, by, window)
     try:
         await refresh(conn)
-    except asyncpg.ReadOnlySQLTransactionError:
-        # A standby, or a session read-only by default: the rollup cannot be brought up to
-        # date here, and a stale one would be wrong; the raw tables answer.
+    except (asyncpg.ReadOnlySQLTransactionError, asyncpg.InsufficientPrivilegeError):
+        # A standby, a session read-only by default, or a role that may not write the rollup
+        # (the reader: the caller supplies the country map): the rollup cannot be brought up
+        # to date here, and a stale one would be wrong; the raw tables answer.
         return await raw_quality(conn, by, window)
     ranges = _raw_ranges(window)
     async with conn.transaction(readonly=True):

@@ -1134,10 +1134,13 @@ COMMENT ON TABLE dlr.quality_marks IS
 CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
     position numeric,
-    refreshed_at timestamptz
+    refreshed_at timestamptz,
+    countries_digest text
 );
 COMMENT ON TABLE dlr.quality_refresh IS
     'how far dlr.quality_hours has read the status-change log (NULL: never built)';
+COMMENT ON COLUMN dlr.quality_refresh.countries_digest IS
+    'SHA-256 of the country map dlr.quality_hours was built with: a refresh with another map rebuilds it whole';
 INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 
 -- The facts of the messages sent in [lo, hi), of `only_login` or all, one row per hour and
@@ -1225,13 +1228,17 @@ GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
 $$;
 
 -- Brings dlr.quality_hours up to date (docs/quality.md, "Cost"); returns the hours it
--- re-aggregated. Runs as the owner, so that the reader role (`dlrfeed quality`) may call it.
+-- re-aggregated. Runs as the owner; only the writer may call it (docs/security.md): the caller
+-- supplies the country map. A map other than the one the rollup was built with rebuilds it
+-- whole, so that no two maps are ever mixed.
 CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     read_from numeric;
+    built_with text;
+    digest text := encode(sha256(convert_to(countries::text, 'UTF8')), 'hex');
     horizon numeric;
     consumed bigint[];
     touched timestamptz[];
@@ -1240,13 +1247,16 @@ BEGIN
     -- One refresh at a time; the second one's statements, after the lock, see the first's.
     -- A class of its own (ingest locks ids under 6581362): no receipt ever waits for it.
     PERFORM pg_advisory_xact_lock(6581363, 0);
-    SELECT r.position INTO read_from FROM dlr.quality_refresh AS r FOR UPDATE;
+    SELECT r.position, r.countries_digest INTO read_from, built_with
+    FROM dlr.quality_refresh AS r FOR UPDATE;
     -- Every change below the horizon is committed, hence visible to the statements below
     -- (docs/changes.md, "Positions and the gap"): the position advances to it. The changes
     -- committed above it are read too (a transaction left open must not hold the report's
     -- counts back), and again next time: an hour re-aggregated twice is the same hour.
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19;
-    IF read_from IS NULL THEN
+    IF read_from IS NULL OR built_with IS DISTINCT FROM digest THEN
+        read_from := NULL;
+        DELETE FROM dlr.quality_hours;
         SELECT array_agg(k.id) INTO consumed FROM dlr.quality_marks AS k;
         SELECT array_agg(DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC'))
             INTO touched FROM dlr.messages AS m;
@@ -1294,7 +1304,7 @@ BEGIN
     END LOOP;
     DELETE FROM dlr.quality_marks AS k WHERE k.id = ANY(consumed);
     UPDATE dlr.quality_refresh
-    SET position = greatest(horizon, read_from), refreshed_at = now();
+    SET position = greatest(horizon, read_from), refreshed_at = now(), countries_digest = digest;
     RETURN coalesce(cardinality(touched), 0);
 END;
 $$;
@@ -1398,8 +1408,6 @@ BEGIN
         -- everything, write nothing.
         GRANT USAGE ON SCHEMA dlr TO dlrfeed_reader;
         GRANT SELECT ON ALL TABLES IN SCHEMA dlr TO dlrfeed_reader;
-        -- `quality` first brings its rollup up to date (as the owner, dlr.quality_hours).
-        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb) TO dlrfeed_reader;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_operator') THEN
