@@ -352,3 +352,38 @@ async def test_a_refresh_with_another_country_map_rebuilds_the_rollup_whole(
         == spain
     )
     assert await _same_report(db, traffic) > 0
+
+
+async def test_no_marks_are_written_before_the_rollup_is_built(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Nothing would consume them (the first build aggregates everything); messages recorded
+    while the first build runs are counted all the same."""
+    traffic = Traffic(29, datetime.now(UTC).replace(microsecond=0))
+    first, rest = traffic.messages[:300], traffic.messages[300:]
+    await store.record_submissions([s for s, _ in first])
+    await _ingest(store, traffic.receipts(0.5))
+    await store.record_verifications(traffic.verifications(0.5))
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") == 0
+    build = db.transaction()
+    await build.start()
+    assert await refresh(db) > 0
+
+    async def commit_once_waited_for() -> None:
+        for _ in range(600):
+            if await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("nothing waited for the build")
+        await build.commit()
+
+    # Recorded while the build is not committed: waits for it, then marks its hours.
+    recorded, _ = await asyncio.gather(
+        store.record_submissions([s for s, _ in rest]), commit_once_waited_for()
+    )
+    assert recorded.recorded == len(rest)
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") > 0
+    await refresh(db)
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == len(traffic.messages)
+    assert await _same_report(db, traffic) > 0
