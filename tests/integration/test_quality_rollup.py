@@ -387,3 +387,41 @@ async def test_no_marks_are_written_before_the_rollup_is_built(
     await refresh(db)
     assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == len(traffic.messages)
     assert await _same_report(db, traffic) > 0
+
+
+async def test_a_recompute_that_changes_only_the_supporting_receipt_is_counted(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """P8: a status computed again on another receipt keeps its status, finality and reason
+    (no change is logged) but may move its done time: the rollup reads the message again."""
+    sent = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
+    await store.record_submissions([Submission("acme", "m1", "+34610000001", submitted_at=sent)])
+    await store.ingest(
+        "acme",
+        [
+            _receipt("m1", 1, "DELIVRD", sent, sent),
+            _receipt("m1", 2, "DELIVRD", sent, sent + timedelta(seconds=100)),
+        ],
+    )
+    # As an older rules version left it: based on the level-1 receipt, done at submit.
+    await db.execute(
+        "UPDATE dlr.statuses AS s SET rules_version = 'rules-1', basis_level = 1,"
+        " basis_done_at = m.submitted_at, supporting_event_id = (SELECT id FROM dlr.events"
+        "   WHERE message_id = 'm1' AND level = 1)"
+        " FROM dlr.messages AS m WHERE m.id = s.message_ref AND m.message_id = 'm1'"
+    )
+    assert await refresh(db) > 0
+    window = Window(since=sent - timedelta(hours=1), until=datetime.now(UTC), now=sent)
+    (before,) = await quality(db, "route", window)
+    assert before["done_at_submit"] == 1
+    result = await store.recompute()
+    assert result.changed == 1
+    assert await db.fetchval("SELECT basis_done_at FROM dlr.statuses") == sent + timedelta(
+        seconds=100
+    )
+    (after,) = await quality(db, "route", window)
+    (exact,) = await raw_quality(db, "route", window)
+    assert {c: after[c] for c in EQUAL_FIELDS} == {c: exact[c] for c in EQUAL_FIELDS}
+    assert after["done_at_submit"] == 0
+    done = "latency_submit_to_done_s"
+    assert _close(exact[done]["p50"], after[done]["p50"])

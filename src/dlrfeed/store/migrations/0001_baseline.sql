@@ -1085,7 +1085,8 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
 -- dlr.quality_hours and only the partial hours of its window from the raw tables. The rollup is
 -- brought up to date by dlr.refresh_quality_hours(), outside the ingest: it re-aggregates the
 -- hours touched since its last run, found in the status-change log (by position, every change
--- its snapshot sees) and in dlr.quality_marks (messages recorded or forgotten, verifications recorded).
+-- its snapshot sees) and in dlr.quality_marks (messages recorded or forgotten, verified, or
+-- recomputed).
 -------------------------------------------------------------------------------------------
 
 -- A latency's bucket: 0 for 0 s; else its sign times 32 + floor(10 log10 |seconds|), clamped
@@ -1129,7 +1130,7 @@ CREATE TABLE dlr.quality_marks (
     message_id text
 );
 COMMENT ON TABLE dlr.quality_marks IS
-    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified (their message''s hour); written by triggers, consumed by dlr.refresh_quality_hours()';
+    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified or recomputed (their message''s hour); written by triggers once the rollup is built, consumed by dlr.refresh_quality_hours()';
 
 CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -1319,7 +1320,9 @@ CREATE FUNCTION dlr.quality_rollup_built() RETURNS boolean
     RETURN (SELECT r.position IS NOT NULL FROM dlr.quality_refresh AS r)
         OR (SELECT r.position IS NOT NULL FROM dlr.quality_refresh AS r FOR KEY SHARE);
 
--- The marks: hours of messages recorded or forgotten, messages verified.
+-- The marks: hours of messages recorded or forgotten; messages verified, and messages whose
+-- status a recompute rewrote (a new supporting receipt may keep the status, reason and
+-- finality, hence log no change, and still move the done time and the latencies).
 CREATE FUNCTION dlr.mark_message_hours() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1335,7 +1338,7 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION dlr.mark_verified_messages() RETURNS trigger
+CREATE FUNCTION dlr.mark_messages() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1344,7 +1347,7 @@ BEGIN
         RETURN NULL;
     END IF;
     INSERT INTO dlr.quality_marks (login, message_id)
-    SELECT DISTINCT v.login, v.message_id FROM new_verifications AS v;
+    SELECT DISTINCT v.login, v.message_id FROM marked_messages AS v;
     RETURN NULL;
 END;
 $$;
@@ -1356,8 +1359,11 @@ CREATE TRIGGER messages_quality_marks_delete AFTER DELETE ON dlr.messages
     REFERENCING OLD TABLE AS changed_messages
     FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_message_hours();
 CREATE TRIGGER verifications_quality_marks AFTER INSERT ON dlr.verifications
-    REFERENCING NEW TABLE AS new_verifications
-    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_verified_messages();
+    REFERENCING NEW TABLE AS marked_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_messages();
+CREATE TRIGGER status_recomputations_quality_marks AFTER INSERT ON dlr.status_recomputations
+    REFERENCING NEW TABLE AS marked_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_messages();
 
 -------------------------------------------------------------------------------------------
 -- Roles (docs/security.md): what each dlrfeed group role of sql/roles.sql may do. Where the
@@ -1374,7 +1380,7 @@ REVOKE ALL ON FUNCTION dlr.add_reasons(text[]), dlr.reason_ids(text[]),
     dlr.latest_withdrawal(text, text, timestamptz, timestamptz),
     dlr.record_status_changes(), dlr.move_events_to_messages(),
     dlr.refresh_quality_hours(jsonb), dlr.quality_rollup_built(), dlr.mark_message_hours(),
-    dlr.mark_verified_messages()
+    dlr.mark_messages()
     FROM PUBLIC;
 
 DO $grants$
