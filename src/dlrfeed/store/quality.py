@@ -169,8 +169,9 @@ def _raw_ranges(window: Window) -> _Ranges:
 
 
 LATENCY_BOUNDARIES = tuple(10 ** (k / 10) for k in range(-30, 81))
-"""The latency buckets' bounds in seconds (dlr.latency_bucket): ten a decade, 1 ms to 10^8 s;
-a percentile is exact to one bucket, a factor of 10^0.1 (26 %)."""
+"""The latency buckets' bounds in seconds (dlr.latency_bucket): ten a decade, 1 ms to 10^8 s,
+each bucket a factor of 10^0.1 (26 %) wide; a percentile stands at its bucket's geometric
+middle, within a factor of 10^0.05 (12 %) of the exact one (docs/quality.md)."""
 
 
 def _boundary_bucket(seconds: float) -> int | None:
