@@ -20,6 +20,7 @@ from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification
 from dlrfeed.store.quality import GROUP_BY, Window, quality, raw_quality, refresh
 from dlrfeed.store.retention import RetentionPolicy, forget, maintain
+from dlrfeed_tools.daemon_harness import wait_until
 from gateway.receipts.v1 import feed_pb2
 
 LOGINS = ("acme", "beta")
@@ -163,6 +164,10 @@ def _close(exact: float | None, from_buckets: float | None) -> bool:
         return exact is from_buckets
     low, high = sorted((exact / HALF_BUCKET, exact * HALF_BUCKET))
     return low - 0.0015 <= from_buckets <= high + 0.0015
+
+
+async def _fetches_nonzero(conn: asyncpg.Connection, sql: str) -> bool:
+    return bool(await conn.fetchval(sql))
 
 
 async def _same_report(conn: asyncpg.Connection, traffic: Traffic) -> int:
@@ -354,35 +359,31 @@ async def test_a_refresh_with_another_country_map_rebuilds_the_rollup_whole(
     assert await _same_report(db, traffic) > 0
 
 
-async def test_no_marks_are_written_before_the_rollup_is_built(
+async def test_messages_recorded_during_the_first_build_are_counted_and_never_wait(
     store: Store, database_url: str, db: asyncpg.Connection
 ) -> None:
-    """Nothing would consume them (the first build aggregates everything); messages recorded
-    while the first build runs are counted all the same."""
+    """The marks are written before the rollup exists too: a message recorded while the first
+    build runs neither waits for it nor goes unread. `maintain` drops the marks of a rollup
+    never built (nothing reads them), and only those."""
     traffic = Traffic(29, datetime.now(UTC).replace(microsecond=0))
     first, rest = traffic.messages[:300], traffic.messages[300:]
     await store.record_submissions([s for s, _ in first])
     await _ingest(store, traffic.receipts(0.5))
     await store.record_verifications(traffic.verifications(0.5))
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") > 0
+    await maintain(database_url, RetentionPolicy())
     assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") == 0
     build = db.transaction()
     await build.start()
     assert await refresh(db) > 0
-
-    async def commit_once_waited_for() -> None:
-        for _ in range(600):
-            if await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("nothing waited for the build")
-        await build.commit()
-
-    # Recorded while the build is not committed: waits for it, then marks its hours.
-    recorded, _ = await asyncio.gather(
-        store.record_submissions([s for s, _ in rest]), commit_once_waited_for()
-    )
+    async with asyncio.timeout(30):  # nothing waits for the build
+        recorded = await store.record_submissions([s for s, _ in rest])
     assert recorded.recorded == len(rest)
+    dropping = asyncio.create_task(maintain(database_url, RetentionPolicy()))
+    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    await wait_until(lambda: _fetches_nonzero(db, waiting), 60, "maintain to wait for the build")
+    await build.commit()
+    await dropping  # waited for the build, then found it built: the marks stay
     assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") > 0
     await refresh(db)
     assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == len(traffic.messages)

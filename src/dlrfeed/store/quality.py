@@ -33,6 +33,8 @@ _PLAN = query("plan_quality")
 _GROUPS = query("quality_groups")
 _REFRESH = query("refresh_quality_hours")
 _REFRESH_BUILT = query("refresh_built_quality_hours")
+_LOCK_REFRESH = query("lock_quality_refresh")
+_DROP_UNREAD_MARKS = query("drop_unread_quality_marks")
 _ROLLUP_GROUPS = query("quality_rollup_groups")
 _HOUR = timedelta(hours=1)
 _TOTALS = query("verification_totals")
@@ -111,6 +113,13 @@ async def refresh_before_retention(conn: Connection) -> None:
     """Bring a built rollup up to date before days of the change log are dropped: the changes
     it has not read yet would be gone."""
     await _REFRESH_BUILT.fetchval(conn, countries=countries_json())
+
+
+async def drop_unread_marks(conn: Connection) -> None:
+    """`maintain`: with no rollup built, the marks the triggers write have no reader."""
+    async with conn.transaction():
+        await _LOCK_REFRESH.fetchval(conn)
+        await _DROP_UNREAD_MARKS.execute(conn)
 
 
 async def raw_quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDict]:

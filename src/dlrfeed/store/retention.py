@@ -31,7 +31,7 @@ import asyncpg.exceptions
 
 from dlrfeed.errors import ConfigError, FatalError
 from dlrfeed.store.migrate import ensure_current
-from dlrfeed.store.quality import refresh_before_retention
+from dlrfeed.store.quality import drop_unread_marks, refresh_before_retention
 from dlrfeed.store.sql import Query, query
 
 # F16: the fake gateway keeps an unacked receipt 7 days (fakegw --retention-seconds 604800).
@@ -222,6 +222,7 @@ async def maintain(
                     f"cannot create the partitions ahead: {exc}; rows of those days sit in "
                     f"{PARTITION_SCHEMA}.{parent.default_partition} (docs/retention.md)"
                 ) from exc
+        await drop_unread_marks(conn)
         if policy.retention_days is not None:
             # The rollup reads the changes of the days about to go (docs/quality.md).
             await refresh_before_retention(conn)

@@ -1310,27 +1310,17 @@ BEGIN
 END;
 $$;
 
--- Whether the rollup was built: no marks are written before (nothing would consume them; the
--- first build aggregates everything). Until it is, the answer is read again under a share lock
--- of the row a refresh holds for update: a build running now either waits for this
--- transaction and then sees its rows, or has committed and its position is read.
-CREATE FUNCTION dlr.quality_rollup_built() RETURNS boolean
-    LANGUAGE sql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    RETURN (SELECT r.position IS NOT NULL FROM dlr.quality_refresh AS r)
-        OR (SELECT r.position IS NOT NULL FROM dlr.quality_refresh AS r FOR KEY SHARE);
-
 -- The marks: hours of messages recorded or forgotten; messages verified, and messages whose
 -- status a recompute rewrote (a new supporting receipt may keep the status, reason and
 -- finality, hence log no change, and still move the done time and the latencies).
+-- Written whether or not the rollup was ever built: a message recorded while the first build
+-- runs must be read by the next refresh, and nothing here may wait for a build. `maintain`
+-- drops the marks of a rollup never built (quality.drop_unread_marks).
 CREATE FUNCTION dlr.mark_message_hours() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    IF NOT dlr.quality_rollup_built() THEN
-        RETURN NULL;
-    END IF;
     INSERT INTO dlr.quality_marks (hour)
     SELECT DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
     FROM changed_messages AS m;
@@ -1343,9 +1333,6 @@ CREATE FUNCTION dlr.mark_messages() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    IF NOT dlr.quality_rollup_built() THEN
-        RETURN NULL;
-    END IF;
     INSERT INTO dlr.quality_marks (login, message_id)
     SELECT DISTINCT v.login, v.message_id FROM marked_messages AS v;
     RETURN NULL;
@@ -1379,7 +1366,7 @@ REVOKE ALL ON FUNCTION dlr.add_reasons(text[]), dlr.reason_ids(text[]),
     dlr.create_status_change_partitions(timestamptz),
     dlr.latest_withdrawal(text, text, timestamptz, timestamptz),
     dlr.record_status_changes(), dlr.move_events_to_messages(),
-    dlr.refresh_quality_hours(jsonb), dlr.quality_rollup_built(), dlr.mark_message_hours(),
+    dlr.refresh_quality_hours(jsonb), dlr.mark_message_hours(),
     dlr.mark_messages()
     FROM PUBLIC;
 

@@ -259,3 +259,15 @@ SELECT count(*) AS recorded,
            WHERE m.login = v.login AND m.message_id = v.message_id)) AS waiting_for_message
 FROM dlr.verifications AS v
 WHERE (:login::text IS NULL OR v.login = :login)
+
+-- name: lock_quality_refresh
+-- The lock dlr.refresh_quality_hours takes, alone in its statement: the statements after it
+-- read what a refresh that held it committed.
+SELECT pg_advisory_xact_lock(6581363, 0)
+
+-- name: drop_unread_quality_marks
+-- `maintain`: the marks of a rollup never built have no reader (its first build aggregates
+-- everything). After lock_quality_refresh, so that a build that just committed keeps the
+-- marks written while it ran.
+DELETE FROM dlr.quality_marks
+WHERE (SELECT r.position FROM dlr.quality_refresh AS r) IS NULL
