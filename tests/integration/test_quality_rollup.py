@@ -18,7 +18,7 @@ import pytest
 from dlrfeed.domain.quality import Thresholds
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification
-from dlrfeed.store.quality import GROUP_BY, Window, quality, raw_quality, refresh
+from dlrfeed.store.quality import COUNTS, GROUP_BY, Window, quality, raw_quality, refresh
 from dlrfeed.store.retention import RetentionPolicy, forget, maintain
 from dlrfeed_tools.daemon_harness import wait_until
 from gateway.receipts.v1 import feed_pb2
@@ -30,20 +30,7 @@ DESTINATIONS = ("+3461", "+4479", "+1416", "+7701", "0612")  # the last is not E
 # Equal to the message; the signals too on this traffic (uniform_latency reads percentiles from
 # the buckets, where equal latencies stay equal).
 EQUAL_FIELDS = (
-    "accepted",
-    "delivered",
-    "failed",
-    "awaiting",
-    "pending",
-    "verified",
-    "verified_without_delivered",
-    "delivered_without_verification",
-    "verifiable",
-    "verifiable_delivered",
-    "verifiable_verified",
-    "delivered_with_done_time",
-    "done_at_submit",
-    "silent_delivered",
+    *COUNTS,
     "final_by_status",
     "silent_countries",
     "signals",

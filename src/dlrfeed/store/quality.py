@@ -241,31 +241,32 @@ def countries_json() -> str:
     return json.dumps(prefix_countries(), separators=(",", ":"))
 
 
+# The counts of a group, as both the rollup and the raw tables give them.
+COUNTS = (
+    "accepted",
+    "delivered",
+    "failed",
+    "awaiting",
+    "pending",
+    "verified",
+    "verified_without_delivered",
+    "delivered_without_verification",
+    "verifiable",
+    "verifiable_delivered",
+    "verifiable_verified",
+    "delivered_with_done_time",
+    "done_at_submit",
+    "silent_delivered",
+)
+
+
 def _group(
     by: GroupBy,
     r: asyncpg.Record,
     t: Thresholds,
     latencies: tuple[list[float] | None, list[float] | None],
 ) -> JsonDict:
-    counts = {
-        name: int(r[name])
-        for name in (
-            "accepted",
-            "delivered",
-            "failed",
-            "awaiting",
-            "pending",
-            "verified",
-            "verified_without_delivered",
-            "delivered_without_verification",
-            "verifiable",
-            "verifiable_delivered",
-            "verifiable_verified",
-            "delivered_with_done_time",
-            "done_at_submit",
-            "silent_delivered",
-        )
-    }
+    counts = {name: int(r[name]) for name in COUNTS}
     to_done, to_received = latencies
     fired = signals(counts, to_done, t)
     verifiable = counts["verifiable"]
