@@ -8,6 +8,8 @@
 #   run the documented configuration for real.
 # - kannel (bearerbox, smsbox), the SMS gateway whose dlr-url the tests point at
 #   `dlrfeed webhook --format kannel`, over SMPP to a simulated SMSC.
+# Arguments name more programs a target needs, each a Debian package of the same name (make
+# bench: wrk, the load generator of the callback benchmark).
 # Installs Debian's packages when they are absent and we may (root); otherwise says exactly
 # what is missing. Throwaway clusters themselves are started by scripts/pgcluster.py.
 set -euo pipefail
@@ -36,6 +38,9 @@ have_promtool || missing+=(prometheus)
 have_pgbouncer || missing+=(pgbouncer)
 have_nginx || missing+=(nginx)
 have_kannel || missing+=(kannel)
+for program in "$@"; do
+  command -v "$program" >/dev/null || missing+=("$program")
+done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -57,3 +62,6 @@ have_promtool || { echo "prometheus installed but promtool not found" >&2; exit 
 have_pgbouncer || { echo "pgbouncer installed but its binary not found" >&2; exit 1; }
 have_nginx || { echo "nginx installed but its binary not found" >&2; exit 1; }
 have_kannel || { echo "kannel installed but bearerbox or smsbox not found" >&2; exit 1; }
+for program in "$@"; do
+  command -v "$program" >/dev/null || { echo "$program installed but not found" >&2; exit 1; }
+done

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import binascii
 import hmac
+import json
 import time
 import zlib
 from collections.abc import Callable
@@ -51,6 +52,8 @@ from dlrfeed.webhook.formats import (
 )
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from dlrfeed.webhook.metrics import WebhookMetrics
 
 log = structlog.get_logger("dlrfeed.webhook")
@@ -101,6 +104,8 @@ class _Unreadable(Exception):  # noqa: N818  # a control-flow signal inside the 
         self.raw, self.reason, self.status = raw, reason, status
 
 
+# The gateway format's 200 body per outcome, encoded once: every answer sends one of these.
+_OUTCOME_BODY = {outcome: json.dumps({"outcome": outcome.value}).encode() for outcome in Outcome}
 _MAX_FLOOD_HOSTS = 10_000  # callers whose unreadable callbacks are counted at once
 _DECODERS = {  # Content-Encoding → zlib wbits (RFC 9110 §8.4.1)
     "gzip": 16 + zlib.MAX_WBITS,
@@ -168,13 +173,19 @@ class CallbackServer:
         self._bodies_bytes = 0  # reserved by the bodies being read now
         self._flood = FloodGuard(unreadable_per_minute)
         self._clock = clock
+        self._answered: dict[int, Counter] = {}  # status → its child of the requests counter
         self.app = web.Application()
         for path in (*PATHS, PATH_WITH_SECRET):
             self.app.router.add_route("*", path, self._handle)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         response = await self._answer(request)
-        self._metrics.requests.labels(code=str(response.status)).inc()
+        answered = self._answered.get(response.status)
+        if answered is None:
+            answered = self._answered[response.status] = self._metrics.requests.labels(
+                code=str(response.status)
+            )
+        answered.inc()
         if isinstance(request.protocol, RecordingHandler):
             request.protocol.request_answered()
         return response
@@ -205,7 +216,7 @@ class CallbackServer:
             return outcome
         success = _SUCCESS_BODY[self._format]
         if success is None:
-            return web.json_response({"outcome": outcome.value})
+            return web.Response(body=_OUTCOME_BODY[outcome], content_type="application/json")
         return _text(200, success)
 
     async def _receive(self, request: web.Request, peer: str | None) -> Outcome | web.Response:
@@ -244,6 +255,8 @@ class CallbackServer:
         """Whether the body of the request whose line and headers are `head` is kept should
         its chunked framing break: a chunked body from a caller that authenticates (evidence
         is written for callers that may write it, never for anyone who connects)."""
+        if b"chunked" not in head.lower():
+            return False  # most requests: no chunked framing to break, no headers to read
         request_line, *header_lines = head.split(b"\r\n")
         headers = {}
         for line in header_lines:
@@ -304,12 +317,16 @@ class CallbackServer:
             chunks: list[bytes] = []
             size = 0
             try:
-                async with asyncio.timeout(self._body_timeout):
-                    async for chunk in request.content.iter_any():
-                        chunks.append(chunk)
-                        size += len(chunk)
-                        if size > limit:
-                            break
+                # Most bodies arrive with their head: taken at once, with no deadline to set.
+                chunks.append(request.content.read_nowait())
+                size = len(chunks[0])
+                if not request.content.at_eof() and size <= limit:
+                    async with asyncio.timeout(self._body_timeout):
+                        async for chunk in request.content.iter_any():
+                            chunks.append(chunk)
+                            size += len(chunk)
+                            if size > limit:
+                                break
             except TimeoutError:
                 log.info("callback_body_timeout", peer=_peer(request), bytes_received=size)
                 _keep_partial(chunks, limit, "did not arrive within --body-timeout", 408)

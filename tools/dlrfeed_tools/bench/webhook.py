@@ -4,13 +4,16 @@ against one commit per callback, on a durable PostgreSQL.
 Starts its own throwaway cluster (fsync, synchronous_commit and full_page_writes on), records the
 sent messages (random UUID-like ids, as gateways issue them), then, interleaved over
 repetitions and each on a fresh database, POSTs the same callbacks (a progress and a result per
-message, the result in a later burst than its progress) from `--senders` concurrent HTTP
-clients to a real `dlrfeed webhook` process:
+message, the result in a later burst than its progress) over `--senders` keep-alive
+connections to a real `dlrfeed webhook` process. The poster is wrk (`webhook_post.lua`), a C
+load generator: a gateway posts from hosts of its own, so the poster should take as little
+as it can of the two CPUs the receiver and PostgreSQL share here (its CPU is reported too).
 - **group commit**: the receiver's defaults (`--batch-size 500 --commits 2`);
 - **one commit per callback**: `--batch-size 1`, the same code committing each request alone,
   which is what a receiver without group commit does.
-It reports callbacks/s, the answer latency percentiles the senders saw, the callbacks per
-commit and the receiver's CPU per callback, medians over repetitions with min-max beside them;
+It reports callbacks/s, the answer latency percentiles the poster saw, the callbacks per
+commit and the receiver's and the poster's CPU per callback, medians over repetitions with
+min-max beside them;
 the ratio is taken within each repetition. Measures only; never asserts a time.
 
     python scripts/bench_webhook.py [--callbacks 20000] [--senders 64] [--repeat 3] [--out FILE]
@@ -23,9 +26,11 @@ import asyncio
 import json
 import os
 import random
+import resource
 import statistics
+import subprocess
 import sys
-import time
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,10 +40,10 @@ import aiohttp
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
 from dlrfeed_tools.local_login import LOGIN
-from dlrfeed_tools.metrics import nearest_rank
 from dlrfeed_tools.paths import REPO
 from dlrfeed_tools.pgcluster import free_port, throwaway_cluster
 
+_WRK_SCRIPT = Path(__file__).with_name("webhook_post.lua")
 CONFIGURATIONS = {
     "group commit": (),
     "one commit per callback": ("--batch-size", "1", "--commits", "1"),
@@ -89,9 +94,9 @@ async def _scrape(port: int) -> dict[str, float]:
 
 
 async def measure(
-    dsn: str, bodies: list[bytes], senders: int, flags: tuple[str, ...]
+    dsn: str, bodies_file: Path, callbacks: int, senders: int, flags: tuple[str, ...]
 ) -> dict[str, Any]:
-    """POST `bodies` from `senders` concurrent clients to a fresh receiver on `dsn`."""
+    """POST the lines of `bodies_file` over `senders` connections to a fresh receiver on `dsn`."""
     port, metrics_port = free_port(), free_port()
     receiver = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "dlrfeed.cli", "webhook",
@@ -99,55 +104,65 @@ async def measure(
         "--metrics", f"127.0.0.1:{metrics_port}", "--log-level", "warning", *flags,
         stdout=asyncio.subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}/dlr"
-    latencies: list[float] = []
     try:
-        async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=senders),
-            headers={"Content-Type": "application/json"},
-        ) as session:
-            for _ in range(300):
-                try:
-                    async with session.get(url):
-                        break
-                except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.05)
-            queue = iter(bodies)
-            cpu_before = _cpu_seconds(receiver.pid)
-
-            async def sender() -> None:
-                for body in queue:
-                    sent = time.perf_counter()
-                    async with session.post(url, data=body) as response:
-                        await response.read()
-                        if response.status != 200:
-                            raise RuntimeError(f"answered {response.status}")
-                    latencies.append(time.perf_counter() - sent)
-
-            started = time.perf_counter()
-            await asyncio.gather(*(sender() for _ in range(senders)))
-            seconds = time.perf_counter() - started
-            cpu = _cpu_seconds(receiver.pid) - cpu_before
+        await _until_listening(port)
+        cpu_before = _cpu_seconds(receiver.pid)
+        posted, sender_cpu = await asyncio.to_thread(_post_all, port, bodies_file, senders)
+        cpu = _cpu_seconds(receiver.pid) - cpu_before
         metrics = await _scrape(metrics_port)
     finally:
         receiver.terminate()
         await receiver.wait()
-    latencies.sort()
+    if posted["answered"] != callbacks or posted["failed"]:
+        raise RuntimeError(f"not every callback was answered 200: {posted}")
     commits = metrics.get("dlrfeed_webhook_commits_total", 0.0)
     return {
-        "callbacks": len(bodies),
-        "callbacks_per_s": round(len(bodies) / seconds),
-        "answer_ms_p50": round(1000 * nearest_rank(latencies, 0.5), 2),
-        "answer_ms_p99": round(1000 * nearest_rank(latencies, 0.99), 2),
-        "callbacks_per_commit": round(len(bodies) / commits, 1) if commits else None,
-        "receiver_cpu_us_per_callback": round(1e6 * cpu / len(bodies), 1),
+        "callbacks": callbacks,
+        "callbacks_per_s": round(callbacks / posted["seconds"]),
+        "answer_ms_p50": posted["p50_ms"],
+        "answer_ms_p99": posted["p99_ms"],
+        "callbacks_per_commit": round(callbacks / commits, 1) if commits else None,
+        "receiver_cpu_us_per_callback": round(1e6 * cpu / callbacks, 1),
+        "sender_cpu_us_per_callback": round(1e6 * sender_cpu / callbacks, 1),
     }
+
+
+def _post_all(port: int, bodies_file: Path, senders: int) -> tuple[dict[str, Any], float]:
+    """wrk posting every body once (webhook_post.lua): its report, and the CPU it used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finished = subprocess.run(
+        ["wrk", "-t1", f"-c{senders}", "-d600s", "--timeout", "60s", "-s", str(_WRK_SCRIPT),
+         f"http://127.0.0.1:{port}/dlr", "--", str(bodies_file)],
+        capture_output=True, text=True, check=True, timeout=900,
+    )  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    report = next(line for line in finished.stdout.splitlines() if line.startswith("{"))
+    return json.loads(report), cpu
+
+
+async def _until_listening(port: int) -> None:
+    for _ in range(300):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+        else:
+            writer.close()
+            await writer.wait_closed()
+            return
+    raise RuntimeError(f"the receiver did not listen on port {port}")
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     ids, bodies = callback_bodies(args.callbacks)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGURATIONS}
-    with throwaway_cluster("bench-webhook-") as cluster:
+    with (
+        throwaway_cluster("bench-webhook-") as cluster,
+        tempfile.TemporaryDirectory(prefix="bench-webhook-bodies-") as scratch,
+    ):
+        bodies_file = Path(scratch) / "bodies"
+        bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
         for repetition in range(args.repeat):
             # Interleaved, so the machine's drift falls on both configurations alike.
             for number, (name, flags) in enumerate(CONFIGURATIONS.items()):
@@ -163,7 +178,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                         )
                 finally:
                     await store.close()
-                run = await measure(dsn, bodies, args.senders, flags)
+                run = await measure(dsn, bodies_file, len(bodies), args.senders, flags)
                 run["load_average_1m"] = round(os.getloadavg()[0], 2)
                 runs[name].append(run)
     group, single = runs["group commit"], runs["one commit per callback"]
@@ -206,7 +221,7 @@ def markdown(report: dict[str, Any]) -> str:
         rows.append(
             f"| {name} | {cell('callbacks_per_s')} | {cell('answer_ms_p50')} | "
             f"{cell('answer_ms_p99')} | {cell('callbacks_per_commit')} | "
-            f"{cell('receiver_cpu_us_per_callback')} |"
+            f"{cell('receiver_cpu_us_per_callback')} | {cell('sender_cpu_us_per_callback')} |"
         )
     return "\n".join(
         [
@@ -218,16 +233,17 @@ def markdown(report: dict[str, Any]) -> str:
             "shared, so compare the ratio, and read min-max as the noise.",
             "",
             f"- {report['callbacks']:,} callbacks per measurement (random UUID ids; every "
-            "progress, then every result), posted by "
-            f"{report['senders']} concurrent HTTP clients (aiohttp) in the benchmark process; "
+            f"progress, then every result), posted over {report['senders']} keep-alive "
+            "connections by wrk, a C load generator (a gateway posts from hosts of its own; "
+            "here the poster shares the two CPUs, so it should take little of them); "
             f"{report['repetitions']} repetitions, interleaved, each on a fresh database.",
             "- *group commit*: the receiver's defaults (`--batch-size 500 --commits 2`); *one "
             "commit per callback*: `--batch-size 1 --commits 1`, the same code committing each "
             "callback alone before answering it.",
             "",
             "| configuration | callbacks/s | answer p50 ms | answer p99 ms | callbacks per "
-            "commit | receiver CPU µs per callback |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "commit | receiver CPU µs per callback | poster CPU µs per callback |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
             *rows,
             "",
             f"Group commit over one commit per callback: **{report['group_over_single']} x** "
