@@ -561,10 +561,13 @@ COMMENT ON FUNCTION dlr.callback_json(bytea) IS
 
 -- The dictionary of reasons is bounded (100000 texts of at most 1000 bytes): a reason it cannot
 -- hold (full, too long, or added by a concurrent serializable writer) stays as text in the
--- status's or change's own row, so a status is never refused for its wording.
+-- status's or change's own row, so a status is never refused for its wording. Its functions
+-- run in every ingest transaction with a handful of texts or ids: their statements keep one
+-- generic plan (index probes whatever the array) instead of being planned at each call.
 CREATE FUNCTION dlr.add_reasons(candidates text[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     missing text[];
@@ -591,6 +594,7 @@ $$;
 CREATE FUNCTION dlr.reason_ids(texts text[]) RETURNS TABLE(reason text, id integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     PERFORM dlr.add_reasons(texts);
@@ -612,6 +616,7 @@ $_$;
 CREATE FUNCTION dlr.check_reason_ids(ids integer[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     unknown integer;
