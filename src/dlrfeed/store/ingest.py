@@ -182,25 +182,36 @@ class _Batch:
             events, self.event_ids, event_contents(self.firsts, inserted, self.stored_rows)
         )
 
-        async def planned_receptions() -> AsyncIterator[bytes]:
+        def planned(start: int) -> bytes:
+            piece = slice(start, min(start + _COPY_PIECE, len(events)))
+            self.plan_piece(piece)
+            return copy_rows.complete(
+                self.receipt_fields[piece],
+                contents[piece],
+                self.reception_ids[piece],
+                self.outcomes[piece],
+                self.event_ids[piece],
+            )
+
+        async def pipelined() -> AsyncIterator[bytes]:
             yield copy_rows.SIGNATURE
             for start in range(0, len(events), _COPY_PIECE):
-                piece = slice(start, min(start + _COPY_PIECE, len(events)))
-                self.plan_piece(piece)
-                yield copy_rows.complete(
-                    self.receipt_fields[piece],
-                    contents[piece],
-                    self.reception_ids[piece],
-                    self.outcomes[piece],
-                    self.event_ids[piece],
-                )
+                yield planned(start)
             yield copy_rows.TRAILER
 
+        # A single piece goes as one buffer (a memoryview: asyncpg takes bytes for a path): it
+        # has nothing to overlap, and asyncpg reads an async source under the statement's
+        # timeout, a task for each chunk.
+        source: memoryview | AsyncIterator[bytes] = (
+            memoryview(copy_rows.SIGNATURE + planned(0) + copy_rows.TRAILER)
+            if len(events) <= _COPY_PIECE
+            else pipelined()
+        )
         await self.conn.copy_to_table(
             copy_rows.TABLE,
             schema_name=copy_rows.SCHEMA,
             columns=copy_rows.COLUMNS,
-            source=planned_receptions(),
+            source=source,  # type: ignore[arg-type]  # any buffer, says asyncpg; not its stubs
             format="binary",
         )
 
