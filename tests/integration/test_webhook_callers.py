@@ -305,3 +305,35 @@ async def test_kannel_buffered_after_the_smsc_ack_stays_visible(
     assert stats == ["ACCEPTD", "ACCEPTD", "DELIVRD"], report["receptions"]
     assert [r["done_date_raw"] for r in report["receptions"]] == [None, "2612031013", "2612031015"]
     assert report["status"]["status"] == "DELIVERED"
+
+
+async def test_a_body_that_never_arrives_is_answered_with_nothing_kept(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Headers whose body never comes (a caller that stalls, or one told `100 Continue` that
+    then goes away) are a 408 or a 400 with nothing stored: no byte of a body arrived, so
+    there is no evidence to keep, and no investigation to open."""
+    settings = webhook_settings(database_url, "--body-timeout", "1")
+    async with running_webhook(settings) as service:
+        stalled = await asyncio.open_connection("127.0.0.1", service.port)
+        stalled[1].write(b"POST /dlr HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n")
+        answer = await asyncio.wait_for(stalled[0].read(), 20)
+        stalled[1].close()
+        assert answer.split(b" ")[1] == b"408", answer
+        assert b"nothing stored" in answer, answer
+
+        gone = await asyncio.open_connection("127.0.0.1", service.port)
+        gone[1].write(
+            b"POST /dlr HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\nExpect: 100-continue\r\n\r\n"
+        )
+        assert (await asyncio.wait_for(gone[0].readline(), 20)).startswith(b"HTTP/1.1 100")
+        gone[1].transport.abort()  # the caller goes away instead of sending its body
+
+        async def answered_400() -> bool:
+            sample = service.metrics.registry.get_sample_value(
+                "dlrfeed_webhook_requests_total", {"code": "400"}
+            )
+            return bool(sample)
+
+        await _until(answered_400)
+    assert await db.fetchval("SELECT count(*) FROM dlr.exceptions") == 0

@@ -318,8 +318,10 @@ class CallbackServer:
             size = 0
             try:
                 # Most bodies arrive with their head: taken at once, with no deadline to set.
-                chunks.append(request.content.read_nowait())
-                size = len(chunks[0])
+                arrived = request.content.read_nowait()
+                if arrived:  # none yet (a slow caller, `Expect: 100-continue`): none to keep
+                    chunks.append(arrived)
+                size = len(arrived)
                 if not request.content.at_eof() and size <= limit:
                     async with asyncio.timeout(self._body_timeout):
                         async for chunk in request.content.iter_any():
