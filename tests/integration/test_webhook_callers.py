@@ -317,7 +317,7 @@ async def test_a_body_that_never_arrives_is_answered_with_nothing_kept(
     async with running_webhook(settings) as service:
         stalled = await asyncio.open_connection("127.0.0.1", service.port)
         stalled[1].write(b"POST /dlr HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n")
-        answer = await asyncio.wait_for(stalled[0].read(), 20)
+        answer = await asyncio.wait_for(stalled[0].readuntil(b"send it again\n"), 20)
         stalled[1].close()
         assert answer.split(b" ")[1] == b"408", answer
         assert b"nothing stored" in answer, answer
