@@ -54,7 +54,6 @@ run: install
 	$(PY) scripts/demo.py --duration $(DURATION)
 
 bench: install
-	@bash scripts/ensure-system-packages.sh wrk
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) scripts/bench.py --out docs/benchmarks.md
 	$(PY) scripts/bench_webhook.py --out docs/benchmarks-webhook.md > /dev/null

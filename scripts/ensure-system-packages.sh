@@ -8,8 +8,8 @@
 #   run the documented configuration for real.
 # - kannel (bearerbox, smsbox), the SMS gateway whose dlr-url the tests point at
 #   `dlrfeed webhook --format kannel`, over SMPP to a simulated SMSC.
-# Arguments name more programs a target needs, each a Debian package of the same name (make
-# bench: wrk, the load generator of the callback benchmark).
+# - wrk, the HTTP load generator that posts the callback benchmark's callbacks (its script is
+#   tested in the suite).
 # Installs Debian's packages when they are absent and we may (root); otherwise says exactly
 # what is missing. Throwaway clusters themselves are started by scripts/pgcluster.py.
 set -euo pipefail
@@ -26,6 +26,7 @@ have_systemd_analyze() { command -v systemd-analyze >/dev/null; }
 have_promtool() { command -v promtool >/dev/null; }
 have_pgbouncer() { command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; }
 have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
+have_wrk() { command -v wrk >/dev/null; }
 have_kannel() {
   { command -v bearerbox >/dev/null || [ -x /usr/sbin/bearerbox ]; } &&
     { command -v smsbox >/dev/null || [ -x /usr/sbin/smsbox ]; }
@@ -38,9 +39,7 @@ have_promtool || missing+=(prometheus)
 have_pgbouncer || missing+=(pgbouncer)
 have_nginx || missing+=(nginx)
 have_kannel || missing+=(kannel)
-for program in "$@"; do
-  command -v "$program" >/dev/null || missing+=("$program")
-done
+have_wrk || missing+=(wrk)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -62,6 +61,4 @@ have_promtool || { echo "prometheus installed but promtool not found" >&2; exit 
 have_pgbouncer || { echo "pgbouncer installed but its binary not found" >&2; exit 1; }
 have_nginx || { echo "nginx installed but its binary not found" >&2; exit 1; }
 have_kannel || { echo "kannel installed but bearerbox or smsbox not found" >&2; exit 1; }
-for program in "$@"; do
-  command -v "$program" >/dev/null || { echo "$program installed but not found" >&2; exit 1; }
-done
+have_wrk || { echo "wrk installed but its binary not found" >&2; exit 1; }

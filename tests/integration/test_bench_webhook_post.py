@@ -9,22 +9,20 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from dlrfeed_tools.bench.webhook import _post_all
 from dlrfeed_tools.pgcluster import free_port
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("wrk") is None, reason="wrk is installed by `make bench`"
-)
-
 ANSWER_S = 0.02  # every post is answered after this long
 LAST_ANSWER_S = 0.5  # the last body's answer, far later: the other connections have none left
 
 
 async def test_every_body_is_posted_once_and_only_the_posts_are_timed(tmp_path: Path) -> None:
+    assert shutil.which("wrk"), (
+        "wrk missing: run `make install` (scripts/ensure-system-packages.sh)"
+    )
     bodies = [f'{{"id": "m{n}", "level": 2, "stat": "DELIVRD"}}'.encode() for n in range(200)]
     bodies_file = tmp_path / "bodies"
     bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
