@@ -173,7 +173,9 @@ class CallbackServer:
         self._bodies_bytes = 0  # reserved by the bodies being read now
         self._flood = FloodGuard(unreadable_per_minute)
         self._clock = clock
-        self._answered: dict[int, Counter] = {}  # status → its child of the requests counter
+        # status → its child of the requests counter: labels() takes a lock and checks its
+        # label names at every call, once per answer
+        self._answered: dict[int, Counter] = {}
         self.app = web.Application()
         for path in (*PATHS, PATH_WITH_SECRET):
             self.app.router.add_route("*", path, self._handle)

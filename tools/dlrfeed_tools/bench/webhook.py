@@ -39,6 +39,8 @@ import aiohttp
 
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.migrate import migrate
+from dlrfeed_tools.bench.e2e import cpu_seconds
+from dlrfeed_tools.daemon_harness import wait_until
 from dlrfeed_tools.local_login import LOGIN
 from dlrfeed_tools.paths import REPO
 from dlrfeed_tools.pgcluster import free_port, throwaway_cluster
@@ -73,12 +75,6 @@ def callback_bodies(count: int, seed: int = 1) -> tuple[list[str], list[bytes]]:
     return ids, bodies
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _scrape(port: int) -> dict[str, float]:
     async with (
         aiohttp.ClientSession() as session,
@@ -105,10 +101,10 @@ async def measure(
         stdout=asyncio.subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip
     try:
-        await _until_listening(port)
-        cpu_before = _cpu_seconds(receiver.pid)
+        await wait_until(lambda: _listening(port), 15, f"the receiver to listen on port {port}")
+        cpu_before = cpu_seconds(receiver.pid)
         posted, sender_cpu = await asyncio.to_thread(_post_all, port, bodies_file, senders)
-        cpu = _cpu_seconds(receiver.pid) - cpu_before
+        cpu = cpu_seconds(receiver.pid) - cpu_before
         metrics = await _scrape(metrics_port)
     finally:
         receiver.terminate()
@@ -141,17 +137,14 @@ def _post_all(port: int, bodies_file: Path, senders: int) -> tuple[dict[str, Any
     return json.loads(report), cpu
 
 
-async def _until_listening(port: int) -> None:
-    for _ in range(300):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            await asyncio.sleep(0.05)
-        else:
-            writer.close()
-            await writer.wait_closed()
-            return
-    raise RuntimeError(f"the receiver did not listen on port {port}")
+async def _listening(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
