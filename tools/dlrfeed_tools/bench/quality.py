@@ -5,7 +5,9 @@ A throwaway server; a store of `--messages` messages sent over the last 7 days (
 first a lying one: DELIVRD at submit time, never verified; half the OTP traffic verified)
 written by SQL, statuses through their triggers (so the change log is written as the ingest
 writes it). Figures are the server backend's CPU time (/proc), which the machine's other load
-does not inflate, and the wall time.
+does not inflate, and the wall time. Last, the ingest's receipts per second on that store
+alone and while week reports run back to back (each first bringing the rollup up to date),
+in alternating rounds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -21,12 +24,16 @@ from typing import TypeVar
 
 import asyncpg
 
+from dlrfeed.store import Store
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.quality import Window, quality, raw_quality, refresh
+from dlrfeed_tools.bench.growth_traffic import Traffic, ingest_rounds
 from dlrfeed_tools.pgcluster import scratch_directory, start_on_a_free_port
 
 _T = TypeVar("_T")
 _TICK = os.sysconf("SC_CLK_TCK")
+_INGEST_RECEPTIONS = 100_000  # per measurement: about ten rounds of growth_traffic
+_INGEST_ROUNDS = 3
 
 # The traffic of `minutes` at the store's rate, sent in the last hour; and late finals of
 # `late` messages sent within the 48 hours before.
@@ -107,6 +114,7 @@ INSERT INTO dlr.statuses (message_ref, supporting_event_id, is_final, status, ru
 SELECT m.id, 0, true, 'EXPIRED', 'bench', '002', now(), 'final: EXPIRED'
 FROM dlr.messages AS m
 WHERE m.submitted_at > now() - interval '48 hours' AND m.id % 25 = 0
+  AND NOT EXISTS (SELECT FROM dlr.statuses AS s WHERE s.message_ref = m.id)
 ORDER BY random() LIMIT :late
 """
 
@@ -195,10 +203,61 @@ async def run(messages: int) -> None:
                 )
                 await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
                 await refresh(conn)
+            for late in (0, 200):
+                await ingest_beside_reports(dsn, conn, late)
         finally:
             await conn.close()
     finally:
         cluster.destroy()
+
+
+async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int) -> None:
+    """Print the ingest's receipts per second on the store of `dsn` alone and while week reports
+    run back to back on `conn` (before each, `late` late finals over the last 48 hours), in
+    alternating rounds, and their ratio."""
+
+    async def ingest_rate() -> float:
+        started = time.perf_counter()
+        stored = await ingest_rounds(store, traffic, _INGEST_RECEPTIONS)
+        return stored / (time.perf_counter() - started)
+
+    async def reports_until(done: asyncio.Event) -> int:
+        count = 0
+        while not done.is_set():
+            if late:
+                await conn.execute(_sql(_LATE, late=late))
+            await quality(conn, "route", _last(7))
+            count += 1
+        return count
+
+    store = await Store.open(dsn, pool_size=1)
+    traffic = Traffic(seed=late)
+    try:
+        await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
+        alone: list[float] = []
+        beside: list[float] = []
+        reports = 0
+        for _ in range(_INGEST_ROUNDS):
+            alone.append(await ingest_rate())
+            done = asyncio.Event()
+            reporting = asyncio.create_task(reports_until(done))
+            await asyncio.sleep(0.1)  # the first report is under way
+            beside.append(await ingest_rate())
+            done.set()
+            reports += await reporting
+        ratios = [b / a for a, b in zip(alone, beside, strict=True)]
+        before = f"{late} late finals, then " if late else ""
+        print(
+            f"ingest alone: {statistics.median(alone):,.0f} receipts/s "
+            f"({min(alone):,.0f}-{max(alone):,.0f}); beside {reports} week reports back to back "
+            f"({before}refresh and report): {statistics.median(beside):,.0f} receipts/s "
+            f"({min(beside):,.0f}-{max(beside):,.0f}); ratio {statistics.median(ratios):.2f} "
+            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}; {_INGEST_RECEPTIONS:,} "
+            "receipts each)"
+        )
+    finally:
+        await store.close()
+        await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
 
 
 def main() -> int:
