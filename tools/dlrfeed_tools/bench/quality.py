@@ -5,9 +5,9 @@ A throwaway server; a store of `--messages` messages sent over the last 7 days (
 first a lying one: DELIVRD at submit time, never verified; half the OTP traffic verified)
 written by SQL, statuses through their triggers (so the change log is written as the ingest
 writes it). Figures are the server backend's CPU time (/proc), which the machine's other load
-does not inflate, and the wall time. Last, the ingest's receipts per second on that store
+does not inflate, and the wall time. Last, the ingest's receipts per second on that store,
 alone and while week reports run back to back (each first bringing the rollup up to date),
-in alternating rounds.
+in turn; then the same with late finals over 48 hours written before each report.
 """
 
 from __future__ import annotations
@@ -255,9 +255,9 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int) -
             f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}; {_INGEST_RECEPTIONS:,} "
             "receipts each)"
         )
+        await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
     finally:
         await store.close()
-        await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
 
 
 def main() -> int:
