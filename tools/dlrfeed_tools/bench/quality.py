@@ -6,14 +6,15 @@ first a lying one: DELIVRD at submit time, never verified; half the OTP traffic 
 written by SQL, statuses through their triggers (so the change log is written as the ingest
 writes it). Figures are the server backend's CPU time (/proc), which the machine's other load
 does not inflate, and the wall time. Last, the ingest's receipts per second on that store,
-alone and while week reports run back to back (each first bringing the rollup up to date),
-in turn; then the same with late finals over 48 hours written before each report.
+alone and while week reports run back to back (each first bringing the rollup up to date);
+then the same with late finals over 48 hours written before each report.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
@@ -32,8 +33,9 @@ from dlrfeed_tools.pgcluster import scratch_directory, start_on_a_free_port
 
 _T = TypeVar("_T")
 _TICK = os.sysconf("SC_CLK_TCK")
-_INGEST_RECEPTIONS = 100_000  # per measurement: about ten rounds of growth_traffic
-_INGEST_ROUNDS = 3
+_INGEST_RECEPTIONS = 100_000  # the ingest alone: about ten rounds of growth_traffic
+_REPORTS_BESIDE = 2  # the ingest beside them runs as long as they do
+_INGEST_ROUNDS = 4  # alone, beside; beside, alone; ... (ABBA)
 
 # The traffic of `minutes` at the store's rate, sent in the last hour; and late finals of
 # `late` messages sent within the 48 hours before.
@@ -113,7 +115,8 @@ INSERT INTO dlr.statuses (message_ref, supporting_event_id, is_final, status, ru
                           basis_err, basis_done_at, reason)
 SELECT m.id, 0, true, 'EXPIRED', 'bench', '002', now(), 'final: EXPIRED'
 FROM dlr.messages AS m
-WHERE m.submitted_at > now() - interval '48 hours' AND m.id % 25 = 0
+WHERE coalesce(m.submitted_at, m.recorded_at) > now() - interval '48 hours'  -- its index
+  AND m.submitted_at IS NOT NULL AND m.id % 25 = 0
   AND NOT EXISTS (SELECT FROM dlr.statuses AS s WHERE s.message_ref = m.id)
 ORDER BY random() LIMIT :late
 """
@@ -212,23 +215,26 @@ async def run(messages: int) -> None:
 
 
 async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int) -> None:
-    """Print the ingest's receipts per second on the store of `dsn` alone and while week reports
-    run back to back on `conn` (before each, `late` late finals over the last 48 hours), in
-    alternating rounds, and their ratio."""
+    """Print the ingest's receipts per second on the store of `dsn` alone and while
+    `_REPORTS_BESIDE` week reports run back to back on `conn` (each after `late` late finals
+    over the last 48 hours, when `late`), rounds of each in ABBA order, and their ratio."""
 
-    async def ingest_rate() -> float:
-        started = time.perf_counter()
-        stored = await ingest_rounds(store, traffic, _INGEST_RECEPTIONS)
+    written = 0  # late finals
+
+    async def ingest_rate(beside: asyncio.Task[None] | None) -> float:
+        """Alone: `_INGEST_RECEPTIONS` receipts. Beside: whole rounds until the reports end."""
+        started, stored = time.perf_counter(), 0
+        while stored < _INGEST_RECEPTIONS if beside is None else not beside.done():
+            stored += await ingest_rounds(store, traffic, 1)  # one round of growth_traffic
         return stored / (time.perf_counter() - started)
 
-    async def reports_until(done: asyncio.Event) -> int:
-        count = 0
-        while not done.is_set():
+    async def reports() -> None:
+        nonlocal written
+        for _ in range(_REPORTS_BESIDE):
             if late:
-                await conn.execute(_sql(_LATE, late=late))
+                inserted = await conn.execute(_sql(_LATE, late=late))
+                written += int(inserted.split()[-1])
             await quality(conn, "route", _last(7))
-            count += 1
-        return count
 
     store = await Store.open(dsn, pool_size=1)
     traffic = Traffic(seed=late)
@@ -236,24 +242,27 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int) -
         await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
         alone: list[float] = []
         beside: list[float] = []
-        reports = 0
-        for _ in range(_INGEST_ROUNDS):
-            alone.append(await ingest_rate())
-            done = asyncio.Event()
-            reporting = asyncio.create_task(reports_until(done))
-            await asyncio.sleep(0.1)  # the first report is under way
-            beside.append(await ingest_rate())
-            done.set()
-            reports += await reporting
+        for number in range(_INGEST_ROUNDS):
+            if number % 2 == 0:
+                alone.append(await ingest_rate(None))
+            reporting = asyncio.create_task(reports())
+            try:
+                beside.append(await ingest_rate(reporting))
+            finally:
+                reporting.cancel()  # after a failed ingest; else the reports have ended
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporting
+            if number % 2 == 1:
+                alone.append(await ingest_rate(None))
         ratios = [b / a for a, b in zip(alone, beside, strict=True)]
-        before = f"{late} late finals, then " if late else ""
+        before = f"{written:,} late finals in all, " if late else ""
         print(
             f"ingest alone: {statistics.median(alone):,.0f} receipts/s "
-            f"({min(alone):,.0f}-{max(alone):,.0f}); beside {reports} week reports back to back "
-            f"({before}refresh and report): {statistics.median(beside):,.0f} receipts/s "
+            f"({min(alone):,.0f}-{max(alone):,.0f}); beside {_REPORTS_BESIDE} week reports "
+            f"back to back a round ({before}each report refreshing first): "
+            f"{statistics.median(beside):,.0f} receipts/s "
             f"({min(beside):,.0f}-{max(beside):,.0f}); ratio {statistics.median(ratios):.2f} "
-            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}; {_INGEST_RECEPTIONS:,} "
-            "receipts each)"
+            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
         )
         await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
     finally:
