@@ -1248,7 +1248,6 @@ DECLARE
     built_with text;
     digest text := encode(sha256(convert_to(countries::text, 'UTF8')), 'hex');
     horizon numeric;
-    consumed bigint[];
     touched timestamptz[];
     run record;
 BEGIN
@@ -1265,16 +1264,22 @@ BEGIN
     IF read_from IS NULL OR built_with IS DISTINCT FROM digest THEN
         read_from := NULL;
         DELETE FROM dlr.quality_hours;
-        SELECT array_agg(k.id) INTO consumed FROM dlr.quality_marks AS k;
+        DELETE FROM dlr.quality_marks;  -- every mark this statement sees: all is aggregated
         SELECT array_agg(DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC'))
             INTO touched FROM dlr.messages AS m;
     ELSE
-        WITH marked AS (
-            SELECT k.id, coalesce(k.hour, (
+        -- The marks are consumed as they are read, by one statement: those it sees, however
+        -- many (a bulk of verifications writes one a message), and no other; rolled back with
+        -- the refresh.
+        WITH consumed AS (
+            DELETE FROM dlr.quality_marks AS k RETURNING k.hour, k.login, k.message_id
+        ),
+        marked AS (
+            SELECT coalesce(k.hour, (
                 SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
                 FROM dlr.messages AS m
                 WHERE m.login = k.login AND m.message_id = k.message_id)) AS hour
-            FROM dlr.quality_marks AS k
+            FROM consumed AS k
         ),
         changed AS (
             SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC') AS hour
@@ -1287,14 +1292,13 @@ BEGIN
             JOIN dlr.messages AS m ON m.login = c.login AND m.message_id = c.message_id
             WHERE c.position >= read_from AND c.message_ref IS NULL
         )
-        -- Every mark seen is consumed. A verification's message not recorded in this
-        -- snapshot is recorded later, with a mark of its own: its hour is re-aggregated then,
-        -- with this verification (committed before this snapshot, as its mark is).
-        SELECT (SELECT array_agg(x.id) FROM marked AS x),
-               (SELECT array_agg(DISTINCT h.hour)
-                FROM (SELECT x.hour FROM marked AS x WHERE x.hour IS NOT NULL
-                      UNION SELECT c.hour FROM changed AS c) AS h)
-            INTO consumed, touched;
+        -- A verification's message not recorded in this snapshot is recorded later, with a
+        -- mark of its own: its hour is re-aggregated then, with this verification (committed
+        -- before this snapshot, as its mark is).
+        SELECT array_agg(h.hour)
+        FROM (SELECT x.hour FROM marked AS x WHERE x.hour IS NOT NULL
+              UNION SELECT c.hour FROM changed AS c) AS h
+            INTO touched;
     END IF;
     DELETE FROM dlr.quality_hours AS q WHERE q.hour = ANY(touched);
     FOR run IN
@@ -1310,7 +1314,6 @@ BEGIN
                f.to_received_buckets, f.to_received_counts, f.awaiting_sent
         FROM dlr.quality_facts(run.lo, run.hi, NULL, '-infinity', countries) AS f;
     END LOOP;
-    DELETE FROM dlr.quality_marks AS k WHERE k.id = ANY(consumed);
     UPDATE dlr.quality_refresh
     SET position = greatest(horizon, read_from), refreshed_at = now(), countries_digest = digest;
     RETURN coalesce(cardinality(touched), 0);
