@@ -1135,7 +1135,7 @@ CREATE TABLE dlr.quality_marks (
     message_id text
 );
 COMMENT ON TABLE dlr.quality_marks IS
-    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified or recomputed (their message''s hour); written by triggers once the rollup is built, consumed by dlr.refresh_quality_hours()';
+    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified or recomputed (their message''s hour); written by triggers, consumed by dlr.refresh_quality_hours() (or dropped by `dlrfeed maintain` while no rollup is built)';
 
 CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -1264,7 +1264,10 @@ BEGIN
     IF read_from IS NULL OR built_with IS DISTINCT FROM digest THEN
         read_from := NULL;
         DELETE FROM dlr.quality_hours;
-        DELETE FROM dlr.quality_marks;  -- every mark this statement sees: all is aggregated
+        -- The marks this statement sees are consumed before the messages are read: a later
+        -- statement sees at least their messages. (The other way round, a message recorded
+        -- in between would lose its mark unread.)
+        DELETE FROM dlr.quality_marks;
         SELECT array_agg(DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC'))
             INTO touched FROM dlr.messages AS m;
     ELSE
