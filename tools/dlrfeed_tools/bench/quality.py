@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -28,11 +27,11 @@ import asyncpg
 from dlrfeed.store import Store
 from dlrfeed.store.migrate import migrate
 from dlrfeed.store.quality import Window, quality, raw_quality, refresh
+from dlrfeed_tools.bench.e2e import cpu_seconds
 from dlrfeed_tools.bench.growth_traffic import Traffic, ingest_rounds
 from dlrfeed_tools.pgcluster import scratch_directory, start_on_a_free_port
 
 _T = TypeVar("_T")
-_TICK = os.sysconf("SC_CLK_TCK")
 _INGEST_RECEPTIONS = 100_000  # the ingest alone: about ten rounds of growth_traffic
 _REPORTS_BESIDE = 2  # the ingest beside them runs as long as they do
 _INGEST_ROUNDS = 4  # alone, beside; beside, alone; ... (ABBA)
@@ -132,15 +131,9 @@ async def _cpu(
     conn: asyncpg.Connection, action: Callable[[], Awaitable[_T]]
 ) -> tuple[float, float, _T]:
     pid = await conn.fetchval("SELECT pg_backend_pid()")
-
-    def ticks() -> int:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-
-    before, started = ticks(), time.perf_counter()
+    before, started = cpu_seconds(pid), time.perf_counter()
     result = await action()
-    return (ticks() - before) / _TICK, time.perf_counter() - started, result
+    return cpu_seconds(pid) - before, time.perf_counter() - started, result
 
 
 async def _traffic(
