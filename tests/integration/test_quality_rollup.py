@@ -413,3 +413,59 @@ async def test_a_recompute_that_changes_only_the_supporting_receipt_is_counted(
     assert after["done_at_submit"] == 0
     done = "latency_submit_to_done_s"
     assert _close(exact[done]["p50"], after[done]["p50"])
+
+
+async def test_a_late_receipt_re_aggregates_only_its_messages_group_in_its_hour(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """A receipt for a message sent hours ago rewrites the rollup rows of its message's group
+    (login, source, route, country) in that hour, and no other: a group whose keys are NULL
+    (no route, a destination that is not E.164) as exactly as the others."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    hour = now.replace(minute=0, second=0) - timedelta(hours=5)
+    groups = {"r1": ("r1", "+3461"), "r2": ("r2", "+4479"), "none": (None, "0612")}
+    sent = {name: hour + timedelta(minutes=10 * n) for n, name in enumerate(groups, 1)}
+    await store.record_submissions(
+        [
+            Submission(
+                "acme", f"{name}-{n}", f"{prefix}{n:07d}", route=route, submitted_at=sent[name]
+            )
+            for name, (route, prefix) in groups.items()
+            for n in range(3)
+        ]
+    )
+    assert await refresh(db) == 1
+
+    async def rows() -> dict[str | None, set[str]]:
+        found: dict[str | None, set[str]] = {}
+        for r in await db.fetch(
+            "SELECT route, ctid::text AS row FROM dlr.quality_hours WHERE hour = $1", hour
+        ):
+            found.setdefault(r["route"], set()).add(r["row"])
+        return found
+
+    before = await rows()
+    await store.ingest(
+        "acme",
+        [
+            _receipt(f"{name}-0", 2, "DELIVRD", sent[name], sent[name] + timedelta(seconds=4))
+            for name in ("r1", "none")
+        ],
+    )
+    assert await refresh(db) == 1
+    after = await rows()
+    assert after["r2"] == before["r2"]  # not rewritten
+    assert after["r1"].isdisjoint(before["r1"])
+    assert after[None].isdisjoint(before[None])
+    window = Window(since=hour, until=now, now=now)
+    for by in GROUP_BY:
+        rolled = await quality(db, by, window)
+        exact = await raw_quality(db, by, window)
+        assert [{c: g[c] for c in (by, *EQUAL_FIELDS)} for g in rolled] == [
+            {c: g[c] for c in (by, *EQUAL_FIELDS)} for g in exact
+        ]
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == 9
+    delivered = await db.fetchval(
+        "SELECT sum(messages) FROM dlr.quality_hours WHERE status = 'DELIVERED'"
+    )
+    assert delivered == 2

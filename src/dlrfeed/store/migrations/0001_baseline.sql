@@ -1088,10 +1088,11 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
 -------------------------------------------------------------------------------------------
 -- Route quality rollup (docs/quality.md, "Cost"): `dlrfeed quality` reads whole hours from
 -- dlr.quality_hours and only the partial hours of its window from the raw tables. The rollup is
--- brought up to date by dlr.refresh_quality_hours(), outside the ingest: it re-aggregates the
--- hours touched since its last run, found in the status-change log (by position, every change
--- its snapshot sees) and in dlr.quality_marks (messages recorded or forgotten, verified, or
--- recomputed).
+-- brought up to date by dlr.refresh_quality_hours(), outside the ingest: it re-aggregates what
+-- changed since its last run - whole hours where messages were recorded or forgotten
+-- (dlr.quality_marks), and elsewhere only the groups of the messages whose status changed (the
+-- status-change log, by position: every change its snapshot sees), or that were verified or
+-- recomputed (dlr.quality_marks).
 -------------------------------------------------------------------------------------------
 
 -- A latency's bucket: 0 for 0 s; else its sign times 32 + floor(10 log10 |seconds|), clamped
@@ -1135,7 +1136,7 @@ CREATE TABLE dlr.quality_marks (
     message_id text
 );
 COMMENT ON TABLE dlr.quality_marks IS
-    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified or recomputed (their message''s hour); written by triggers, consumed by dlr.refresh_quality_hours() (or dropped by `dlrfeed maintain` while no rollup is built)';
+    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified or recomputed (their group in their hour); written by triggers, consumed by dlr.refresh_quality_hours() (or dropped by `dlrfeed maintain` while no rollup is built)';
 
 CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -1150,33 +1151,54 @@ COMMENT ON COLUMN dlr.quality_refresh.countries_digest IS
 INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 
 -- The facts of the messages sent in [lo, hi), of `only_login` or all, one row per hour and
--- group; `pending` counts the non-final ones sent before `cutoff`. Ranges, never a whole
--- table: the messages by their send time, their statuses and events by the range of their row
--- ids (messages are recorded as they are sent), a verification by its key. A verification
+-- group; `pending` counts the non-final ones sent before `cutoff`. With `only_messages`, only
+-- the groups those messages are in (login, source, route and country; a message never
+-- changes group), each whole. Ranges, never a whole table: the messages by their send time,
+-- their statuses and events by the range of their row ids (messages are recorded as they are
+-- sent), a verification by its key. A verification
 -- counts when dated at most a day before its message was sent (clock skew); the country comes
 -- from the first four digits of an E.164 destination in `countries`.
 CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
-                                  cutoff timestamptz, countries jsonb)
+                                  cutoff timestamptz, countries jsonb, only_messages bigint[])
     RETURNS TABLE (hour timestamptz, login text, source text, route text, country text,
                    err text, status text, is_final boolean, messages integer, pending integer,
                    verified integer, with_done_time integer, to_done_buckets smallint[],
                    to_done_counts integer[], to_received_buckets smallint[],
                    to_received_counts integer[], awaiting_sent timestamptz[])
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-WITH sent AS MATERIALIZED (
+    SET jit TO off
+    AS $function$
+BEGIN
+-- Planned at each call with its arguments (EXECUTE ... USING), not once for any: a plan for
+-- an unknown range guesses its size, and the filter of only_messages, guessed to keep half
+-- of it, turns a hash join around, so that a long range hashes its messages instead of their
+-- statuses (docs/quality.md, "Cost"). Knowing the range, the planner sizes the joins; with
+-- only_messages NULL, the filter drops out. No JIT: its compilation, triggered by the
+-- estimates, costs more than it saves.
+RETURN QUERY EXECUTE $query$
+WITH window_messages AS MATERIALIZED (
     SELECT m.id, m.login, m.message_id, m.route, coalesce(m.source, '') AS source,
            m.submitted_at, coalesce(m.submitted_at, m.recorded_at) AS sent_at,
-           CASE WHEN m.destination_is_e164 THEN countries ->> substr(m.destination, 2, 4) END
+           CASE WHEN m.destination_is_e164 THEN $5 ->> substr(m.destination, 2, 4) END
                AS country
     FROM dlr.messages AS m
-    WHERE coalesce(m.submitted_at, m.recorded_at) >= lo
-      AND coalesce(m.submitted_at, m.recorded_at) < hi
-      AND (only_login IS NULL OR m.login = only_login)
+    WHERE coalesce(m.submitted_at, m.recorded_at) >= $1
+      AND coalesce(m.submitted_at, m.recorded_at) < $2
+      AND ($3 IS NULL OR m.login = $3)
 ),
+-- The window's, with or without $6: an event kept under another message of the window (P10)
+-- is found for a group as for its whole hour.
 ids AS (
-    SELECT coalesce(min(id), 0) AS first, coalesce(max(id), -1) AS last FROM sent
+    SELECT coalesce(min(id), 0) AS first, coalesce(max(id), -1) AS last FROM window_messages
+),
+-- A group as one jsonb value: equal when its four keys are, NULLs included.
+sent AS (
+    SELECT w.* FROM window_messages AS w
+    WHERE $6 IS NULL
+       OR jsonb_build_array(w.login, w.source, w.route, w.country) IN (
+              SELECT jsonb_build_array(t.login, t.source, t.route, t.country)
+              FROM window_messages AS t JOIN unnest($6) AS u(id) ON u.id = t.id)
 ),
 statuses AS (
     SELECT st.message_ref, st.status, st.is_final, st.basis_err, st.basis_done_at,
@@ -1211,7 +1233,7 @@ cells AS (
            CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_done) END AS done_bucket,
            CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_received) END AS received_bucket,
            count(*)::integer AS messages,
-           count(*) FILTER (WHERE NOT f.is_final AND f.sent_at < cutoff)::integer AS pending,
+           count(*) FILTER (WHERE NOT f.is_final AND f.sent_at < $4)::integer AS pending,
            count(*) FILTER (WHERE f.verified)::integer AS verified,
            count(*) FILTER (WHERE f.to_done IS NOT NULL)::integer AS with_done_time,
            array_agg(f.sent_at ORDER BY f.sent_at) FILTER (WHERE NOT f.is_final) AS awaiting_sent
@@ -1233,7 +1255,10 @@ SELECT c.hour, c.login, c.source, c.route, c.country, c.err, c.status, c.is_fina
        max(c.awaiting_sent)
 FROM cells AS c
 GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
-$$;
+$query$
+USING lo, hi, only_login, cutoff, countries, only_messages;
+END;
+$function$;
 
 -- Brings dlr.quality_hours up to date (docs/quality.md, "Cost"); returns the hours it
 -- re-aggregated. Runs as the owner; only the writer may call it (docs/security.md): the caller
@@ -1248,7 +1273,9 @@ DECLARE
     built_with text;
     digest text := encode(sha256(convert_to(countries::text, 'UTF8')), 'hex');
     horizon numeric;
-    touched timestamptz[];
+    touched timestamptz[];  -- hours re-aggregated whole
+    partial_hours timestamptz[];  -- and the messages whose groups are re-aggregated in each
+    partial_messages bigint[];
     run record;
 BEGIN
     -- One refresh at a time; the second one's statements, after the lock, see the first's.
@@ -1259,7 +1286,7 @@ BEGIN
     -- Every change below the horizon is committed, hence visible to the statements below
     -- (docs/changes.md, "Positions and the gap"): the position advances to it. The changes
     -- committed above it are read too (a transaction left open must not hold the report's
-    -- counts back), and again next time: an hour re-aggregated twice is the same hour.
+    -- counts back), and again next time: a group re-aggregated twice is the same group.
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19;
     IF read_from IS NULL OR built_with IS DISTINCT FROM digest THEN
         read_from := NULL;
@@ -1277,49 +1304,90 @@ BEGIN
         WITH consumed AS (
             DELETE FROM dlr.quality_marks AS k RETURNING k.hour, k.login, k.message_id
         ),
-        marked AS (
-            SELECT coalesce(k.hour, (
-                SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
-                FROM dlr.messages AS m
-                WHERE m.login = k.login AND m.message_id = k.message_id)) AS hour
-            FROM consumed AS k
+        whole AS (
+            SELECT DISTINCT k.hour FROM consumed AS k WHERE k.hour IS NOT NULL
         ),
-        changed AS (
-            SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC') AS hour
-            FROM dlr.status_change_rows AS c
-            JOIN dlr.messages AS m ON m.id = c.message_ref
-            WHERE c.position >= read_from
-            UNION
-            SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
-            FROM dlr.status_change_rows AS c
-            JOIN dlr.messages AS m ON m.login = c.login AND m.message_id = c.message_id
-            WHERE c.position >= read_from AND c.message_ref IS NULL
-        )
         -- A verification's message not recorded in this snapshot is recorded later, with a
         -- mark of its own: its hour is re-aggregated then, with this verification (committed
         -- before this snapshot, as its mark is).
-        SELECT array_agg(h.hour)
-        FROM (SELECT x.hour FROM marked AS x WHERE x.hour IS NOT NULL
-              UNION SELECT c.hour FROM changed AS c) AS h
-            INTO touched;
+        -- Messages are found by probes of their keys (OFFSET 0: whatever the statistics say
+        -- of the marks, which a bulk of verifications fills and a refresh empties).
+        changed AS (
+            SELECT m.id
+            FROM consumed AS k
+            CROSS JOIN LATERAL (
+                SELECT m.id FROM dlr.messages AS m
+                WHERE m.login = k.login AND m.message_id = k.message_id
+                OFFSET 0
+            ) AS m
+            WHERE k.hour IS NULL
+            UNION
+            SELECT c.message_ref FROM dlr.status_change_rows AS c WHERE c.position >= read_from
+            UNION
+            SELECT m.id
+            FROM dlr.status_change_rows AS c
+            CROSS JOIN LATERAL (
+                SELECT m.id FROM dlr.messages AS m
+                WHERE m.login = c.login AND m.message_id = c.message_id
+                OFFSET 0
+            ) AS m
+            WHERE c.position >= read_from AND c.message_ref IS NULL
+        ),
+        partial AS (
+            SELECT m.hour, m.id
+            FROM changed AS c
+            CROSS JOIN LATERAL (
+                SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC') AS hour,
+                       m.id
+                FROM dlr.messages AS m WHERE m.id = c.id
+                OFFSET 0
+            ) AS m
+        )
+        SELECT (SELECT array_agg(w.hour) FROM whole AS w), array_agg(p.hour), array_agg(p.id)
+        FROM partial AS p
+        WHERE p.hour NOT IN (SELECT w.hour FROM whole AS w)
+            INTO touched, partial_hours, partial_messages;
     END IF;
     DELETE FROM dlr.quality_hours AS q WHERE q.hour = ANY(touched);
-    FOR run IN
-        SELECT min(t.hour) AS lo, max(t.hour) + interval '1 hour' AS hi
-        FROM (SELECT u.hour, u.hour - row_number() OVER (ORDER BY u.hour) * interval '1 hour'
-                  AS streak
-              FROM unnest(touched) AS u(hour)) AS t
-        GROUP BY t.streak
-    LOOP
+    -- An hour a call, the first build too: each call's joins hold an hour of rows, however
+    -- large the store.
+    FOR run IN SELECT u.hour FROM unnest(touched) AS u(hour) LOOP
         INSERT INTO dlr.quality_hours
         SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
                f.messages, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
                f.to_received_buckets, f.to_received_counts, f.awaiting_sent
-        FROM dlr.quality_facts(run.lo, run.hi, NULL, '-infinity', countries) AS f;
+        FROM dlr.quality_facts(run.hour, run.hour + interval '1 hour', NULL, '-infinity',
+                               countries, NULL) AS f;
+    END LOOP;
+    -- In the other hours, the groups of the messages that changed: their rows out, the same
+    -- groups counted again in (the statement's parts share one snapshot: the DELETE sees no
+    -- row the INSERT adds).
+    FOR run IN
+        SELECT p.hour, array_agg(p.id) AS messages
+        FROM unnest(partial_hours, partial_messages) AS p(hour, id)
+        GROUP BY p.hour
+    LOOP
+        WITH fresh AS MATERIALIZED (
+            SELECT * FROM dlr.quality_facts(run.hour, run.hour + interval '1 hour', NULL,
+                                            '-infinity', countries, run.messages)
+        ),
+        stale AS (
+            DELETE FROM dlr.quality_hours AS q
+            WHERE q.hour = run.hour
+              AND jsonb_build_array(q.login, q.source, q.route, q.country) IN (
+                      SELECT jsonb_build_array(f.login, f.source, f.route, f.country)
+                      FROM fresh AS f)
+        )
+        INSERT INTO dlr.quality_hours
+        SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
+               f.messages, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
+               f.to_received_buckets, f.to_received_counts, f.awaiting_sent
+        FROM fresh AS f;
     END LOOP;
     UPDATE dlr.quality_refresh
     SET position = greatest(horizon, read_from), refreshed_at = now(), countries_digest = digest;
-    RETURN coalesce(cardinality(touched), 0);
+    RETURN coalesce(cardinality(touched), 0)
+           + coalesce((SELECT count(DISTINCT h) FROM unnest(partial_hours) AS h), 0);
 END;
 $$;
 

@@ -170,7 +170,7 @@ WITH cells AS (
            f.to_received_buckets, f.to_received_counts
     FROM unnest(:raw_from::timestamptz[], :raw_to::timestamptz[]) AS r(lo, hi)
     CROSS JOIN LATERAL dlr.quality_facts(r.lo, r.hi, :login, :now::timestamptz - :deadline::interval,
-                                         :countries::jsonb) AS f
+                                         :countries::jsonb, NULL) AS f
 ),
 -- Verifiable traffic: the sender addresses (login and source) with a verification in the window.
 senders AS (
