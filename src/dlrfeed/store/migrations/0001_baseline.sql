@@ -1155,9 +1155,9 @@ INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 -- the groups those messages are in (login, source, route and country; a message never
 -- changes group), each whole. Ranges, never a whole table: the messages by their send time,
 -- their statuses and events by the range of their row ids (messages are recorded as they are
--- sent), a verification by its key. A verification
--- counts when dated at most a day before its message was sent (clock skew); the country comes
--- from the first four digits of an E.164 destination in `countries`.
+-- sent), a verification by its key. A verification counts when dated at most a day before its
+-- message was sent (clock skew); the country comes from the first four digits of an E.164
+-- destination in `countries`.
 CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
                                   cutoff timestamptz, countries jsonb, only_messages bigint[])
     RETURNS TABLE (hour timestamptz, login text, source text, route text, country text,
