@@ -1348,22 +1348,14 @@ BEGIN
         WHERE p.hour NOT IN (SELECT w.hour FROM whole AS w)
             INTO touched, partial_hours, partial_messages;
     END IF;
-    DELETE FROM dlr.quality_hours AS q WHERE q.hour = ANY(touched);
-    -- An hour a call, the first build too: each call's joins hold an hour of rows, however
-    -- large the store.
-    FOR run IN SELECT u.hour FROM unnest(touched) AS u(hour) LOOP
-        INSERT INTO dlr.quality_hours
-        SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
-               f.messages, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
-               f.to_received_buckets, f.to_received_counts, f.awaiting_sent
-        FROM dlr.quality_facts(run.hour, run.hour + interval '1 hour', NULL, '-infinity',
-                               countries, NULL) AS f;
-    END LOOP;
-    -- In the other hours, the groups of the messages that changed: their rows out, the same
-    -- groups counted again in (the statement's parts share one snapshot: the DELETE sees no
-    -- row the INSERT adds).
+    -- An hour a call, the first build too (each call's joins hold an hour of rows, however
+    -- large the store): its rows out - all of them, or those of the groups of the messages
+    -- that changed - and the same rows counted again in. The statement's parts share one
+    -- snapshot: the DELETE sees no row the INSERT adds.
     FOR run IN
-        SELECT p.hour, array_agg(p.id) AS messages
+        SELECT u.hour, NULL::bigint[] AS messages FROM unnest(touched) AS u(hour)
+        UNION ALL
+        SELECT p.hour, array_agg(p.id)
         FROM unnest(partial_hours, partial_messages) AS p(hour, id)
         GROUP BY p.hour
     LOOP
@@ -1374,9 +1366,10 @@ BEGIN
         stale AS (
             DELETE FROM dlr.quality_hours AS q
             WHERE q.hour = run.hour
-              AND jsonb_build_array(q.login, q.source, q.route, q.country) IN (
-                      SELECT jsonb_build_array(f.login, f.source, f.route, f.country)
-                      FROM fresh AS f)
+              AND (run.messages IS NULL
+                   OR jsonb_build_array(q.login, q.source, q.route, q.country) IN (
+                          SELECT jsonb_build_array(f.login, f.source, f.route, f.country)
+                          FROM fresh AS f))
         )
         INSERT INTO dlr.quality_hours
         SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
