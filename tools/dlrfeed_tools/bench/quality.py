@@ -5,9 +5,10 @@ A throwaway server; a store of `--messages` messages sent over the last 7 days (
 first a lying one: DELIVRD at submit time, never verified; half the OTP traffic verified)
 written by SQL, statuses through their triggers (so the change log is written as the ingest
 writes it). Figures are the server backend's CPU time (/proc), which the machine's other load
-does not inflate, and the wall time. Last, the ingest's receipts per second on that store,
+does not inflate, and the wall time. Then the ingest's receipts per second on that store,
 alone and while week reports run back to back (each first bringing the rollup up to date);
-then the same with late finals over 48 hours written before each report.
+the same with late finals over 48 hours written before each report; and last the first
+again, on the server restarted with fsync on, as production runs it.
 """
 
 from __future__ import annotations
@@ -200,17 +201,28 @@ async def run(messages: int) -> None:
                 await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
                 await refresh(conn)
             for late in (0, 200):
-                await ingest_beside_reports(dsn, conn, late)
+                await ingest_beside_reports(dsn, conn, late, seed=late)
+        finally:
+            await conn.close()
+        # As production runs: every commit flushed, so the ingest waits on the disk too.
+        cluster.fsync = True
+        cluster.restart()
+        conn = await asyncpg.connect(dsn)
+        try:
+            print("the server restarted with fsync, synchronous_commit and full_page_writes on")
+            await ingest_beside_reports(dsn, conn, 0, seed=1)
         finally:
             await conn.close()
     finally:
         cluster.destroy()
 
 
-async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int) -> None:
+async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int, seed: int) -> None:
     """Print the ingest's receipts per second on the store of `dsn` alone and while
     `_REPORTS_BESIDE` week reports run back to back on `conn` (each after `late` late finals
-    over the last 48 hours, when `late`), rounds of each in ABBA order, and their ratio."""
+    over the last 48 hours, when `late`), rounds of each in ABBA order, and their ratio. The
+    receipts are growth_traffic's for `seed`: another seed for each call, or the second call
+    would store repeats."""
 
     written = 0  # late finals
 
@@ -230,7 +242,7 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int) -
             await quality(conn, "route", _last(7))
 
     store = await Store.open(dsn, pool_size=1)
-    traffic = Traffic(seed=late)
+    traffic = Traffic(seed=seed)
     try:
         await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
         alone: list[float] = []
