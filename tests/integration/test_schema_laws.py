@@ -271,21 +271,27 @@ async def test_the_withdrawal_lookup_probes_its_index_not_the_days_changes(
 ) -> None:
     """A log of 200,000 changes today, none a withdrawal: the writers' lookup of a message's
     latest withdrawal (dlr.latest_withdrawal) still reads the day's partial index of
-    withdrawals, never the day's changes."""
+    withdrawals, never the day's changes. The changes and the lookup's two hours are at noon,
+    so that they lie in today's partition alone at whatever time the test runs (an hour either
+    side of midnight would reach into a neighbour day, empty, which a scan reads for nothing)."""
+    noon = today() + timedelta(hours=12)
     await db.execute(
         "INSERT INTO dlr.status_change_rows (position, changed_at, login, message_id, status,"
         " is_final, reason, supporting_event_id, rules_version)"
-        " SELECT g, now(), $1, md5(g::text), 'ENROUTE', false, 'r', 1, 'v'"
+        " SELECT g, $2, $1, md5(g::text), 'ENROUTE', false, 'r', 1, 'v'"
         " FROM generate_series(1, 200000) AS g",
         LOGIN,
+        noon,
     )
     await db.execute("ANALYZE dlr.status_change_rows")
     plan = await plan_of(
         db,
         "SELECT max(position) FROM dlr.status_change_rows"
         " WHERE login = $1 AND message_id = 'm10' AND status IS NULL"
-        " AND changed_at >= now() - interval '1 hour' AND changed_at < now() + interval '1 hour'",
+        " AND changed_at >= $2 AND changed_at < $3",
         LOGIN,
+        noon - timedelta(hours=1),
+        noon + timedelta(hours=1),
     )
     assert "Seq Scan" not in plan, plan
     assert "_withdrawn" in plan, plan
