@@ -1310,28 +1310,26 @@ BEGIN
         -- A verification's message not recorded in this snapshot is recorded later, with a
         -- mark of its own: its hour is re-aggregated then, with this verification (committed
         -- before this snapshot, as its mark is).
-        -- Messages are found by probes of their keys (OFFSET 0: whatever the statistics say
-        -- of the marks, which a bulk of verifications fills and a refresh empties).
+        -- Messages known by their key alone - verified or recomputed (a mark), or a change
+        -- withdrawn from its message - are found by probes of their keys (OFFSET 0: whatever
+        -- the statistics say of the marks, which a bulk of verifications fills and a refresh
+        -- empties).
+        keyed AS (
+            SELECT k.login, k.message_id FROM consumed AS k WHERE k.hour IS NULL
+            UNION
+            SELECT c.login, c.message_id FROM dlr.status_change_rows AS c
+            WHERE c.position >= read_from AND c.message_ref IS NULL
+        ),
         changed AS (
             SELECT m.id
-            FROM consumed AS k
+            FROM keyed AS k
             CROSS JOIN LATERAL (
                 SELECT m.id FROM dlr.messages AS m
                 WHERE m.login = k.login AND m.message_id = k.message_id
                 OFFSET 0
             ) AS m
-            WHERE k.hour IS NULL
             UNION
             SELECT c.message_ref FROM dlr.status_change_rows AS c WHERE c.position >= read_from
-            UNION
-            SELECT m.id
-            FROM dlr.status_change_rows AS c
-            CROSS JOIN LATERAL (
-                SELECT m.id FROM dlr.messages AS m
-                WHERE m.login = c.login AND m.message_id = c.message_id
-                OFFSET 0
-            ) AS m
-            WHERE c.position >= read_from AND c.message_ref IS NULL
         ),
         partial AS (
             SELECT m.hour, m.id
