@@ -8,7 +8,9 @@ writes it). Figures are the server backend's CPU time (/proc), which the machine
 does not inflate, and the wall time. Then the ingest's receipts per second on that store,
 alone and while week reports run back to back (each first bringing the rollup up to date);
 the same with late finals over 48 hours written before each report; and last the first
-again, on the server restarted with fsync on, as production runs it.
+again, on the server restarted with fsync on, as production runs it. With `--every SECONDS`,
+then the ingest over rounds of twice that, alone and with a week report started every
+`SECONDS`: reports at a cadence, as a script or the daemon's gauges run them.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ def _last(days: int) -> Window:
     return Window(since=now - timedelta(days=days), until=now, now=now)
 
 
-async def run(messages: int) -> None:
+async def run(messages: int, every: float) -> None:
     cluster = start_on_a_free_port(scratch_directory("bench-quality"))
     try:
         dsn = await cluster.create_database("bench")
@@ -211,6 +213,8 @@ async def run(messages: int) -> None:
         try:
             print("the server restarted with fsync, synchronous_commit and full_page_writes on")
             await ingest_beside_reports(dsn, conn, 0, seed=1)
+            if every:
+                await ingest_with_reports_every(dsn, conn, every, seed=2)
         finally:
             await conn.close()
     finally:
@@ -274,9 +278,77 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int, s
         await store.close()
 
 
+async def ingest_with_reports_every(
+    dsn: str, conn: asyncpg.Connection, every: float, seed: int
+) -> None:
+    """Print the ingest's receipts per second over rounds of `2 * every` seconds, alone and
+    with a week report (refreshing first) started at the round's start and `every` seconds
+    later on `conn`, rounds of each in ABBA order, and their ratio; growth_traffic's receipts
+    for `seed`, as in `ingest_beside_reports`."""
+    seconds = 2 * every
+    report_seconds: list[float] = []
+
+    async def reports() -> None:
+        started = time.perf_counter()
+        for number in range(2):
+            await asyncio.sleep(max(0.0, started + number * every - time.perf_counter()))
+            began = time.perf_counter()
+            await quality(conn, "route", _last(7))
+            report_seconds.append(time.perf_counter() - began)
+
+    async def ingest_rate(reporting: bool) -> float:
+        """Whole rounds of growth_traffic for `seconds`, and until the reports have ended."""
+        beside = asyncio.create_task(reports()) if reporting else None
+        started, stored = time.perf_counter(), 0
+        try:
+            while time.perf_counter() - started < seconds or (
+                beside is not None and not beside.done()
+            ):
+                stored += await ingest_rounds(store, traffic, 1)
+            if beside is not None:
+                await beside  # its error, if it failed
+        finally:
+            if beside is not None and not beside.done():
+                beside.cancel()  # after a failed ingest
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beside
+        return stored / (time.perf_counter() - started)
+
+    store = await Store.open(dsn, pool_size=1)
+    traffic = Traffic(seed=seed)
+    try:
+        await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
+        alone: list[float] = []
+        beside: list[float] = []
+        for number in range(_INGEST_ROUNDS):
+            if number % 2 == 0:
+                alone.append(await ingest_rate(False))
+            beside.append(await ingest_rate(True))
+            if number % 2 == 1:
+                alone.append(await ingest_rate(False))
+        ratios = [b / a for a, b in zip(alone, beside, strict=True)]
+        print(
+            f"ingest alone: {statistics.median(alone):,.0f} receipts/s "
+            f"({min(alone):,.0f}-{max(alone):,.0f}); with a week report every {every:.0f} s "
+            f"(each {statistics.median(report_seconds):.1f} s, refreshing first; rounds of "
+            f"{seconds:.0f} s): {statistics.median(beside):,.0f} receipts/s "
+            f"({min(beside):,.0f}-{max(beside):,.0f}); ratio {statistics.median(ratios):.2f} "
+            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        )
+    finally:
+        await store.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument(
+        "--every",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="also measure the ingest with a week report every SECONDS (rounds of twice that)",
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.messages))
+    asyncio.run(run(args.messages, args.every))
     return 0
