@@ -454,9 +454,12 @@ def _walls_section(results: dict[str, Any]) -> list[str]:
         walls.append(
             f"- c / d below {TARGET_RATIO_TO_NAIVE:.0f} ({', '.join(below_naive)}): the naive "
             f"consumer does {naive:,.0f}/s with one COMMIT and one Ack round trip per "
-            f"receipt{writer}. dlrfeed batches both, so its rate is bound by CPU instead (see "
-            f"*Where the time goes*); {TARGET_RATIO_TO_NAIVE:.0f}x needs ≥ "
-            f"{TARGET_RATIO_TO_NAIVE * naive:,.0f}/s end to end on these 2 shared cores."
+            f"receipt{writer}. dlrfeed batches both, so its rate is bound by its CPU per "
+            "receipt and by the receipts each process has in hand, two batches a stream "
+            "(*cores busy* above says how much of the 2 cores a configuration used; "
+            "docs/scaling.md measures more `--streams`); "
+            f"{TARGET_RATIO_TO_NAIVE:.0f}x needs ≥ {TARGET_RATIO_TO_NAIVE * naive:,.0f}/s end "
+            "to end on these 2 shared cores."
         )
     lat = results.get("latency")
     if lat and not (lat["ledger_p99_ms"] is not None and lat["ledger_p99_ms"] <= TARGET_P99_MS):
