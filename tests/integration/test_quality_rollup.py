@@ -7,6 +7,7 @@ late verifications, a forgetting pass, and two refreshes at once; latencies with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -58,13 +59,16 @@ def _receipt(message_id: str, level: int, stat: str, sent: datetime, done: datet
 
 
 class Traffic:
-    """Messages sent over the last 60 hours (the deadline's cutoff falls among them), their
-    receipts and verifications, in rounds, from one seed."""
+    """Messages sent over the 60 hours before the current one (the deadline's cutoff falls
+    among them), a few of them ahead of the clock, in the next hour (which the rollup leaves
+    out while it is not over), their receipts and verifications, in rounds, from one seed.
+    None is sent in the current hour: it may be over before the test is."""
 
     def __init__(self, seed: int, now: datetime) -> None:
         self.rng = random.Random(seed)
         self.now = now
-        self.base = now - timedelta(hours=60, minutes=self.rng.randrange(60))
+        this_hour = now.replace(minute=0, second=0, microsecond=0)
+        self.base = this_hour - timedelta(hours=60, minutes=self.rng.randrange(60))
         self.messages: list[tuple[Submission, datetime]] = []
         for n in range(360):
             sent = self.base + timedelta(seconds=self.rng.randrange(60 * 3600))
@@ -78,6 +82,9 @@ class Traffic:
                 route=self.rng.choice(ROUTES),
             )
             self.messages.append((submission, sent))
+        for n, (submission, _) in enumerate(self.messages[-6:]):
+            sent = this_hour + timedelta(hours=1, minutes=10 * n)
+            self.messages[n - 6] = (dataclasses.replace(submission, submitted_at=sent), sent)
 
     def receipts(self, share: float) -> dict[str, list[Any]]:
         """Receipts for a share of the messages, by login: progress, finals, fake DELIVRDs at
@@ -119,6 +126,8 @@ class Traffic:
         return [
             Window(since=self.base - timedelta(hours=1), until=until, now=until),
             Window(since=middle, until=until, now=until, login="acme"),
+            # Ending in an hour to come: its whole hours from the one not over on are raw.
+            Window(since=self.base, until=until + timedelta(hours=2), now=until),
             Window(since=middle, until=until, now=until, deadline=timedelta(hours=30)),
             Window(since=self.base, until=middle, now=middle, deadline=timedelta(hours=5)),
             # Done at submit within 10 s, a bucket bound; signals on few messages.
@@ -151,6 +160,20 @@ def _close(exact: float | None, from_buckets: float | None) -> bool:
         return exact is from_buckets
     low, high = sorted((exact / HALF_BUCKET, exact * HALF_BUCKET))
     return low - 0.0015 <= from_buckets <= high + 0.0015
+
+
+_OPEN_FROM = "(SELECT open_from FROM dlr.quality_refresh)"
+_MARKS_OF_HOURS_OVER = (
+    f"SELECT count(*) FROM dlr.quality_marks WHERE hour IS NULL OR hour < {_OPEN_FROM}"
+)
+
+
+async def _sent_in_hours_over(conn: asyncpg.Connection) -> int:
+    """The messages sent before the first hour the rollup leaves out (not over yet)."""
+    sent = "coalesce(submitted_at, recorded_at)"
+    return int(
+        await conn.fetchval(f"SELECT count(*) FROM dlr.messages WHERE {sent} < {_OPEN_FROM}")
+    )
 
 
 async def _fetches_nonzero(conn: asyncpg.Connection, sql: str) -> bool:
@@ -201,14 +224,15 @@ async def test_the_rollup_counts_what_the_raw_tables_count(
     await _ingest(store, traffic.receipts(0.4))
     await store.record_verifications(traffic.verifications(0.3))
     assert await _same_report(db, traffic) > 0
-    # A verification of a message never recorded leaves nothing to do behind it.
+    # A verification of a message never recorded leaves nothing to do behind it; the marks
+    # left are those of the hour not over yet, kept until it is.
     await store.record_verifications([Verification("acme", "never", "click", traffic.now)])
     await refresh(db)
-    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") == 0
+    assert await db.fetchval(_MARKS_OF_HOURS_OVER) == 0
     # Nothing changed since: nothing to re-aggregate.
     assert await refresh(db) == 0
     rolled = await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours")
-    assert rolled == len(submissions)
+    assert rolled == await _sent_in_hours_over(db) < len(submissions)
 
 
 async def test_two_refreshes_at_once_count_each_message_once(
@@ -237,7 +261,7 @@ async def test_two_refreshes_at_once_count_each_message_once(
     finally:
         await other.close()
     rolled = await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours")
-    assert rolled == len(traffic.messages)
+    assert rolled == await _sent_in_hours_over(db)
     assert await _same_report(db, traffic) > 0
 
 
@@ -260,7 +284,9 @@ async def test_forgetting_messages_leaves_the_rollup_exact(
     assert forgotten.messages > 0
     assert 0 < left < len(submissions)
     assert await _same_report(db, traffic) > 0
-    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == left
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == (
+        await _sent_in_hours_over(db)
+    )
 
 
 async def test_dropping_days_of_the_change_log_loses_no_change_of_the_rollup(
@@ -338,10 +364,16 @@ async def test_a_refresh_with_another_country_map_rebuilds_the_rollup_whole(
     spain = sum(1 for s, _ in traffic.messages if s.destination.startswith("+3461"))
     assert spain > 0
     await db.fetchval("""SELECT dlr.refresh_quality_hours('{"3461": "XX"}')""")
-    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == len(traffic.messages)
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == (
+        await _sent_in_hours_over(db)
+    )
+    spain_in_hours_over = await db.fetchval(
+        "SELECT count(*) FROM dlr.messages WHERE destination LIKE '+3461%'"
+        f" AND coalesce(submitted_at, recorded_at) < {_OPEN_FROM}"
+    )
     assert (
         await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours WHERE country = 'XX'")
-        == spain
+        == spain_in_hours_over
     )
     assert await _same_report(db, traffic) > 0
 
@@ -373,7 +405,9 @@ async def test_messages_recorded_during_the_first_build_are_counted_and_never_wa
     await dropping  # waited for the build, then found it built: the marks stay
     assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") > 0
     await refresh(db)
-    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == len(traffic.messages)
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == (
+        await _sent_in_hours_over(db)
+    )
     assert await _same_report(db, traffic) > 0
 
 
@@ -469,3 +503,56 @@ async def test_a_late_receipt_re_aggregates_only_its_messages_group_in_its_hour(
         "SELECT sum(messages) FROM dlr.quality_hours WHERE status = 'DELIVERED'"
     )
     assert delivered == 2
+
+
+async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """The rollup leaves out the hours not over yet (a report counts them from the raw tables;
+    a refresh would count such an hour whole again each time a message is recorded in it) and
+    keeps their marks, the first build too; once an hour is over, the next refresh counts it
+    whole, with every change it had meanwhile. The first hour left out never moves back."""
+    this_hour = await db.fetchval("SELECT date_trunc('hour', clock_timestamp(), 'UTC')")
+    ahead = this_hour + timedelta(hours=1)  # sent ahead of the clock: not over for an hour
+    past = this_hour - timedelta(hours=2)
+    await store.record_submissions(
+        [
+            Submission("acme", f"past-{n}", f"+3461{n:07d}", route="r1", submitted_at=past)
+            for n in range(3)
+        ]
+        + [
+            Submission("acme", f"ahead-{n}", f"+4479{n:07d}", route="r2", submitted_at=ahead)
+            for n in range(4)
+        ]
+    )
+    # The first build: the past hour; the hour ahead is left out, its mark written again.
+    assert await refresh(db) == 1
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks WHERE hour = $1", ahead) > 0
+    await store.ingest(
+        "acme", [_receipt("ahead-0", 2, "DELIVRD", ahead, ahead + timedelta(seconds=3))]
+    )
+    assert await refresh(db) == 0  # a change in an hour not over: left for when it is
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == 3
+    window = Window(since=past, until=ahead + timedelta(hours=1), now=ahead + timedelta(hours=1))
+
+    async def same() -> None:
+        rolled = await quality(db, "route", window)
+        exact = await raw_quality(db, "route", window)
+        assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
+            {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
+        ]
+        assert sum(g["accepted"] for g in exact) == 7
+
+    await same()
+    # The clock moves on past `ahead`: that hour is over, counted whole, its marks consumed.
+    later = ahead + timedelta(hours=1)
+    await db.execute("UPDATE dlr.quality_refresh SET open_from = $1", later)
+    assert await refresh(db) == 1
+    assert await db.fetchval("SELECT open_from FROM dlr.quality_refresh") == later  # not back
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") == 0
+    assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == 7
+    delivered = (
+        "SELECT sum(messages) FROM dlr.quality_hours WHERE hour = $1 AND status = 'DELIVERED'"
+    )
+    assert await db.fetchval(delivered, ahead) == 1
+    await same()

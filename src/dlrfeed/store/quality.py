@@ -3,8 +3,9 @@
 `dlrfeed quality`, the `quality` section of `dlrfeed stats` and the daemon's route gauges read
 the hourly rollup dlr.quality_hours, which they first bring up to date
 (dlr.refresh_quality_hours, run as the schema owner; only the writer may call it), and the raw
-tables only for the partial hours of their window (docs/quality.md, "Cost"). A role that may
-not refresh (the reader) is answered from the raw tables.
+tables only for the partial hours of their window and the hours not over yet, which the rollup
+leaves out (docs/quality.md, "Cost"). A role that may not refresh (the reader) is answered from
+the raw tables.
 """
 
 from __future__ import annotations
@@ -168,8 +169,9 @@ def _floor_hour(moment: datetime) -> datetime:
 
 
 def _raw_ranges(window: Window) -> _Ranges:
-    """The whole hours of the window, which the rollup answers, and its partial hours at either
-    end, which the raw tables answer."""
+    """The whole hours of the window, which the rollup answers up to the first hour it leaves
+    out (quality_rollup_groups), and its partial hours at either end, which the raw tables
+    answer."""
     start = _floor_hour(window.since)
     hours_from = start if start == window.since else start + _HOUR
     hours_to = max(_floor_hour(window.until), hours_from)

@@ -1087,12 +1087,12 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
 
 -------------------------------------------------------------------------------------------
 -- Route quality rollup (docs/quality.md, "Cost"): `dlrfeed quality` reads whole hours from
--- dlr.quality_hours and only the partial hours of its window from the raw tables. The rollup is
--- brought up to date by dlr.refresh_quality_hours(), outside the ingest: it re-aggregates what
--- changed since its last run - whole hours where messages were recorded or forgotten
--- (dlr.quality_marks), and elsewhere only the groups of the messages whose status changed (the
--- status-change log, by position: every change its snapshot sees), or that were verified or
--- recomputed (dlr.quality_marks).
+-- dlr.quality_hours and only the partial hours of its window, and the hours not over yet, from
+-- the raw tables. The rollup is brought up to date by dlr.refresh_quality_hours(), outside the
+-- ingest: it re-aggregates what changed since its last run in the hours that are over - whole
+-- hours where messages were recorded or forgotten (dlr.quality_marks), and elsewhere only the
+-- groups of the messages whose status changed (the status-change log, by position: every
+-- change its snapshot sees), or that were verified or recomputed (dlr.quality_marks).
 -------------------------------------------------------------------------------------------
 
 -- A latency's bucket: 0 for 0 s; else its sign times 32 + floor(10 log10 |seconds|), clamped
@@ -1142,12 +1142,15 @@ CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
     position numeric,
     refreshed_at timestamptz,
-    countries_digest text
+    countries_digest text,
+    open_from timestamptz
 );
 COMMENT ON TABLE dlr.quality_refresh IS
     'how far dlr.quality_hours has read the status-change log (NULL: never built)';
 COMMENT ON COLUMN dlr.quality_refresh.countries_digest IS
     'SHA-256 of the country map dlr.quality_hours was built with: a refresh with another map rebuilds it whole';
+COMMENT ON COLUMN dlr.quality_refresh.open_from IS
+    'the first hour the rollup leaves out, not over when last refreshed (the database''s clock, never moving back): a report counts it and every later hour from the raw tables';
 INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 
 -- The facts of the messages sent in [lo, hi), of `only_login` or all, one row per hour and
@@ -1273,6 +1276,8 @@ DECLARE
     built_with text;
     digest text := encode(sha256(convert_to(countries::text, 'UTF8')), 'hex');
     horizon numeric;
+    open_before timestamptz;
+    first_open timestamptz;  -- the hours from it on are not over: left out, marks kept
     touched timestamptz[];  -- hours re-aggregated whole
     partial_hours timestamptz[];  -- and the messages whose groups are re-aggregated in each
     partial_messages bigint[];
@@ -1281,28 +1286,38 @@ BEGIN
     -- One refresh at a time; the second one's statements, after the lock, see the first's.
     -- A class of its own (ingest locks ids under 6581362): no receipt ever waits for it.
     PERFORM pg_advisory_xact_lock(6581363, 0);
-    SELECT r.position, r.countries_digest INTO read_from, built_with
+    SELECT r.position, r.countries_digest, r.open_from INTO read_from, built_with, open_before
     FROM dlr.quality_refresh AS r FOR UPDATE;
+    -- An hour not over yet is left out, and its marks kept until it is: every report counts
+    -- it from the raw tables (a window's last, partial hour), and while messages are recorded
+    -- in it, each refresh would count it whole again. Read after the lock, and never moved
+    -- back: a refresh that waited for the lock may have begun before the last one.
+    first_open := greatest(date_trunc('hour', clock_timestamp(), 'UTC'), open_before);
     -- Every change below the horizon is committed, hence visible to the statements below
     -- (docs/changes.md, "Positions and the gap"): the position advances to it. The changes
     -- committed above it are read too (a transaction left open must not hold the report's
     -- counts back), and again next time: a group re-aggregated twice is the same group.
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::numeric * 1e19;
-    IF read_from IS NULL OR built_with IS DISTINCT FROM digest THEN
+    IF read_from IS NULL OR built_with IS DISTINCT FROM digest OR open_before IS NULL THEN
         read_from := NULL;
         DELETE FROM dlr.quality_hours;
         -- The marks this statement sees are consumed before the messages are read: a later
         -- statement sees at least their messages. (The other way round, a message recorded
-        -- in between would lose its mark unread.)
+        -- in between would lose its mark unread.) The hours not over get marks of their own.
         DELETE FROM dlr.quality_marks;
         SELECT array_agg(DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC'))
             INTO touched FROM dlr.messages AS m;
+        INSERT INTO dlr.quality_marks (hour)
+        SELECT h.hour FROM unnest(touched) AS h(hour) WHERE h.hour >= first_open;
+        touched := ARRAY(SELECT h.hour FROM unnest(touched) AS h(hour) WHERE h.hour < first_open);
     ELSE
         -- The marks are consumed as they are read, by one statement: those it sees, however
         -- many (a bulk of verifications writes one a message), and no other; rolled back with
         -- the refresh.
         WITH consumed AS (
-            DELETE FROM dlr.quality_marks AS k RETURNING k.hour, k.login, k.message_id
+            DELETE FROM dlr.quality_marks AS k
+            WHERE k.hour IS NULL OR k.hour < first_open
+            RETURNING k.hour, k.login, k.message_id
         ),
         whole AS (
             SELECT DISTINCT k.hour FROM consumed AS k WHERE k.hour IS NOT NULL
@@ -1343,7 +1358,7 @@ BEGIN
         )
         SELECT (SELECT array_agg(w.hour) FROM whole AS w), array_agg(p.hour), array_agg(p.id)
         FROM partial AS p
-        WHERE p.hour NOT IN (SELECT w.hour FROM whole AS w)
+        WHERE p.hour NOT IN (SELECT w.hour FROM whole AS w) AND p.hour < first_open
             INTO touched, partial_hours, partial_messages;
     END IF;
     -- An hour a call, the first build too (each call's joins hold an hour of rows, however
@@ -1376,7 +1391,8 @@ BEGIN
         FROM fresh AS f;
     END LOOP;
     UPDATE dlr.quality_refresh
-    SET position = greatest(horizon, read_from), refreshed_at = now(), countries_digest = digest;
+    SET position = greatest(horizon, read_from), refreshed_at = now(), countries_digest = digest,
+        open_from = first_open;
     RETURN coalesce(cardinality(touched), 0)
            + coalesce((SELECT count(DISTINCT h) FROM unnest(partial_hours) AS h), 0);
 END;
@@ -1481,7 +1497,7 @@ BEGIN
         -- C6: `dlrfeed record-verifications`.
         GRANT SELECT, INSERT ON dlr.verifications TO dlrfeed_writer;
         -- The daemon's route gauges (docs/quality.md).
-        GRANT SELECT ON dlr.quality_hours TO dlrfeed_writer;
+        GRANT SELECT ON dlr.quality_hours, dlr.quality_refresh TO dlrfeed_writer;
         GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb) TO dlrfeed_writer;
     END IF;
 

@@ -146,13 +146,17 @@ WHERE position IS NOT NULL
 
 -- name: quality_rollup_groups
 -- quality_groups from the rollup: the whole hours in [:hours_from, :hours_to) from
--- dlr.quality_hours, the partial hours at the window's ends from the raw tables by
--- dlr.quality_facts over the :raw_from/:raw_to ranges. A non-final group of the rollup is
+-- dlr.quality_hours up to the first hour it leaves out (open_from, not over when it was
+-- refreshed), and from the raw tables by dlr.quality_facts the hours from that one on and the
+-- partial hours at the window's ends (the :raw_from/:raw_to ranges). A non-final group of the rollup is
 -- pending whole when its hour ends by the deadline's cutoff, in part when the cutoff falls
 -- within it (by its send times), not at all after. The same counts as
 -- quality_groups; the latencies are percentiles of the buckets (dlrfeed.store.quality), and a
 -- done time counts as the submission when its bucket lies under :same_time_bucket.
-WITH cells AS (
+WITH rolled AS (
+    SELECT least(:hours_to::timestamptz, r.open_from) AS hours_to FROM dlr.quality_refresh AS r
+),
+cells AS (
     SELECT q.login, q.source, q.route, q.country, q.err, q.status, q.is_final, q.messages,
            CASE WHEN q.is_final OR q.hour >= c.cutoff THEN 0
                 WHEN q.hour + interval '1 hour' <= c.cutoff THEN q.messages
@@ -162,13 +166,17 @@ WITH cells AS (
            q.to_received_buckets, q.to_received_counts
     FROM dlr.quality_hours AS q
     CROSS JOIN (SELECT :now::timestamptz - :deadline::interval AS cutoff) AS c
-    WHERE q.hour >= :hours_from AND q.hour < :hours_to
+    CROSS JOIN rolled
+    WHERE q.hour >= :hours_from AND q.hour < rolled.hours_to
       AND (:login::text IS NULL OR q.login = :login)
     UNION ALL
     SELECT f.login, f.source, f.route, f.country, f.err, f.status, f.is_final, f.messages,
            f.pending, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
            f.to_received_buckets, f.to_received_counts
-    FROM unnest(:raw_from::timestamptz[], :raw_to::timestamptz[]) AS r(lo, hi)
+    FROM (SELECT * FROM unnest(:raw_from::timestamptz[], :raw_to::timestamptz[])
+          UNION ALL
+          SELECT greatest(rolled.hours_to, :hours_from), :hours_to FROM rolled
+          WHERE rolled.hours_to < :hours_to) AS r(lo, hi)
     CROSS JOIN LATERAL dlr.quality_facts(r.lo, r.hi, :login, :now::timestamptz - :deadline::interval,
                                          :countries::jsonb, NULL) AS f
 ),
