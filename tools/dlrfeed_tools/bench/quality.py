@@ -245,33 +245,25 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int, s
                 written += int(inserted.split()[-1])
             await quality(conn, "route", _last(7))
 
+    async def beside_reports() -> float:
+        reporting = asyncio.create_task(reports())
+        try:
+            return await ingest_rate(reporting)
+        finally:
+            reporting.cancel()  # after a failed ingest; else the reports have ended
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporting
+
     store = await Store.open(dsn, pool_size=1)
     traffic = Traffic(seed=seed)
     try:
         await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
-        alone: list[float] = []
-        beside: list[float] = []
-        for number in range(_INGEST_ROUNDS):
-            if number % 2 == 0:
-                alone.append(await ingest_rate(None))
-            reporting = asyncio.create_task(reports())
-            try:
-                beside.append(await ingest_rate(reporting))
-            finally:
-                reporting.cancel()  # after a failed ingest; else the reports have ended
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reporting
-            if number % 2 == 1:
-                alone.append(await ingest_rate(None))
-        ratios = [b / a for a, b in zip(alone, beside, strict=True)]
+        alone, beside, ratios = await _abba(partial(ingest_rate, None), beside_reports)
         before = f"{written:,} late finals in all, " if late else ""
         print(
-            f"ingest alone: {statistics.median(alone):,.0f} receipts/s "
-            f"({min(alone):,.0f}-{max(alone):,.0f}); beside {_REPORTS_BESIDE} week reports "
-            f"back to back a round ({before}each report refreshing first): "
-            f"{statistics.median(beside):,.0f} receipts/s "
-            f"({min(beside):,.0f}-{max(beside):,.0f}); ratio {statistics.median(ratios):.2f} "
-            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+            f"ingest alone: {_spread(alone)}; beside {_REPORTS_BESIDE} week reports back to "
+            f"back a round ({before}each report refreshing first): {_spread(beside)}; "
+            f"{_ratio(ratios)}"
         )
         await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
     finally:
@@ -318,25 +310,39 @@ async def ingest_with_reports_every(
     traffic = Traffic(seed=seed)
     try:
         await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
-        alone: list[float] = []
-        beside: list[float] = []
-        for number in range(_INGEST_ROUNDS):
-            if number % 2 == 0:
-                alone.append(await ingest_rate(False))
-            beside.append(await ingest_rate(True))
-            if number % 2 == 1:
-                alone.append(await ingest_rate(False))
-        ratios = [b / a for a, b in zip(alone, beside, strict=True)]
+        alone, beside, ratios = await _abba(partial(ingest_rate, False), partial(ingest_rate, True))
         print(
-            f"ingest alone: {statistics.median(alone):,.0f} receipts/s "
-            f"({min(alone):,.0f}-{max(alone):,.0f}); with a week report every {every:.0f} s "
-            f"(each {statistics.median(report_seconds):.1f} s, refreshing first; rounds of "
-            f"{seconds:.0f} s): {statistics.median(beside):,.0f} receipts/s "
-            f"({min(beside):,.0f}-{max(beside):,.0f}); ratio {statistics.median(ratios):.2f} "
-            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+            f"ingest alone: {_spread(alone)}; with a week report every {every:.0f} s (each "
+            f"{statistics.median(report_seconds):.1f} s, refreshing first; rounds of "
+            f"{seconds:.0f} s): {_spread(beside)}; {_ratio(ratios)}"
         )
     finally:
         await store.close()
+
+
+async def _abba(
+    alone_round: Callable[[], Awaitable[float]], beside_round: Callable[[], Awaitable[float]]
+) -> tuple[list[float], list[float], list[float]]:
+    """`_INGEST_ROUNDS` rounds of each, alone, beside; beside, alone; ...: the rates alone,
+    beside, and the ratio of each pair."""
+    alone: list[float] = []
+    beside: list[float] = []
+    for number in range(_INGEST_ROUNDS):
+        if number % 2 == 0:
+            alone.append(await alone_round())
+        beside.append(await beside_round())
+        if number % 2 == 1:
+            alone.append(await alone_round())
+    return alone, beside, [b / a for a, b in zip(alone, beside, strict=True)]
+
+
+def _spread(rates: list[float]) -> str:
+    return f"{statistics.median(rates):,.0f} receipts/s ({min(rates):,.0f}-{max(rates):,.0f})"
+
+
+def _ratio(ratios: list[float]) -> str:
+    rounds = ", ".join(f"{r:.2f}" for r in ratios)
+    return f"ratio {statistics.median(ratios):.2f} (rounds: {rounds})"
 
 
 def main() -> int:
