@@ -245,20 +245,13 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int, s
                 written += int(inserted.split()[-1])
             await quality(conn, "route", _last(7))
 
-    async def beside_reports() -> float:
-        reporting = asyncio.create_task(reports())
-        try:
-            return await ingest_rate(reporting)
-        finally:
-            reporting.cancel()  # after a failed ingest; else the reports have ended
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporting
-
     store = await Store.open(dsn, pool_size=1)
     traffic = Traffic(seed=seed)
     try:
         await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
-        alone, beside, ratios = await _abba(partial(ingest_rate, None), beside_reports)
+        alone, beside, ratios = await _abba(
+            partial(ingest_rate, None), partial(_beside, reports, ingest_rate)
+        )
         before = f"{written:,} late finals in all, " if late else ""
         print(
             f"ingest alone: {_spread(alone)}; beside {_REPORTS_BESIDE} week reports back to "
@@ -288,29 +281,20 @@ async def ingest_with_reports_every(
             await quality(conn, "route", _last(7))
             report_seconds.append(time.perf_counter() - began)
 
-    async def ingest_rate(reporting: bool) -> float:
+    async def ingest_rate(beside: asyncio.Task[None] | None) -> float:
         """Whole rounds of growth_traffic for `seconds`, and until the reports have ended."""
-        beside = asyncio.create_task(reports()) if reporting else None
         started, stored = time.perf_counter(), 0
-        try:
-            while time.perf_counter() - started < seconds or (
-                beside is not None and not beside.done()
-            ):
-                stored += await ingest_rounds(store, traffic, 1)
-            if beside is not None:
-                await beside  # its error, if it failed
-        finally:
-            if beside is not None and not beside.done():
-                beside.cancel()  # after a failed ingest
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beside
+        while time.perf_counter() - started < seconds or (beside is not None and not beside.done()):
+            stored += await ingest_rounds(store, traffic, 1)
         return stored / (time.perf_counter() - started)
 
     store = await Store.open(dsn, pool_size=1)
     traffic = Traffic(seed=seed)
     try:
         await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
-        alone, beside, ratios = await _abba(partial(ingest_rate, False), partial(ingest_rate, True))
+        alone, beside, ratios = await _abba(
+            partial(ingest_rate, None), partial(_beside, reports, ingest_rate)
+        )
         print(
             f"ingest alone: {_spread(alone)}; with a week report every {every:.0f} s (each "
             f"{statistics.median(report_seconds):.1f} s, refreshing first; rounds of "
@@ -318,6 +302,21 @@ async def ingest_with_reports_every(
         )
     finally:
         await store.close()
+
+
+async def _beside(
+    reports: Callable[[], Awaitable[None]],
+    ingest_rate: Callable[[asyncio.Task[None]], Awaitable[float]],
+) -> float:
+    """The ingest's rate while `reports` run as a task; their error, if they failed, is raised
+    (after a failed ingest they are cancelled)."""
+    reporting = asyncio.ensure_future(reports())
+    try:
+        return await ingest_rate(reporting)
+    finally:
+        reporting.cancel()  # a no-op once they have ended
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporting
 
 
 async def _abba(
