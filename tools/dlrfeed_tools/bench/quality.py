@@ -230,7 +230,9 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int, s
 
     written = 0  # late finals
 
-    async def ingest_rate(beside: asyncio.Task[None] | None) -> float:
+    async def ingest_rate(
+        store: Store, traffic: Traffic, beside: asyncio.Task[None] | None
+    ) -> float:
         """Alone: `_INGEST_RECEPTIONS` receipts. Beside: whole rounds until the reports end."""
         started, stored = time.perf_counter(), 0
         while stored < _INGEST_RECEPTIONS if beside is None else not beside.done():
@@ -245,22 +247,14 @@ async def ingest_beside_reports(dsn: str, conn: asyncpg.Connection, late: int, s
                 written += int(inserted.split()[-1])
             await quality(conn, "route", _last(7))
 
-    store = await Store.open(dsn, pool_size=1)
-    traffic = Traffic(seed=seed)
-    try:
-        await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
-        alone, beside, ratios = await _abba(
-            partial(ingest_rate, None), partial(_beside, reports, ingest_rate)
-        )
-        before = f"{written:,} late finals in all, " if late else ""
-        print(
-            f"ingest alone: {_spread(alone)}; beside {_REPORTS_BESIDE} week reports back to "
-            f"back a round ({before}each report refreshing first): {_spread(beside)}; "
-            f"{_ratio(ratios)}"
-        )
-        await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
-    finally:
-        await store.close()
+    alone, beside, ratios = await _alone_and_beside(dsn, seed, reports, ingest_rate)
+    before = f"{written:,} late finals in all, " if late else ""
+    print(
+        f"ingest alone: {_spread(alone)}; beside {_REPORTS_BESIDE} week reports back to "
+        f"back a round ({before}each report refreshing first): {_spread(beside)}; "
+        f"{_ratio(ratios)}"
+    )
+    await conn.execute("DELETE FROM dlr.statuses WHERE status = 'EXPIRED'")
 
 
 async def ingest_with_reports_every(
@@ -281,25 +275,39 @@ async def ingest_with_reports_every(
             await quality(conn, "route", _last(7))
             report_seconds.append(time.perf_counter() - began)
 
-    async def ingest_rate(beside: asyncio.Task[None] | None) -> float:
+    async def ingest_rate(
+        store: Store, traffic: Traffic, beside: asyncio.Task[None] | None
+    ) -> float:
         """Whole rounds of growth_traffic for `seconds`, and until the reports have ended."""
         started, stored = time.perf_counter(), 0
         while time.perf_counter() - started < seconds or (beside is not None and not beside.done()):
             stored += await ingest_rounds(store, traffic, 1)
         return stored / (time.perf_counter() - started)
 
+    alone, beside, ratios = await _alone_and_beside(dsn, seed, reports, ingest_rate)
+    print(
+        f"ingest alone: {_spread(alone)}; with a week report every {every:.0f} s (each "
+        f"{statistics.median(report_seconds):.1f} s, refreshing first; rounds of "
+        f"{seconds:.0f} s): {_spread(beside)}; {_ratio(ratios)}"
+    )
+
+
+IngestRate = Callable[[Store, Traffic, "asyncio.Task[None] | None"], Awaitable[float]]
+"""The ingest's receipts per second in one round: alone (None), or beside the reports' task."""
+
+
+async def _alone_and_beside(
+    dsn: str, seed: int, reports: Callable[[], Awaitable[None]], ingest_rate: IngestRate
+) -> tuple[list[float], list[float], list[float]]:
+    """On one connection, after a warm-up, growth_traffic's receipts for `seed` (another seed
+    for each call, or the second would store repeats): the ingest's rates alone, beside
+    `reports`, and their ratios, in `_abba` rounds."""
     store = await Store.open(dsn, pool_size=1)
     traffic = Traffic(seed=seed)
     try:
         await ingest_rounds(store, traffic, _INGEST_RECEPTIONS // 10)  # warm-up
-        alone, beside, ratios = await _abba(
-            partial(ingest_rate, None), partial(_beside, reports, ingest_rate)
-        )
-        print(
-            f"ingest alone: {_spread(alone)}; with a week report every {every:.0f} s (each "
-            f"{statistics.median(report_seconds):.1f} s, refreshing first; rounds of "
-            f"{seconds:.0f} s): {_spread(beside)}; {_ratio(ratios)}"
-        )
+        rate = partial(ingest_rate, store, traffic)
+        return await _abba(partial(rate, None), partial(_beside, reports, rate))
     finally:
         await store.close()
 
