@@ -1158,7 +1158,8 @@ INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 -- the groups those messages are in (login, source, route and country; a message never
 -- changes group), each whole. Ranges, never a whole table: the messages by their send time,
 -- their statuses and events by the range of their row ids (messages are recorded as they are
--- sent), a verification by its key. A verification counts when dated at most a day before its
+-- sent), the verifications by their keys or, for a window of more messages than a day of
+-- verifications, by their time. A verification counts when dated at most a day before its
 -- message was sent (clock skew); the country comes from the first four digits of an E.164
 -- destination in `countries`.
 CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
@@ -1171,6 +1172,8 @@ CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login tex
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET jit TO off
+    SET enable_sort TO off
+    SET random_page_cost TO 1.1
     AS $function$
 BEGIN
 -- Planned at each call with its arguments (EXECUTE ... USING), not once for any: a plan for
@@ -1178,7 +1181,11 @@ BEGIN
 -- of it, turns a hash join around, so that a long range hashes its messages instead of their
 -- statuses (docs/quality.md, "Cost"). Knowing the range, the planner sizes the joins; with
 -- only_messages NULL, the filter drops out. No JIT: its compilation, triggered by the
--- estimates, costs more than it saves.
+-- estimates, costs more than it saves. No sort: the planner, guessing about a group per
+-- message, would sort every message of the window by its group (on disk, for an hour of a
+-- busy sender's) where a hash of the groups takes them as they come. Index pages priced as
+-- the cached pages they are: else a window of an hour's messages hashes a day of
+-- verifications rather than probe them by key.
 RETURN QUERY EXECUTE $query$
 WITH window_messages AS MATERIALIZED (
     SELECT m.id, m.login, m.message_id, m.route, coalesce(m.source, '') AS source,
@@ -1195,13 +1202,23 @@ WITH window_messages AS MATERIALIZED (
 ids AS (
     SELECT coalesce(min(id), 0) AS first, coalesce(max(id), -1) AS last FROM window_messages
 ),
--- A group as one jsonb value: equal when its four keys are, NULLs included.
-sent AS (
+-- A group as one jsonb value: equal when its four keys are, NULLs included. Filtered once
+-- for its two readers.
+sent AS MATERIALIZED (
     SELECT w.* FROM window_messages AS w
     WHERE $6 IS NULL
        OR jsonb_build_array(w.login, w.source, w.route, w.country) IN (
               SELECT jsonb_build_array(t.login, t.source, t.route, t.country)
               FROM window_messages AS t JOIN unnest($6) AS u(id) ON u.id = t.id)
+),
+-- The messages verified: probes of each message's key, or one hash of the verifications
+-- since a day before the window (a message sent in it counts none older).
+verified_messages AS (
+    SELECT s.id FROM sent AS s
+    WHERE EXISTS (SELECT 1 FROM dlr.verifications AS v
+                  WHERE v.login = s.login AND v.message_id = s.message_id
+                    AND v.verified_at >= s.sent_at - interval '1 day'
+                    AND v.verified_at >= $1 - interval '1 day')
 ),
 statuses AS (
     SELECT st.message_ref, st.status, st.is_final, st.basis_err, st.basis_done_at,
@@ -1217,10 +1234,7 @@ events AS (
 facts AS (
     SELECT date_trunc('hour', s.sent_at, 'UTC') AS hour, s.login, s.source, s.route,
            s.country, st.basis_err AS err, st.status, coalesce(st.is_final, false) AS is_final,
-           s.sent_at,
-           EXISTS (SELECT 1 FROM dlr.verifications AS v
-                   WHERE v.login = s.login AND v.message_id = s.message_id
-                     AND v.verified_at >= s.sent_at - interval '1 day') AS verified,
+           s.sent_at, vm.id IS NOT NULL AS verified,
            -- Seconds as double precision, what dlr.latency_bucket takes (extract's numeric
            -- would cost a conversion a row).
            date_part('epoch', st.basis_done_at - s.submitted_at) AS to_done,
@@ -1230,8 +1244,11 @@ facts AS (
     LEFT JOIN statuses AS st ON st.message_ref = s.id
     LEFT JOIN events AS me ON me.id = st.supporting_event_id
     LEFT JOIN dlr.event_rows AS er ON me.id IS NULL AND er.id = st.supporting_event_id
+    LEFT JOIN verified_messages AS vm ON vm.id = s.id
 ),
-cells AS (
+-- Grouped on its own (materialized), by a hash: the grouping below would take its order from
+-- one sort of the window's messages serving both.
+cells AS MATERIALIZED (
     SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
            CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_done) END AS done_bucket,
            CASE WHEN f.is_final THEN dlr.latency_bucket(f.to_received) END AS received_bucket,
@@ -1239,7 +1256,7 @@ cells AS (
            count(*) FILTER (WHERE NOT f.is_final AND f.sent_at < $4)::integer AS pending,
            count(*) FILTER (WHERE f.verified)::integer AS verified,
            count(*) FILTER (WHERE f.to_done IS NOT NULL)::integer AS with_done_time,
-           array_agg(f.sent_at ORDER BY f.sent_at) FILTER (WHERE NOT f.is_final) AS awaiting_sent
+           array_agg(f.sent_at) FILTER (WHERE NOT f.is_final) AS awaiting_sent
     FROM facts AS f
     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 )
