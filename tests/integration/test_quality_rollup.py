@@ -556,3 +556,34 @@ async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
     )
     assert await db.fetchval(delivered, ahead) == 1
     await same()
+
+
+async def test_a_verification_counts_within_24_hours_before_its_message_in_any_time_zone(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """A verification counts when dated at most 24 hours before its message was sent, whatever
+    the session's time zone: in Adelaide, a day before the hour 2026-10-04 16:00 UTC falls in
+    the gap its clocks skip (02:30 local), which a local-time day would move past a
+    verification the message's own day still counts. The rollup and the raw tables agree."""
+    await db.execute("SET TimeZone TO 'Australia/Adelaide'")
+    hour = datetime(2026, 10, 4, 16, tzinfo=UTC)
+    sent = hour + timedelta(minutes=40)
+    await store.record_submissions(
+        [
+            Submission("acme", f"otp-{n}", f"+3461{n:07d}", route="r1", submitted_at=sent)
+            for n in range(2)
+        ]
+    )
+    await store.record_verifications(
+        [
+            Verification("acme", "otp-0", "otp_confirmed", sent - timedelta(hours=23, minutes=50)),
+            Verification("acme", "otp-1", "otp_confirmed", sent - timedelta(hours=24, minutes=5)),
+        ]
+    )
+    window = Window(since=hour, until=hour + timedelta(hours=1), now=datetime.now(UTC))
+    rolled = await quality(db, "route", window)
+    exact = await raw_quality(db, "route", window)
+    assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
+        {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
+    ]
+    assert [(g["accepted"], g["verified"]) for g in rolled] == [(2, 1)]

@@ -1159,8 +1159,9 @@ INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 -- changes group), each whole. Ranges, never a whole table: the messages by their send time,
 -- their statuses and events by the range of their row ids (messages are recorded as they are
 -- sent), the verifications by their keys or, for a window of more messages than a day of
--- verifications, by their time. A verification counts when dated at most a day before its
--- message was sent (clock skew); the country comes from the first four digits of an E.164
+-- verifications, by their time. A verification counts when dated at most 24 hours before its
+-- message was sent (clock skew; hours, not a local day, so that no session's time zone moves
+-- the bound); the country comes from the first four digits of an E.164
 -- destination in `countries`.
 CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
                                   cutoff timestamptz, countries jsonb, only_messages bigint[])
@@ -1181,9 +1182,10 @@ BEGIN
 -- of it, turns a hash join around, so that a long range hashes its messages instead of their
 -- statuses (docs/quality.md, "Cost"). Knowing the range, the planner sizes the joins; with
 -- only_messages NULL, the filter drops out. No JIT: its compilation, triggered by the
--- estimates, costs more than it saves. No sort: the planner, guessing about a group per
--- message, would sort every message of the window by its group (on disk, for an hour of a
--- busy sender's) where a hash of the groups takes them as they come. Index pages priced as
+-- estimates, costs more than it saves. Sorts discouraged: the planner, guessing about a
+-- group per message, would sort every message of the window by its group (on disk, for an
+-- hour of a busy sender's) where a hash of the groups takes them as they come; only the
+-- groups are sorted, for their ordered aggregates. Index pages priced as
 -- the cached pages they are: else a window of an hour's messages hashes a day of
 -- verifications rather than probe them by key.
 RETURN QUERY EXECUTE $query$
@@ -1212,13 +1214,13 @@ sent AS MATERIALIZED (
               FROM window_messages AS t JOIN unnest($6) AS u(id) ON u.id = t.id)
 ),
 -- The messages verified: probes of each message's key, or one hash of the verifications
--- since a day before the window (a message sent in it counts none older).
+-- since 24 hours before the window (a message sent in it counts none older).
 verified_messages AS (
     SELECT s.id FROM sent AS s
     WHERE EXISTS (SELECT 1 FROM dlr.verifications AS v
                   WHERE v.login = s.login AND v.message_id = s.message_id
-                    AND v.verified_at >= s.sent_at - interval '1 day'
-                    AND v.verified_at >= $1 - interval '1 day')
+                    AND v.verified_at >= s.sent_at - interval '24 hours'
+                    AND v.verified_at >= $1 - interval '24 hours')
 ),
 statuses AS (
     SELECT st.message_ref, st.status, st.is_final, st.basis_err, st.basis_done_at,

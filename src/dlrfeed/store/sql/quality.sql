@@ -15,12 +15,12 @@ SELECT set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', tru
 -- verifiable DELIVERED messages (at least :min_messages) were never verified.
 -- Below them, the facts: one row per message sent in [since, until), with its group's keys, its computed status, the
 -- reported done time and our receive time of the receipt behind it, and whether it was
--- verified (a verification counts when dated at most a day before its message was sent, as in
+-- verified (a verification counts when dated at most 24 hours before its message was sent, as in
 -- dlr.quality_facts). Everything is read by ranges, never a whole table: the window's messages by the
 -- index on the time each was sent; their statuses and events by the range of
 -- their row ids (messages are recorded as they are sent, so a window is about one range of
 -- the keys dlr.statuses and dlr.message_events are ordered by); their verifications by the
--- time verified (never before the message was sent; a day of clock skew allowed). A status
+-- time verified (never before the message was sent; 24 hours of clock skew allowed). A status
 -- supported by an event correlated from another id (P10) whose own message is not recorded
 -- finds that event in dlr.event_rows, by its primary key.
 -- The country is looked up by the first four digits of the E.164 destination in the map
@@ -53,7 +53,7 @@ events AS (
 verified AS (
     SELECT v.login, v.message_id, max(v.verified_at) AS last_verified_at
     FROM dlr.verifications AS v
-    WHERE v.verified_at >= :since::timestamptz - interval '1 day'
+    WHERE v.verified_at >= :since::timestamptz - interval '24 hours'
       AND (:login::text IS NULL OR v.login = :login)
     GROUP BY v.login, v.message_id
 ),
@@ -69,7 +69,7 @@ facts AS (
     LEFT JOIN dlr.event_rows AS er ON me.id IS NULL AND er.id = st.supporting_event_id
     LEFT JOIN verified AS vd
         ON vd.login = s.login AND vd.message_id = s.message_id
-       AND vd.last_verified_at >= s.sent_at - interval '1 day'
+       AND vd.last_verified_at >= s.sent_at - interval '24 hours'
 ),
 -- Verifiable traffic: the messages of a sender address (login and source) with at least one
 -- verification in the window - the kind of message that gets verified (an OTP sender's), not
