@@ -587,3 +587,36 @@ async def test_a_verification_counts_within_24_hours_before_its_message_in_any_t
         {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
     ]
     assert [(g["accepted"], g["verified"]) for g in rolled] == [(2, 1)]
+
+
+async def test_the_deadline_is_elapsed_time_in_any_time_zone(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """Pending means not final 48 hours after it was sent, whatever the session's time zone: in
+    Adelaide, two days before 2026-10-05 16:00 UTC is 02:30 local on the day its clocks skip
+    that hour, which a local-time day would move an hour later, past a message sent 47.5
+    hours before."""
+    await db.execute("SET TimeZone TO 'Australia/Adelaide'")
+    hour = datetime(2026, 10, 3, 16, tzinfo=UTC)
+    await store.record_submissions(
+        [
+            Submission(
+                "acme",
+                "young",
+                "+34610000001",
+                route="r1",
+                submitted_at=hour + timedelta(minutes=30),
+            ),
+            Submission(
+                "acme", "old", "+34610000002", route="r1", submitted_at=hour - timedelta(minutes=1)
+            ),
+        ]
+    )
+    now = datetime(2026, 10, 5, 16, tzinfo=UTC)
+    window = Window(since=hour - timedelta(hours=1), until=hour + timedelta(hours=1), now=now)
+    rolled = await quality(db, "route", window)
+    exact = await raw_quality(db, "route", window)
+    assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
+        {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
+    ]
+    assert [(g["accepted"], g["pending"]) for g in rolled] == [(2, 1)]

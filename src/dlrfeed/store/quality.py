@@ -53,6 +53,12 @@ class Window:
     deadline: timedelta = timedelta(hours=48)
     thresholds: Thresholds = field(default_factory=Thresholds)
 
+    @property
+    def cutoff(self) -> datetime:
+        """A message not final and sent before this is pending: the deadline in elapsed time,
+        here, where no session's time zone makes a day of it 23 or 25 hours."""
+        return self.now.astimezone(UTC) - self.deadline
+
 
 def _percentiles(values: list[float] | None, names: tuple[str, ...]) -> dict[str, float | None]:
     if values is None:
@@ -94,9 +100,8 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
             hours_to=ranges.hours_to,
             raw_from=[lo for lo, _ in ranges.raw],
             raw_to=[hi for _, hi in ranges.raw],
-            now=window.now,
             login=window.login,
-            deadline=window.deadline,
+            cutoff=window.cutoff,
             min_messages=t.min_messages,
             same_time_bucket=same_time_bucket,
             countries=countries_json(),
@@ -135,9 +140,8 @@ async def raw_quality(conn: Connection, by: GroupBy, window: Window) -> list[Jso
             key=by,
             since=window.since,
             until=window.until,
-            now=window.now,
             login=window.login,
-            deadline=window.deadline,
+            cutoff=window.cutoff,
             min_messages=t.min_messages,
             same_time_seconds=t.same_time_seconds,
             countries=countries_json(),

@@ -105,7 +105,7 @@ groups AS (
            count(*) FILTER (WHERE delivered) AS delivered,
            count(*) FILTER (WHERE is_final AND NOT delivered) AS failed,
            count(*) FILTER (WHERE NOT is_final) AS awaiting,
-           count(*) FILTER (WHERE NOT is_final AND sent_at < :now::timestamptz - :deadline::interval)
+           count(*) FILTER (WHERE NOT is_final AND sent_at < :cutoff::timestamptz)
                AS pending,
            count(*) FILTER (WHERE verified) AS verified,
            count(*) FILTER (WHERE verified AND NOT delivered) AS verified_without_delivered,
@@ -165,7 +165,7 @@ cells AS (
            q.verified, q.with_done_time, q.to_done_buckets, q.to_done_counts,
            q.to_received_buckets, q.to_received_counts
     FROM dlr.quality_hours AS q
-    CROSS JOIN (SELECT :now::timestamptz - :deadline::interval AS cutoff) AS c
+    CROSS JOIN (SELECT :cutoff::timestamptz AS cutoff) AS c
     CROSS JOIN rolled
     WHERE q.hour >= :hours_from AND q.hour < rolled.hours_to
       AND (:login::text IS NULL OR q.login = :login)
@@ -177,7 +177,7 @@ cells AS (
           UNION ALL
           SELECT greatest(rolled.hours_to, :hours_from), :hours_to FROM rolled
           WHERE rolled.hours_to < :hours_to) AS r(lo, hi)
-    CROSS JOIN LATERAL dlr.quality_facts(r.lo, r.hi, :login, :now::timestamptz - :deadline::interval,
+    CROSS JOIN LATERAL dlr.quality_facts(r.lo, r.hi, :login, :cutoff::timestamptz,
                                          :countries::jsonb, NULL) AS f
 ),
 -- Verifiable traffic: the sender addresses (login and source) with a verification in the window.
