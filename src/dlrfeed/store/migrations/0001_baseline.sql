@@ -1161,8 +1161,8 @@ INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 -- sent), the verifications by their keys or, for a window of more messages than a day of
 -- verifications, by their time. A verification counts when dated at most 24 hours before its
 -- message was sent (clock skew; hours, not a local day, so that no session's time zone moves
--- the bound); the country comes from the first four digits of an E.164
--- destination in `countries`.
+-- the bound); the country comes from the first four digits of an E.164 destination in
+-- `countries`.
 CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
                                   cutoff timestamptz, countries jsonb, only_messages bigint[])
     RETURNS TABLE (hour timestamptz, login text, source text, route text, country text,
@@ -1185,9 +1185,8 @@ BEGIN
 -- estimates, costs more than it saves. Sorts discouraged: the planner, guessing about a
 -- group per message, would sort every message of the window by its group (on disk, for an
 -- hour of a busy sender's) where a hash of the groups takes them as they come; only the
--- groups are sorted, for their ordered aggregates. Index pages priced as
--- the cached pages they are: else a window of an hour's messages hashes a day of
--- verifications rather than probe them by key.
+-- groups are sorted, for their ordered aggregates. Index pages priced as cached ones: else a
+-- window of an hour's messages hashes a day of verifications rather than probe them by key.
 RETURN QUERY EXECUTE $query$
 WITH window_messages AS MATERIALIZED (
     SELECT m.id, m.login, m.message_id, m.route, coalesce(m.source, '') AS source,

@@ -15,8 +15,8 @@ SELECT set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', tru
 -- verifiable DELIVERED messages (at least :min_messages) were never verified.
 -- Below them, the facts: one row per message sent in [since, until), with its group's keys, its computed status, the
 -- reported done time and our receive time of the receipt behind it, and whether it was
--- verified (a verification counts when dated at most 24 hours before its message was sent, as in
--- dlr.quality_facts). Everything is read by ranges, never a whole table: the window's messages by the
+-- verified (a verification counts when dated at most 24 hours before its message was sent,
+-- as in dlr.quality_facts). Everything is read by ranges, never a whole table: the window's messages by the
 -- index on the time each was sent; their statuses and events by the range of
 -- their row ids (messages are recorded as they are sent, so a window is about one range of
 -- the keys dlr.statuses and dlr.message_events are ordered by); their verifications by the
