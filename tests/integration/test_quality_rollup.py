@@ -19,7 +19,15 @@ import pytest
 from dlrfeed.domain.quality import Thresholds
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification
-from dlrfeed.store.quality import COUNTS, GROUP_BY, Window, quality, raw_quality, refresh
+from dlrfeed.store.quality import (
+    COUNTS,
+    GROUP_BY,
+    JsonDict,
+    Window,
+    quality,
+    raw_quality,
+    refresh,
+)
 from dlrfeed.store.retention import RetentionPolicy, forget, maintain
 from dlrfeed_tools.daemon_harness import wait_until
 from gateway.receipts.v1 import feed_pb2
@@ -174,6 +182,17 @@ async def _sent_in_hours_over(conn: asyncpg.Connection) -> int:
     return int(
         await conn.fetchval(f"SELECT count(*) FROM dlr.messages WHERE {sent} < {_OPEN_FROM}")
     )
+
+
+async def _same_route_report(conn: asyncpg.Connection, window: Window) -> list[JsonDict]:
+    """The report by route from the rollup, once asserted equal to the raw one, group by group
+    and in order."""
+    rolled = await quality(conn, "route", window)
+    exact = await raw_quality(conn, "route", window)
+    assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
+        {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
+    ]
+    return rolled
 
 
 async def _fetches_nonzero(conn: asyncpg.Connection, sql: str) -> bool:
@@ -536,12 +555,7 @@ async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
     window = Window(since=past, until=ahead + timedelta(hours=1), now=ahead + timedelta(hours=1))
 
     async def same() -> None:
-        rolled = await quality(db, "route", window)
-        exact = await raw_quality(db, "route", window)
-        assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
-            {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
-        ]
-        assert sum(g["accepted"] for g in exact) == 7
+        assert sum(g["accepted"] for g in await _same_route_report(db, window)) == 7
 
     await same()
     # The clock moves on past `ahead`: that hour is over, counted whole, its marks consumed.
@@ -581,11 +595,7 @@ async def test_a_verification_counts_within_24_hours_before_its_message_in_any_t
         ]
     )
     window = Window(since=hour, until=hour + timedelta(hours=1), now=datetime.now(UTC))
-    rolled = await quality(db, "route", window)
-    exact = await raw_quality(db, "route", window)
-    assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
-        {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
-    ]
+    rolled = await _same_route_report(db, window)
     assert [(g["accepted"], g["verified"]) for g in rolled] == [(2, 1)]
 
 
@@ -614,9 +624,5 @@ async def test_the_deadline_is_elapsed_time_in_any_time_zone(
     )
     now = datetime(2026, 10, 5, 16, tzinfo=UTC)
     window = Window(since=hour - timedelta(hours=1), until=hour + timedelta(hours=1), now=now)
-    rolled = await quality(db, "route", window)
-    exact = await raw_quality(db, "route", window)
-    assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in rolled] == [
-        {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
-    ]
+    rolled = await _same_route_report(db, window)
     assert [(g["accepted"], g["pending"]) for g in rolled] == [(2, 1)]
