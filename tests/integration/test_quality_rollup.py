@@ -24,6 +24,7 @@ from dlrfeed.store.quality import (
     GROUP_BY,
     JsonDict,
     Window,
+    countries_json,
     quality,
     raw_quality,
     refresh,
@@ -172,7 +173,7 @@ def _close(exact: float | None, from_buckets: float | None) -> bool:
 
 _OPEN_FROM = "(SELECT open_from FROM dlr.quality_refresh)"
 _MARKS_OF_HOURS_OVER = (
-    f"SELECT count(*) FROM dlr.quality_marks WHERE hour IS NULL OR hour < {_OPEN_FROM}"
+    f"SELECT count(*) FROM dlr.quality_marks WHERE sent_at IS NULL OR sent_at < {_OPEN_FROM}"
 )
 
 
@@ -527,10 +528,10 @@ async def test_a_late_receipt_re_aggregates_only_its_messages_group_in_its_hour(
 async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
     store: Store, db: asyncpg.Connection
 ) -> None:
-    """The rollup leaves out the hours not over yet (a report counts them from the raw tables;
-    a refresh would count such an hour whole again each time a message is recorded in it) and
-    keeps their marks, the first build too; once an hour is over, the next refresh counts it
-    whole, with every change it had meanwhile. The first hour left out never moves back."""
+    """The rollup leaves out the messages sent from its frontier on, the clock when refreshed (a
+    report counts them from the raw tables), and keeps their marks, the first build too; once
+    the frontier passes their hour, the next refresh counts it whole, with every change it had
+    meanwhile. The frontier never moves back."""
     this_hour = await db.fetchval("SELECT date_trunc('hour', clock_timestamp(), 'UTC')")
     ahead = this_hour + timedelta(hours=1)  # sent ahead of the clock: not over for an hour
     past = this_hour - timedelta(hours=2)
@@ -544,13 +545,13 @@ async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
             for n in range(4)
         ]
     )
-    # The first build: the past hour; the hour ahead is left out, its mark written again.
+    # The first build: the past hour; the hour ahead is left out, its marks written again.
     assert await refresh(db) == 1
-    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks WHERE hour = $1", ahead) > 0
+    assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks WHERE sent_at = $1", ahead) > 0
     await store.ingest(
         "acme", [_receipt("ahead-0", 2, "DELIVRD", ahead, ahead + timedelta(seconds=3))]
     )
-    assert await refresh(db) == 0  # a change in an hour not over: left for when it is
+    assert await refresh(db) == 0  # a change ahead of the frontier: left for when it passes
     assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == 3
     window = Window(since=past, until=ahead + timedelta(hours=1), now=ahead + timedelta(hours=1))
 
@@ -558,7 +559,7 @@ async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
         assert sum(g["accepted"] for g in await _same_route_report(db, window)) == 7
 
     await same()
-    # The clock moves on past `ahead`: that hour is over, counted whole, its marks consumed.
+    # The frontier moves on past `ahead`: that hour is counted whole, its marks consumed.
     later = ahead + timedelta(hours=1)
     await db.execute("UPDATE dlr.quality_refresh SET open_from = $1", later)
     assert await refresh(db) == 1
@@ -570,6 +571,97 @@ async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
     )
     assert await db.fetchval(delivered, ahead) == 1
     await same()
+
+
+async def test_the_hour_not_over_is_rolled_up_in_slices_up_to_the_frontier(
+    store: Store, db: asyncpg.Connection
+) -> None:
+    """In the frontier's hour the rollup holds slices, each counted once: a change re-aggregates
+    its message's group in its slice, a message recorded in a slice rolled up already counts
+    that slice and the later ones again, as one, and once the frontier leaves the hour, the
+    hour is counted whole. Reports agree with the raw tables wherever their windows end. The
+    frontier is given (`up_to`), in an hour ahead of the clock."""
+    this_hour: datetime = await db.fetchval("SELECT date_trunc('hour', clock_timestamp(), 'UTC')")
+    hour = this_hour + timedelta(hours=3)
+
+    def at(minutes: int) -> datetime:
+        return hour + timedelta(minutes=minutes)
+
+    async def refresh_to(minutes: int) -> int:
+        rewritten = await db.fetchval(
+            "SELECT dlr.refresh_quality_hours($1::jsonb, $2)", countries_json(), at(minutes)
+        )
+        assert await db.fetchval("SELECT open_from FROM dlr.quality_refresh") == max(
+            at(minutes), frontier
+        )
+        return int(rewritten)
+
+    async def slices() -> dict[datetime, int]:
+        rows = await db.fetch(
+            "SELECT hour, sum(messages) AS messages FROM dlr.quality_hours GROUP BY hour"
+        )
+        return {r["hour"]: r["messages"] for r in rows}
+
+    def message(minutes: int, route: str) -> Submission:
+        return Submission(
+            "acme", f"m{minutes}", f"+3461{minutes:07d}", route=route, submitted_at=at(minutes)
+        )
+
+    async def same_reports() -> None:
+        for until, now in ((at(50), at(50)), (at(25), at(25)), (at(50), at(20) + timedelta(2))):
+            for since in (hour - timedelta(hours=1), at(10)):
+                window = Window(since=since, until=until, now=now)
+                await _same_route_report(db, window)
+
+    await store.record_submissions(
+        [message(5, "r1"), message(12, "r1"), message(15, "r1"), message(20, "r2")]
+    )
+    await store.record_submissions([message(40, "r1")])
+    frontier = at(15)
+    assert await refresh_to(15) == 1  # the first build: the slice [hour, 15)
+    assert await slices() == {hour: 2}
+    await same_reports()
+
+    # A final for a message of the first slice: its group there, and the new slice [15, 30).
+    await store.ingest("acme", [_receipt("m12", 2, "DELIVRD", at(12), at(12))])
+    assert await refresh_to(30) == 2
+    frontier = at(30)
+    assert await slices() == {hour: 2, at(15): 2}
+    await same_reports()
+    # A refresh whose clock is behind the frontier leaves it there, and rewrites nothing; so
+    # does one within 30 seconds after it (a slice spans 30 seconds at least).
+    assert await refresh_to(29) == 0
+    soon = at(30) + timedelta(seconds=20)
+    await db.fetchval("SELECT dlr.refresh_quality_hours($1::jsonb, $2)", countries_json(), soon)
+    assert await db.fetchval("SELECT open_from FROM dlr.quality_refresh") == at(30)
+
+    # Recorded late, in the slice [15, 30): that slice on, up to the frontier, counted again.
+    await store.record_submissions([message(17, "r2"), message(35, "r2"), message(45, "r1")])
+    assert await refresh_to(45) == 1
+    frontier = at(45)
+    assert await slices() == {hour: 2, at(15): 5}
+    await same_reports()
+
+    # Finals in both slices: each one's group counted again within the slice's own bounds.
+    await store.ingest(
+        "acme",
+        [
+            _receipt("m5", 2, "UNDELIV", at(5), at(6)),
+            _receipt("m40", 2, "DELIVRD", at(40), at(41)),
+        ],
+    )
+    assert await refresh_to(50) == 3  # and the new slice [45, 50)
+    frontier = at(50)
+    assert await slices() == {hour: 2, at(15): 5, at(45): 1}
+    await same_reports()
+
+    # The frontier leaves the hour: the hour counted whole, its slices gone.
+    assert await refresh_to(70) == 1
+    frontier = at(70)
+    assert await slices() == {hour: 8}
+    delivered = "SELECT sum(messages) FROM dlr.quality_hours WHERE status = 'DELIVERED'"
+    assert await db.fetchval(delivered) == 2
+    await same_reports()
 
 
 async def test_a_verification_counts_within_24_hours_before_its_message_in_any_time_zone(

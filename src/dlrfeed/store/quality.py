@@ -100,6 +100,7 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
             hours_to=ranges.hours_to,
             raw_from=[lo for lo, _ in ranges.raw],
             raw_to=[hi for _, hi in ranges.raw],
+            until=window.until,
             login=window.login,
             cutoff=window.cutoff,
             min_messages=t.min_messages,
@@ -173,13 +174,13 @@ def _floor_hour(moment: datetime) -> datetime:
 
 
 def _raw_ranges(window: Window) -> _Ranges:
-    """The whole hours of the window, which the rollup answers up to the first hour it leaves
-    out (quality_rollup_groups), and its partial hours at either end, which the raw tables
-    answer."""
+    """The whole hours of the window, which the rollup answers up to its frontier
+    (quality_rollup_groups, which counts the rest from the raw tables), and its partial first
+    hour, which the raw tables answer."""
     start = _floor_hour(window.since)
     hours_from = start if start == window.since else start + _HOUR
     hours_to = max(_floor_hour(window.until), hours_from)
-    raw = [(window.since, min(hours_from, window.until)), (hours_to, window.until)]
+    raw = [(window.since, min(hours_from, window.until))]
     return _Ranges(hours_from, hours_to, [(lo, hi) for lo, hi in raw if lo < hi])
 
 

@@ -21,8 +21,8 @@
 --   status_recomputations  PK id                         what `dlrfeed recompute` changed
 --   change_cursors  PK consumer;  forgetting_position    readers' and retention's places
 --   quality_hours   by hour and cell; quality_marks PK id; quality_refresh
---                                                        `dlrfeed quality`'s rollup, its
---                                                        hours to redo, its change-log place
+--                                                        `dlrfeed quality`'s rollup, what
+--                                                        it must redo, its frontier
 --
 -- Public names (docs/spec/interfaces.md): the tables messages, exceptions, verifications;
 -- the plain views events (event_rows ∪ message_events), message_status (statuses ⋈
@@ -1086,13 +1086,14 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
     FOR EACH STATEMENT EXECUTE FUNCTION dlr.check_exception_event();
 
 -------------------------------------------------------------------------------------------
--- Route quality rollup (docs/quality.md, "Cost"): `dlrfeed quality` reads whole hours from
--- dlr.quality_hours and only the partial hours of its window, and the hours not over yet, from
--- the raw tables. The rollup is brought up to date by dlr.refresh_quality_hours(), outside the
--- ingest: it re-aggregates what changed since its last run in the hours that are over - whole
--- hours where messages were recorded or forgotten (dlr.quality_marks), and elsewhere only the
--- groups of the messages whose status changed (the status-change log, by position: every
--- change its snapshot sees), or that were verified or recomputed (dlr.quality_marks).
+-- Route quality rollup (docs/quality.md, "Cost"): `dlrfeed quality` reads dlr.quality_hours
+-- up to its frontier, and only the partial hours of its window, and the messages sent from
+-- the frontier on, from the raw tables. The rollup is brought up to date by
+-- dlr.refresh_quality_hours(), outside the ingest: it re-aggregates what changed since its last
+-- run - whole hours where messages were recorded or forgotten (dlr.quality_marks), in the hour
+-- not over the slices from the first such one on, and elsewhere only the groups of the
+-- messages whose status changed (the status-change log, by position: every change its
+-- snapshot sees), or that were verified or recomputed (dlr.quality_marks).
 -------------------------------------------------------------------------------------------
 
 -- A latency's bucket: 0 for 0 s; else its sign times 32 + floor(10 log10 |seconds|), clamped
@@ -1124,19 +1125,19 @@ CREATE TABLE dlr.quality_hours (
     awaiting_sent timestamptz[]
 );
 COMMENT ON TABLE dlr.quality_hours IS
-    'the quality report''s facts per hour the messages were sent in (UTC) and group: counts (integers: their sums are bigint, fast), and the finals'' latencies as sparse histograms of dlr.latency_bucket (a bucket may repeat: its counts add up)';
+    'the quality report''s facts per hour the messages were sent in (UTC; in the frontier''s hour, per slice of it, from its start to the next one''s or the frontier) and group: counts (integers: their sums are bigint, fast), and the finals'' latencies as sparse histograms of dlr.latency_bucket (a bucket may repeat: its counts add up)';
 COMMENT ON COLUMN dlr.quality_hours.awaiting_sent IS
     'a non-final group''s send times, so that a deadline falling within the hour counts its pending messages exactly; NULL for finals';
 CREATE INDEX quality_hours_hour_idx ON dlr.quality_hours (hour);
 
 CREATE TABLE dlr.quality_marks (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    hour timestamptz,
+    sent_at timestamptz,
     login text,
     message_id text
 );
 COMMENT ON TABLE dlr.quality_marks IS
-    'hours the rollup must re-aggregate (messages recorded or forgotten), and messages verified or recomputed (their group in their hour); written by triggers, consumed by dlr.refresh_quality_hours() (or dropped by `dlrfeed maintain` while no rollup is built)';
+    'send times whose hour or slice the rollup must re-aggregate (messages recorded or forgotten: the first of a statement in each minute), and messages verified or recomputed (their group in their hour or slice); written by triggers, consumed by dlr.refresh_quality_hours() (or dropped by `dlrfeed maintain` while no rollup is built)';
 
 CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -1150,7 +1151,7 @@ COMMENT ON TABLE dlr.quality_refresh IS
 COMMENT ON COLUMN dlr.quality_refresh.countries_digest IS
     'SHA-256 of the country map dlr.quality_hours was built with: a refresh with another map rebuilds it whole';
 COMMENT ON COLUMN dlr.quality_refresh.open_from IS
-    'the first hour the rollup leaves out, not over when last refreshed (the database''s clock, never moving back): a report counts it and every later hour from the raw tables';
+    'the frontier: the rollup holds the messages sent before it, the database''s clock when last refreshed (never moving back); a report counts the later ones from the raw tables';
 INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 
 -- The facts of the messages sent in [lo, hi), of `only_login` or all, one row per hour and
@@ -1158,8 +1159,7 @@ INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 -- the groups those messages are in (login, source, route and country; a message never
 -- changes group), each whole. Ranges, never a whole table: the messages by their send time,
 -- their statuses and events by the range of their row ids (messages are recorded as they are
--- sent), the verifications by their keys or, for a window of more messages than a day of
--- verifications, by their time. A verification counts when dated at most 24 hours before its
+-- sent), the verifications by their keys. A verification counts when dated at most 24 hours before its
 -- message was sent (clock skew; hours, not a local day, so that no session's time zone moves
 -- the bound); the country comes from the first four digits of an E.164 destination in
 -- `countries`.
@@ -1174,7 +1174,6 @@ CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login tex
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET jit TO off
     SET enable_sort TO off
-    SET random_page_cost TO 1.1
     AS $function$
 BEGIN
 -- Planned at each call with its arguments (EXECUTE ... USING), not once for any: a plan for
@@ -1185,8 +1184,9 @@ BEGIN
 -- estimates, costs more than it saves. Sorts discouraged: the planner, guessing about a
 -- group per message, would sort every message of the window by its group (on disk, for an
 -- hour of a busy sender's) where a hash of the groups takes them as they come; only the
--- groups are sorted, for their ordered aggregates. Index pages priced as cached ones: else a
--- window of an hour's messages hashes a day of verifications rather than probe them by key.
+-- groups are sorted, for their ordered aggregates. A message's verifications are probed by
+-- its key: a join of the window's messages, whose count a range of fresh rows beyond the
+-- statistics hides from the planner, may be planned as a loop over all of them per message.
 RETURN QUERY EXECUTE $query$
 WITH window_messages AS MATERIALIZED (
     SELECT m.id, m.login, m.message_id, m.route, coalesce(m.source, '') AS source,
@@ -1212,15 +1212,6 @@ sent AS MATERIALIZED (
               SELECT jsonb_build_array(t.login, t.source, t.route, t.country)
               FROM window_messages AS t JOIN unnest($6) AS u(id) ON u.id = t.id)
 ),
--- The messages verified: probes of each message's key, or one hash of the verifications
--- since 24 hours before the window (a message sent in it counts none older).
-verified_messages AS (
-    SELECT s.id FROM sent AS s
-    WHERE EXISTS (SELECT 1 FROM dlr.verifications AS v
-                  WHERE v.login = s.login AND v.message_id = s.message_id
-                    AND v.verified_at >= s.sent_at - interval '24 hours'
-                    AND v.verified_at >= $1 - interval '24 hours')
-),
 statuses AS (
     SELECT st.message_ref, st.status, st.is_final, st.basis_err, st.basis_done_at,
            st.supporting_event_id
@@ -1235,7 +1226,10 @@ events AS (
 facts AS (
     SELECT date_trunc('hour', s.sent_at, 'UTC') AS hour, s.login, s.source, s.route,
            s.country, st.basis_err AS err, st.status, coalesce(st.is_final, false) AS is_final,
-           s.sent_at, vm.id IS NOT NULL AS verified,
+           s.sent_at,
+           EXISTS (SELECT 1 FROM dlr.verifications AS v
+                   WHERE v.login = s.login AND v.message_id = s.message_id
+                     AND v.verified_at >= s.sent_at - interval '24 hours') AS verified,
            -- Seconds as double precision, what dlr.latency_bucket takes (extract's numeric
            -- would cost a conversion a row).
            date_part('epoch', st.basis_done_at - s.submitted_at) AS to_done,
@@ -1245,7 +1239,6 @@ facts AS (
     LEFT JOIN statuses AS st ON st.message_ref = s.id
     LEFT JOIN events AS me ON me.id = st.supporting_event_id
     LEFT JOIN dlr.event_rows AS er ON me.id IS NULL AND er.id = st.supporting_event_id
-    LEFT JOIN verified_messages AS vm ON vm.id = s.id
 ),
 -- Grouped on its own (materialized), by a hash: the grouping below would take its order from
 -- one sort of the window's messages serving both.
@@ -1281,11 +1274,13 @@ USING lo, hi, only_login, cutoff, countries, only_messages;
 END;
 $function$;
 
--- Brings dlr.quality_hours up to date (docs/quality.md, "Cost"); returns the hours it
--- re-aggregated. Runs as the owner; only the writer may call it (docs/security.md): the caller
--- supplies the country map. A map other than the one the rollup was built with rebuilds it
--- whole, so that no two maps are ever mixed.
-CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb) RETURNS integer
+-- Brings dlr.quality_hours up to date (docs/quality.md, "Cost") with the messages sent before
+-- `up_to` (the database's clock when NULL); returns how many hours, or slices of the hour not
+-- over, it rewrote. Runs as the owner; only the writer may call it
+-- (docs/security.md): the caller supplies the country map. A map other than the one the
+-- rollup was built with rebuilds it whole, so that no two maps are ever mixed.
+CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb, up_to timestamptz DEFAULT NULL)
+    RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1294,11 +1289,16 @@ DECLARE
     built_with text;
     digest text := encode(sha256(convert_to(countries::text, 'UTF8')), 'hex');
     horizon numeric;
-    open_before timestamptz;
-    first_open timestamptz;  -- the hours from it on are not over: left out, marks kept
+    open_before timestamptz;  -- the frontier the last refresh left
+    frontier timestamptz;  -- the messages sent before it are in the rollup after this refresh
+    open_hour timestamptz;  -- the frontier's hour: its rows are slices of it, not the hour
+    slices timestamptz[];  -- the starts of open_hour's slices, ascending
+    new_from timestamptz;  -- the slice this refresh adds, or counts again: [new_from, frontier)
     touched timestamptz[];  -- hours re-aggregated whole
-    partial_hours timestamptz[];  -- and the messages whose groups are re-aggregated in each
-    partial_messages bigint[];
+    partial_from timestamptz[];  -- and the hours or slices where the groups of the messages
+    partial_messages bigint[];  -- that changed are re-aggregated
+    rewritten integer := 0;
+    inserted integer;
     run record;
 BEGIN
     -- One refresh at a time; the second one's statements, after the lock, see the first's.
@@ -1306,11 +1306,14 @@ BEGIN
     PERFORM pg_advisory_xact_lock(6581363, 0);
     SELECT r.position, r.countries_digest, r.open_from INTO read_from, built_with, open_before
     FROM dlr.quality_refresh AS r FOR UPDATE;
-    -- An hour not over yet is left out, and its marks kept until it is: every report counts
-    -- it from the raw tables (a window's last, partial hour), and while messages are recorded
-    -- in it, each refresh would count it whole again. Read after the lock, and never moved
-    -- back: a refresh that waited for the lock may have begun before the last one.
-    first_open := greatest(date_trunc('hour', clock_timestamp(), 'UTC'), open_before);
+    -- Read after the lock, and never moved back: a refresh that waited for the lock may have
+    -- begun before the last one. A slice spans 30 seconds at least, so that reports in a loop
+    -- cannot cut an hour into thousands of them.
+    frontier := coalesce(up_to, clock_timestamp());
+    IF frontier < open_before + interval '30 seconds' THEN
+        frontier := open_before;
+    END IF;
+    open_hour := date_trunc('hour', frontier, 'UTC');
     -- Every change below the horizon is committed, hence visible to the statements below
     -- (docs/changes.md, "Positions and the gap"): the position advances to it. The changes
     -- committed above it are read too (a transaction left open must not hold the report's
@@ -1321,24 +1324,52 @@ BEGIN
         DELETE FROM dlr.quality_hours;
         -- The marks this statement sees are consumed before the messages are read: a later
         -- statement sees at least their messages. (The other way round, a message recorded
-        -- in between would lose its mark unread.) The hours not over get marks of their own.
+        -- in between would lose its mark unread.) Messages sent from the frontier on (ahead
+        -- of the clock) get marks of their own, read once the frontier passes them.
         DELETE FROM dlr.quality_marks;
-        SELECT array_agg(DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC'))
-            INTO touched FROM dlr.messages AS m;
-        INSERT INTO dlr.quality_marks (hour)
-        SELECT h.hour FROM unnest(touched) AS h(hour) WHERE h.hour >= first_open;
-        touched := ARRAY(SELECT h.hour FROM unnest(touched) AS h(hour) WHERE h.hour < first_open);
+        WITH sent AS (
+            SELECT min(coalesce(m.submitted_at, m.recorded_at)) AS sent_at
+            FROM dlr.messages AS m
+            GROUP BY date_trunc('minute', coalesce(m.submitted_at, m.recorded_at), 'UTC')
+        ),
+        ahead AS (
+            INSERT INTO dlr.quality_marks (sent_at)
+            SELECT s.sent_at FROM sent AS s WHERE s.sent_at >= frontier
+        )
+        SELECT array_agg(DISTINCT date_trunc('hour', s.sent_at, 'UTC'))
+                   FILTER (WHERE s.sent_at < open_hour)
+            INTO touched FROM sent AS s;
+        new_from := open_hour;
     ELSE
+        slices := ARRAY(SELECT DISTINCT q.hour FROM dlr.quality_hours AS q
+                        WHERE q.hour >= open_hour ORDER BY q.hour);
         -- The marks are consumed as they are read, by one statement: those it sees, however
         -- many (a bulk of verifications writes one a message), and no other; rolled back with
-        -- the refresh.
+        -- the refresh. Those from the frontier on stay for the refresh that passes them.
         WITH consumed AS (
             DELETE FROM dlr.quality_marks AS k
-            WHERE k.hour IS NULL OR k.hour < first_open
-            RETURNING k.hour, k.login, k.message_id
+            WHERE k.sent_at IS NULL OR k.sent_at < frontier
+            RETURNING k.sent_at, k.login, k.message_id
         ),
+        -- The hours over with messages recorded or forgotten, and the hour the frontier left:
+        -- its slices give way to the hour, counted whole with every change it had meanwhile.
         whole AS (
-            SELECT DISTINCT k.hour FROM consumed AS k WHERE k.hour IS NOT NULL
+            SELECT date_trunc('hour', k.sent_at, 'UTC') AS hour FROM consumed AS k
+            WHERE k.sent_at < open_hour
+            UNION
+            SELECT date_trunc('hour', open_before, 'UTC') WHERE open_before < open_hour
+        ),
+        -- The open hour's slices rolled up already are kept, up to the first one where
+        -- messages were recorded or forgotten since: from that one on they are counted again,
+        -- with the new messages, as one slice.
+        redo AS (
+            SELECT CASE WHEN open_before < open_hour THEN open_hour
+                        WHEN min(k.sent_at) IS NULL THEN open_before
+                        ELSE coalesce((SELECT max(s.start) FROM unnest(slices) AS s(start)
+                                       WHERE s.start <= min(k.sent_at)), open_hour)
+                   END AS new_from
+            FROM consumed AS k
+            WHERE k.sent_at >= open_hour AND k.sent_at < open_before
         ),
         -- A verification's message not recorded in this snapshot is recorded later, with a
         -- mark of its own: its hour is re-aggregated then, with this verification (committed
@@ -1348,7 +1379,7 @@ BEGIN
         -- the statistics say of the marks, which a bulk of verifications fills and a refresh
         -- empties).
         keyed AS (
-            SELECT k.login, k.message_id FROM consumed AS k WHERE k.hour IS NULL
+            SELECT k.login, k.message_id FROM consumed AS k WHERE k.sent_at IS NULL
             UNION
             SELECT c.login, c.message_id FROM dlr.status_change_rows AS c
             WHERE c.position >= read_from AND c.message_ref IS NULL
@@ -1364,72 +1395,93 @@ BEGIN
             UNION
             SELECT c.message_ref FROM dlr.status_change_rows AS c WHERE c.position >= read_from
         ),
+        -- Each message in its hour, or in its slice of the open hour (the last slice starting
+        -- at or before it was sent).
         partial AS (
-            SELECT m.hour, m.id
+            SELECT CASE WHEN m.sent_at < open_hour THEN date_trunc('hour', m.sent_at, 'UTC')
+                        ELSE coalesce(slices[width_bucket(m.sent_at, slices)], open_hour)
+                   END AS range_from,
+                   m.sent_at, m.id
             FROM changed AS c
             CROSS JOIN LATERAL (
-                SELECT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC') AS hour,
-                       m.id
+                SELECT coalesce(m.submitted_at, m.recorded_at) AS sent_at, m.id
                 FROM dlr.messages AS m WHERE m.id = c.id
                 OFFSET 0
             ) AS m
         )
-        SELECT (SELECT array_agg(w.hour) FROM whole AS w), array_agg(p.hour), array_agg(p.id)
+        SELECT (SELECT array_agg(w.hour) FROM whole AS w), (SELECT r.new_from FROM redo AS r),
+               array_agg(p.range_from), array_agg(p.id)
         FROM partial AS p
-        WHERE p.hour NOT IN (SELECT w.hour FROM whole AS w) AND p.hour < first_open
-            INTO touched, partial_hours, partial_messages;
+        WHERE date_trunc('hour', p.sent_at, 'UTC') NOT IN (SELECT w.hour FROM whole AS w)
+          AND p.sent_at < (SELECT r.new_from FROM redo AS r)
+            INTO touched, new_from, partial_from, partial_messages;
     END IF;
-    -- An hour a call, the first build too (each call's joins hold an hour of rows, however
-    -- large the store): its rows out - all of them, or those of the groups of the messages
-    -- that changed - and the same rows counted again in. The statement's parts share one
-    -- snapshot: the DELETE sees no row the INSERT adds.
+    -- A range a call, the first build too (each call's joins hold at most an hour of rows,
+    -- however large the store): its rows out - all of them, or those of the groups of the
+    -- messages that changed - and the same rows counted again in. A slice ends where the next
+    -- one starts. The statement's parts share one snapshot: the DELETE sees no row the INSERT
+    -- adds.
     FOR run IN
-        SELECT u.hour, NULL::bigint[] AS messages FROM unnest(touched) AS u(hour)
+        SELECT u.hour AS range_from, u.hour + interval '1 hour' AS range_to,
+               NULL::bigint[] AS messages
+        FROM unnest(touched) AS u(hour)
         UNION ALL
-        SELECT p.hour, array_agg(p.id)
-        FROM unnest(partial_hours, partial_messages) AS p(hour, id)
-        GROUP BY p.hour
+        SELECT p.range_from,
+               CASE WHEN p.range_from < open_hour THEN p.range_from + interval '1 hour'
+                    ELSE coalesce((SELECT min(s.start) FROM unnest(slices) AS s(start)
+                                   WHERE s.start > p.range_from AND s.start < new_from),
+                                  new_from)
+               END,
+               array_agg(p.id)
+        FROM unnest(partial_from, partial_messages) AS p(range_from, id)
+        GROUP BY p.range_from
+        UNION ALL
+        SELECT new_from, frontier, NULL WHERE new_from < frontier
     LOOP
         WITH fresh AS MATERIALIZED (
-            SELECT * FROM dlr.quality_facts(run.hour, run.hour + interval '1 hour', NULL,
-                                            '-infinity', countries, run.messages)
+            SELECT * FROM dlr.quality_facts(run.range_from, run.range_to, NULL, '-infinity',
+                                            countries, run.messages)
         ),
         stale AS (
             DELETE FROM dlr.quality_hours AS q
-            WHERE q.hour = run.hour
+            WHERE q.hour >= run.range_from AND q.hour < run.range_to
               AND (run.messages IS NULL
-                   OR jsonb_build_array(q.login, q.source, q.route, q.country) IN (
-                          SELECT jsonb_build_array(f.login, f.source, f.route, f.country)
-                          FROM fresh AS f))
+                   OR (q.hour = run.range_from
+                       AND jsonb_build_array(q.login, q.source, q.route, q.country) IN (
+                               SELECT jsonb_build_array(f.login, f.source, f.route, f.country)
+                               FROM fresh AS f)))
         )
         INSERT INTO dlr.quality_hours
-        SELECT f.hour, f.login, f.source, f.route, f.country, f.err, f.status, f.is_final,
-               f.messages, f.verified, f.with_done_time, f.to_done_buckets, f.to_done_counts,
-               f.to_received_buckets, f.to_received_counts, f.awaiting_sent
+        SELECT run.range_from, f.login, f.source, f.route, f.country, f.err, f.status,
+               f.is_final, f.messages, f.verified, f.with_done_time, f.to_done_buckets,
+               f.to_done_counts, f.to_received_buckets, f.to_received_counts, f.awaiting_sent
         FROM fresh AS f;
+        GET DIAGNOSTICS inserted = ROW_COUNT;
+        rewritten := rewritten + (inserted > 0)::integer;
     END LOOP;
     UPDATE dlr.quality_refresh
     SET position = greatest(horizon, read_from), refreshed_at = now(), countries_digest = digest,
-        open_from = first_open;
-    RETURN coalesce(cardinality(touched), 0)
-           + coalesce((SELECT count(DISTINCT h) FROM unnest(partial_hours) AS h), 0);
+        open_from = frontier;
+    RETURN rewritten;
 END;
 $$;
 
--- The marks: hours of messages recorded or forgotten; messages verified, and messages whose
--- status a recompute rewrote (a new supporting receipt may keep the status, reason and
--- finality, hence log no change, and still move the done time and the latencies).
+-- The marks: of the messages recorded or forgotten, the first send time in each minute (one
+-- mark a statement and minute); messages verified, and messages whose status a recompute
+-- rewrote (a new supporting receipt may keep the status, reason and finality, hence log no
+-- change, and still move the done time and the latencies).
 -- Written whether or not the rollup was ever built: a message recorded while the first build
 -- runs must be read by the next refresh, and nothing here may wait for a build. `maintain`
 -- drops the marks of a rollup never built (quality.drop_unread_marks).
-CREATE FUNCTION dlr.mark_message_hours() RETURNS trigger
+CREATE FUNCTION dlr.mark_sent_times() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    INSERT INTO dlr.quality_marks (hour)
-    SELECT DISTINCT date_trunc('hour', coalesce(m.submitted_at, m.recorded_at), 'UTC')
-    FROM changed_messages AS m;
+    INSERT INTO dlr.quality_marks (sent_at)
+    SELECT min(coalesce(m.submitted_at, m.recorded_at))
+    FROM changed_messages AS m
+    GROUP BY date_trunc('minute', coalesce(m.submitted_at, m.recorded_at), 'UTC');
     RETURN NULL;
 END;
 $$;
@@ -1447,10 +1499,10 @@ $$;
 
 CREATE TRIGGER messages_quality_marks_insert AFTER INSERT ON dlr.messages
     REFERENCING NEW TABLE AS changed_messages
-    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_message_hours();
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_sent_times();
 CREATE TRIGGER messages_quality_marks_delete AFTER DELETE ON dlr.messages
     REFERENCING OLD TABLE AS changed_messages
-    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_message_hours();
+    FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_sent_times();
 CREATE TRIGGER verifications_quality_marks AFTER INSERT ON dlr.verifications
     REFERENCING NEW TABLE AS marked_messages
     FOR EACH STATEMENT EXECUTE FUNCTION dlr.mark_messages();
@@ -1472,7 +1524,7 @@ REVOKE ALL ON FUNCTION dlr.add_reasons(text[]), dlr.reason_ids(text[]),
     dlr.create_status_change_partitions(timestamptz),
     dlr.latest_withdrawal(text, text, timestamptz, timestamptz),
     dlr.record_status_changes(), dlr.move_events_to_messages(),
-    dlr.refresh_quality_hours(jsonb), dlr.mark_message_hours(),
+    dlr.refresh_quality_hours(jsonb, timestamptz), dlr.mark_sent_times(),
     dlr.mark_messages()
     FROM PUBLIC;
 
@@ -1516,7 +1568,7 @@ BEGIN
         GRANT SELECT, INSERT ON dlr.verifications TO dlrfeed_writer;
         -- The daemon's route gauges (docs/quality.md).
         GRANT SELECT ON dlr.quality_hours, dlr.quality_refresh TO dlrfeed_writer;
-        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb) TO dlrfeed_writer;
+        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb, timestamptz) TO dlrfeed_writer;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN

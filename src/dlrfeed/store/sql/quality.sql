@@ -145,16 +145,19 @@ FROM dlr.quality_refresh
 WHERE position IS NOT NULL
 
 -- name: quality_rollup_groups
--- quality_groups from the rollup: the whole hours in [:hours_from, :hours_to) from
--- dlr.quality_hours up to the first hour it leaves out (open_from, not over when it was
--- refreshed), and from the raw tables by dlr.quality_facts the hours from that one on and the
--- partial hours at the window's ends (the :raw_from/:raw_to ranges). A non-final group of the rollup is
--- pending whole when its hour ends by the deadline's cutoff, in part when the cutoff falls
--- within it (by its send times), not at all after. The same counts as
+-- quality_groups from the rollup: from dlr.quality_hours, the whole hours in
+-- [:hours_from, :hours_to) up to the rollup's frontier (open_from), and the slices of the
+-- frontier's hour too when the window ends after the frontier; from the raw tables
+-- by dlr.quality_facts, the window's partial first hour (the :raw_from/:raw_to ranges) and
+-- the rest, from where the rollup stops to :until. A non-final group of the rollup is pending
+-- whole when an hour from its start lies by the deadline's cutoff, in part when the cutoff
+-- falls within that hour (by its send times), not at all after. The same counts as
 -- quality_groups; the latencies are percentiles of the buckets (dlrfeed.store.quality), and a
 -- done time counts as the submission when its bucket lies under :same_time_bucket.
 WITH rolled AS (
-    SELECT least(:hours_to::timestamptz, r.open_from) AS hours_to FROM dlr.quality_refresh AS r
+    SELECT CASE WHEN r.open_from <= :until::timestamptz THEN r.open_from
+                ELSE least(:hours_to::timestamptz, r.open_from) END AS rolled_to
+    FROM dlr.quality_refresh AS r
 ),
 cells AS (
     SELECT q.login, q.source, q.route, q.country, q.err, q.status, q.is_final, q.messages,
@@ -167,7 +170,7 @@ cells AS (
     FROM dlr.quality_hours AS q
     CROSS JOIN (SELECT :cutoff::timestamptz AS cutoff) AS c
     CROSS JOIN rolled
-    WHERE q.hour >= :hours_from AND q.hour < rolled.hours_to
+    WHERE q.hour >= :hours_from AND q.hour < rolled.rolled_to
       AND (:login::text IS NULL OR q.login = :login)
     UNION ALL
     SELECT f.login, f.source, f.route, f.country, f.err, f.status, f.is_final, f.messages,
@@ -175,8 +178,8 @@ cells AS (
            f.to_received_buckets, f.to_received_counts
     FROM (SELECT * FROM unnest(:raw_from::timestamptz[], :raw_to::timestamptz[])
           UNION ALL
-          SELECT greatest(rolled.hours_to, :hours_from), :hours_to FROM rolled
-          WHERE rolled.hours_to < :hours_to) AS r(lo, hi)
+          SELECT greatest(rolled.rolled_to, :hours_from), :until FROM rolled
+          WHERE greatest(rolled.rolled_to, :hours_from) < :until) AS r(lo, hi)
     CROSS JOIN LATERAL dlr.quality_facts(r.lo, r.hi, :login, :cutoff::timestamptz,
                                          :countries::jsonb, NULL) AS f
 ),
