@@ -19,6 +19,7 @@ import pytest
 from dlrfeed.domain.quality import Thresholds
 from dlrfeed.feed.client import receipt_from_proto
 from dlrfeed.store import Store, Submission, Verification
+from dlrfeed.store import quality as quality_reads
 from dlrfeed.store.quality import (
     COUNTS,
     GROUP_BY,
@@ -69,9 +70,9 @@ def _receipt(message_id: str, level: int, stat: str, sent: datetime, done: datet
 
 class Traffic:
     """Messages sent over the 60 hours before the current one (the deadline's cutoff falls
-    among them), a few of them ahead of the clock, in the next hour (which the rollup leaves
-    out while it is not over), their receipts and verifications, in rounds, from one seed.
-    None is sent in the current hour: it may be over before the test is."""
+    among them), a few of them ahead of the clock, in the next hour (ahead of the rollup's
+    frontier), their receipts and verifications, in rounds, from one seed. None is sent in
+    the current hour: it may be over before the test is."""
 
     def __init__(self, seed: int, now: datetime) -> None:
         self.rng = random.Random(seed)
@@ -135,7 +136,7 @@ class Traffic:
         return [
             Window(since=self.base - timedelta(hours=1), until=until, now=until),
             Window(since=middle, until=until, now=until, login="acme"),
-            # Ending in an hour to come: its whole hours from the one not over on are raw.
+            # Ending in an hour to come: all it holds from the frontier on is counted raw.
             Window(since=self.base, until=until + timedelta(hours=2), now=until),
             Window(since=middle, until=until, now=until, deadline=timedelta(hours=30)),
             Window(since=self.base, until=middle, now=middle, deadline=timedelta(hours=5)),
@@ -172,13 +173,13 @@ def _close(exact: float | None, from_buckets: float | None) -> bool:
 
 
 _OPEN_FROM = "(SELECT open_from FROM dlr.quality_refresh)"
-_MARKS_OF_HOURS_OVER = (
+_MARKS_BEFORE_THE_FRONTIER = (
     f"SELECT count(*) FROM dlr.quality_marks WHERE sent_at IS NULL OR sent_at < {_OPEN_FROM}"
 )
 
 
 async def _sent_in_hours_over(conn: asyncpg.Connection) -> int:
-    """The messages sent before the first hour the rollup leaves out (not over yet)."""
+    """The messages sent before the rollup's frontier."""
     sent = "coalesce(submitted_at, recorded_at)"
     return int(
         await conn.fetchval(f"SELECT count(*) FROM dlr.messages WHERE {sent} < {_OPEN_FROM}")
@@ -198,6 +199,10 @@ async def _same_route_report(conn: asyncpg.Connection, window: Window) -> list[J
 
 async def _fetches_nonzero(conn: asyncpg.Connection, sql: str) -> bool:
     return bool(await conn.fetchval(sql))
+
+
+async def _fetches(conn: asyncpg.Connection, sql: str, value: int) -> bool:
+    return bool(await conn.fetchval(sql) == value)
 
 
 async def _same_report(conn: asyncpg.Connection, traffic: Traffic) -> int:
@@ -245,10 +250,10 @@ async def test_the_rollup_counts_what_the_raw_tables_count(
     await store.record_verifications(traffic.verifications(0.3))
     assert await _same_report(db, traffic) > 0
     # A verification of a message never recorded leaves nothing to do behind it; the marks
-    # left are those of the hour not over yet, kept until it is.
+    # left are those ahead of the frontier, kept until it passes them.
     await store.record_verifications([Verification("acme", "never", "click", traffic.now)])
     await refresh(db)
-    assert await db.fetchval(_MARKS_OF_HOURS_OVER) == 0
+    assert await db.fetchval(_MARKS_BEFORE_THE_FRONTIER) == 0
     # Nothing changed since: nothing to re-aggregate.
     assert await refresh(db) == 0
     rolled = await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours")
@@ -283,6 +288,38 @@ async def test_two_refreshes_at_once_count_each_message_once(
     rolled = await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours")
     assert rolled == await _sent_in_hours_over(db)
     assert await _same_report(db, traffic) > 0
+
+
+async def test_two_reports_at_once_both_answer_exactly(
+    store: Store, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Two reports whose snapshots were taken while a refresh held the lock: the first refresh
+    to follow commits, the other report's transaction is rolled back (its snapshot misses that
+    commit) and runs again."""
+    traffic = Traffic(31, datetime.now(UTC).replace(microsecond=0))
+    await store.record_submissions([s for s, _ in traffic.messages])
+    await refresh(db)
+    await _ingest(store, traffic.receipts(0.6))
+    window = traffic.windows()[0]
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    try:
+        async with db.transaction():
+            await db.fetchval("SELECT pg_advisory_xact_lock(6581363, 0)")
+            reports = [asyncio.create_task(quality(c, "route", window)) for c in (first, second)]
+            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            await wait_until(
+                lambda: _fetches(db, waiting, 2), 60, "both reports to wait for the lock"
+            )
+        done = await asyncio.gather(*reports)
+    finally:
+        for conn in (first, second):
+            await conn.close()
+    exact = await raw_quality(db, "route", window)
+    for report in done:
+        assert [{c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in report] == [
+            {c: g[c] for c in ("route", *EQUAL_FIELDS)} for g in exact
+        ]
 
 
 async def test_forgetting_messages_leaves_the_rollup_exact(
@@ -533,7 +570,7 @@ async def test_the_hours_not_over_are_counted_raw_then_rolled_up_once_over(
     the frontier passes their hour, the next refresh counts it whole, with every change it had
     meanwhile. The frontier never moves back."""
     this_hour = await db.fetchval("SELECT date_trunc('hour', clock_timestamp(), 'UTC')")
-    ahead = this_hour + timedelta(hours=1)  # sent ahead of the clock: not over for an hour
+    ahead = this_hour + timedelta(hours=1)  # sent ahead of the clock, and of the frontier
     past = this_hour - timedelta(hours=2)
     await store.record_submissions(
         [
@@ -577,19 +614,22 @@ async def test_the_hour_not_over_is_rolled_up_in_slices_up_to_the_frontier(
     store: Store, db: asyncpg.Connection
 ) -> None:
     """In the frontier's hour the rollup holds slices, each counted once: a change re-aggregates
-    its message's group in its slice, a message recorded in a slice rolled up already counts
-    that slice and the later ones again, as one, and once the frontier leaves the hour, the
-    hour is counted whole. Reports agree with the raw tables wherever their windows end. The
-    frontier is given (`up_to`), in an hour ahead of the clock."""
+    its message's group within its slice; a message recorded in a slice counted already counts
+    that slice again, whole, within its bounds, and every other slice the rest of its minute
+    overlaps (a mark holds the first send time of its statement in its minute); once the
+    frontier leaves the hour, the hour is counted whole. Reports agree with the raw tables
+    wherever their windows end. The frontier is given (`up_to`), in an hour ahead of the
+    clock."""
     this_hour: datetime = await db.fetchval("SELECT date_trunc('hour', clock_timestamp(), 'UTC')")
     hour = this_hour + timedelta(hours=3)
+    frontier = hour
 
-    def at(minutes: int) -> datetime:
+    def at(minutes: float) -> datetime:
         return hour + timedelta(minutes=minutes)
 
-    async def refresh_to(minutes: int) -> int:
+    async def refresh_to(minutes: float) -> int:
         rewritten = await db.fetchval(
-            "SELECT dlr.refresh_quality_hours($1::jsonb, $2)", countries_json(), at(minutes)
+            "SELECT dlr.refresh_quality_hours_up_to($1::jsonb, $2)", countries_json(), at(minutes)
         )
         assert await db.fetchval("SELECT open_from FROM dlr.quality_refresh") == max(
             at(minutes), frontier
@@ -602,13 +642,14 @@ async def test_the_hour_not_over_is_rolled_up_in_slices_up_to_the_frontier(
         )
         return {r["hour"]: r["messages"] for r in rows}
 
-    def message(minutes: int, route: str) -> Submission:
+    def message(minutes: float, route: str) -> Submission:
+        tenths = round(minutes * 10)
         return Submission(
-            "acme", f"m{minutes}", f"+3461{minutes:07d}", route=route, submitted_at=at(minutes)
+            "acme", f"m{tenths}", f"+3461{tenths:07d}", route=route, submitted_at=at(minutes)
         )
 
     async def same_reports() -> None:
-        for until, now in ((at(50), at(50)), (at(25), at(25)), (at(50), at(20) + timedelta(2))):
+        for until, now in ((at(58), at(58)), (at(25), at(25)), (at(58), at(20) + timedelta(2))):
             for since in (hour - timedelta(hours=1), at(10)):
                 window = Window(since=since, until=until, now=now)
                 await _same_route_report(db, window)
@@ -617,13 +658,13 @@ async def test_the_hour_not_over_is_rolled_up_in_slices_up_to_the_frontier(
         [message(5, "r1"), message(12, "r1"), message(15, "r1"), message(20, "r2")]
     )
     await store.record_submissions([message(40, "r1")])
-    frontier = at(15)
     assert await refresh_to(15) == 1  # the first build: the slice [hour, 15)
+    frontier = at(15)
     assert await slices() == {hour: 2}
     await same_reports()
 
     # A final for a message of the first slice: its group there, and the new slice [15, 30).
-    await store.ingest("acme", [_receipt("m12", 2, "DELIVRD", at(12), at(12))])
+    await store.ingest("acme", [_receipt("m120", 2, "DELIVRD", at(12), at(12))])
     assert await refresh_to(30) == 2
     frontier = at(30)
     assert await slices() == {hour: 2, at(15): 2}
@@ -632,36 +673,100 @@ async def test_the_hour_not_over_is_rolled_up_in_slices_up_to_the_frontier(
     # does one within 30 seconds after it (a slice spans 30 seconds at least).
     assert await refresh_to(29) == 0
     soon = at(30) + timedelta(seconds=20)
-    await db.fetchval("SELECT dlr.refresh_quality_hours($1::jsonb, $2)", countries_json(), soon)
+    refreshed = "SELECT dlr.refresh_quality_hours_up_to($1::jsonb, $2)"
+    assert await db.fetchval(refreshed, countries_json(), soon) == 0
     assert await db.fetchval("SELECT open_from FROM dlr.quality_refresh") == at(30)
 
-    # Recorded late, in the slice [15, 30): that slice on, up to the frontier, counted again.
+    # Recorded late, in the slice [15, 30): that slice counted again, and the new one.
     await store.record_submissions([message(17, "r2"), message(35, "r2"), message(45, "r1")])
-    assert await refresh_to(45) == 1
+    assert await refresh_to(45) == 2
     frontier = at(45)
-    assert await slices() == {hour: 2, at(15): 5}
+    assert await slices() == {hour: 2, at(15): 3, at(30): 2}
     await same_reports()
 
-    # Finals in both slices: each one's group counted again within the slice's own bounds.
+    # Finals in two slices: each one's group counted again within the slice's own bounds.
     await store.ingest(
         "acme",
         [
-            _receipt("m5", 2, "UNDELIV", at(5), at(6)),
-            _receipt("m40", 2, "DELIVRD", at(40), at(41)),
+            _receipt("m50", 2, "UNDELIV", at(5), at(6)),
+            _receipt("m400", 2, "DELIVRD", at(40), at(41)),
         ],
     )
     assert await refresh_to(50) == 3  # and the new slice [45, 50)
     frontier = at(50)
-    assert await slices() == {hour: 2, at(15): 5, at(45): 1}
+    assert await slices() == {hour: 2, at(15): 3, at(30): 2, at(45): 1}
+    await same_reports()
+
+    # Slices bounded within a minute (52:30); then one statement recording messages on both
+    # sides of that bound, late: one mark, at 52:12, and both slices counted again.
+    await store.record_submissions([message(51, "r1")])
+    assert await refresh_to(52.5) == 1
+    await store.record_submissions([message(53, "r2")])
+    frontier = at(52.5)
+    assert await refresh_to(55) == 1
+    frontier = at(55)
+    await store.record_submissions([message(52.2, "r1"), message(52.8, "r2")])
+    assert await refresh_to(57) == 2
+    frontier = at(57)
+    assert await slices() == {hour: 2, at(15): 3, at(30): 2, at(45): 1, at(50): 2, at(52.5): 2}
     await same_reports()
 
     # The frontier leaves the hour: the hour counted whole, its slices gone.
     assert await refresh_to(70) == 1
     frontier = at(70)
-    assert await slices() == {hour: 8}
+    assert await slices() == {hour: 12}
     delivered = "SELECT sum(messages) FROM dlr.quality_hours WHERE status = 'DELIVERED'"
     assert await db.fetchval(delivered) == 2
     await same_reports()
+
+
+async def test_a_report_counts_one_snapshot_of_the_messages_committed_while_it_runs(
+    store: Store, database_url: str, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refresh and the read of a report share one snapshot. A transaction committing after
+    the refresh counted its slices holds a message sent before the frontier (in no slice, and
+    before the raw range) and one sent after it (in the raw range): the report counts both or
+    neither, never the second alone."""
+    past = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    await store.record_submissions(
+        [Submission("acme", f"m{n}", f"+3461{n:07d}", submitted_at=past) for n in range(3)]
+    )
+    await refresh(db)
+    frontier: datetime = await db.fetchval("SELECT open_from FROM dlr.quality_refresh")
+    writer = await asyncpg.connect(database_url)
+    late = writer.transaction()
+    await late.start()
+    for message_id, sent in (
+        ("before", frontier - timedelta(seconds=10)),
+        ("after", frontier + timedelta(minutes=10)),
+    ):
+        await writer.execute(
+            "INSERT INTO dlr.messages (login, message_id, internal_id, destination,"
+            " destination_raw, destination_is_e164, submitted_at)"
+            " VALUES ('acme', $1, $1, '+34610000009', '+34610000009', true, $2)",
+            message_id,
+            sent,
+        )
+    plan = quality_reads._PLAN
+
+    class CommitFirst:
+        """The plan statement, run between the refresh and the read: the writer commits."""
+
+        async def fetchrow(self, conn: asyncpg.Connection) -> Any:
+            if writer.is_in_transaction():
+                await late.commit()
+            return await plan.fetchrow(conn)
+
+    monkeypatch.setattr(quality_reads, "_PLAN", CommitFirst())
+    window = Window(since=past - timedelta(hours=1), until=frontier + timedelta(hours=1), now=past)
+    try:
+        (during,) = await quality(db, "route", window)
+        assert not writer.is_in_transaction()
+    finally:
+        await writer.close()
+    assert during["accepted"] == 3
+    (after,) = await _same_route_report(db, window)
+    assert after["accepted"] == 5
 
 
 async def test_a_verification_counts_within_24_hours_before_its_message_in_any_time_zone(

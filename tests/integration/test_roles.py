@@ -412,6 +412,11 @@ async def test_writer_records_verifications_and_the_reader_reports_quality(
     assert "permission denied" in await _refused(
         roles_db.reader, """SELECT dlr.refresh_quality_hours('{"3461": "XX"}')"""
     )
+    # Nor may anyone but the owner set the frontier: one set ahead of the clock stays there.
+    for role in (roles_db.writer, roles_db.reader):
+        assert "permission denied" in await _refused(
+            role, "SELECT dlr.refresh_quality_hours_up_to('{}', 'infinity')"
+        )
     conn = await asyncpg.connect(roles_db.reader)
     try:
         now = datetime.now(UTC)

@@ -3,9 +3,9 @@
 `dlrfeed quality`, the `quality` section of `dlrfeed stats` and the daemon's route gauges read
 the hourly rollup dlr.quality_hours, which they first bring up to date
 (dlr.refresh_quality_hours, run as the schema owner; only the writer may call it), and the raw
-tables only for the partial hours of their window and the hours not over yet, which the rollup
-leaves out (docs/quality.md, "Cost"). A role that may not refresh (the reader) is answered from
-the raw tables.
+tables only for the partial first hour of their window and the messages sent from the rollup's
+frontier on (docs/quality.md, "Cost"). A role that may not refresh (the reader) is answered
+from the raw tables.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from dlrfeed.domain.quality import Thresholds, prefix_countries, signals, verification_gap
+from dlrfeed.store.server_errors import rolled_back
 from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ _LOCK_REFRESH = query("lock_quality_refresh")
 _DROP_UNREAD_MARKS = query("drop_unread_quality_marks")
 _ROLLUP_GROUPS = query("quality_rollup_groups")
 _HOUR = timedelta(hours=1)
+_REFRESH_ATTEMPTS = 5  # reports refreshing at once: each waits for the one before, then again
 _TOTALS = query("verification_totals")
 
 
@@ -76,44 +79,54 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
 
     The rollup answers when `same_time_seconds` is a bucket boundary (LATENCY_BOUNDARIES: the
     default 1 s is) and the rollup can be brought up to date (not a standby, by a role that may
-    refresh it); else the raw tables answer, exactly, at their cost. The rollup is read after
-    its refresh committed: it holds every change the read can see.
+    refresh it); else the raw tables answer, exactly, at their cost. The refresh and the read
+    share one snapshot (a repeatable-read transaction): a message committed after the refresh
+    counted its slice is in neither the rollup nor the raw range the read counts, so a read
+    with a later snapshot would miss it. Another refresh committed since the snapshot was
+    taken rolls the transaction back; it runs again, with a newer one.
     """
     t = window.thresholds
     same_time_bucket = _boundary_bucket(t.same_time_seconds)
     if same_time_bucket is None:
         return await raw_quality(conn, by, window)
+    ranges = _raw_ranges(window)
     try:
-        await refresh(conn)
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(rolled_back),
+            stop=stop_after_attempt(_REFRESH_ATTEMPTS),
+            reraise=True,
+        ):
+            with attempt:
+                async with conn.transaction(isolation="repeatable_read"):
+                    await refresh(conn)
+                    await _PLAN.fetchrow(conn)
+                    records = await _ROLLUP_GROUPS.fetch(
+                        conn,
+                        key=by,
+                        hours_from=ranges.hours_from,
+                        hours_to=ranges.hours_to,
+                        raw_from=[lo for lo, _ in ranges.raw],
+                        raw_to=[hi for _, hi in ranges.raw],
+                        until=window.until,
+                        login=window.login,
+                        cutoff=window.cutoff,
+                        min_messages=t.min_messages,
+                        same_time_bucket=same_time_bucket,
+                        countries=countries_json(),
+                    )
     except (asyncpg.ReadOnlySQLTransactionError, asyncpg.InsufficientPrivilegeError):
         # A standby, a session read-only by default, or a role that may not write the rollup
         # (the reader: the caller supplies the country map): the rollup cannot be brought up
         # to date here, and a stale one would be wrong; the raw tables answer.
         return await raw_quality(conn, by, window)
-    ranges = _raw_ranges(window)
-    async with conn.transaction(readonly=True):
-        await _PLAN.fetchrow(conn)
-        records = await _ROLLUP_GROUPS.fetch(
-            conn,
-            key=by,
-            hours_from=ranges.hours_from,
-            hours_to=ranges.hours_to,
-            raw_from=[lo for lo, _ in ranges.raw],
-            raw_to=[hi for _, hi in ranges.raw],
-            until=window.until,
-            login=window.login,
-            cutoff=window.cutoff,
-            min_messages=t.min_messages,
-            same_time_bucket=same_time_bucket,
-            countries=countries_json(),
-        )
     return [_group(by, r, t, _bucket_percentiles(r)) for r in records]
 
 
 async def refresh(conn: Connection) -> int:
-    """Bring the rollup up to date; the number of hours it re-aggregated."""
-    hours = await _REFRESH.fetchval(conn, countries=countries_json())
-    return int(hours)
+    """Bring the rollup up to date; the number of hours, or slices of the hour not over, whose
+    rows it rewrote."""
+    rewritten = await _REFRESH.fetchval(conn, countries=countries_json())
+    return int(rewritten)
 
 
 async def refresh_before_retention(conn: Connection) -> None:

@@ -172,8 +172,11 @@ async def run(messages: int, every: float) -> None:
             for days in (7, 1):
                 cpu, wall, _ = await _cpu(conn, partial(raw_quality, conn, "route", _last(days)))
                 print(f"raw report {days} d: backend CPU {cpu:.2f} s, wall {wall:.2f} s")
-            cpu, wall, hours = await _cpu(conn, lambda: refresh(conn))
-            print(f"rollup built ({hours} hours): backend CPU {cpu:.2f} s, wall {wall:.2f} s")
+            cpu, wall, rewritten = await _cpu(conn, lambda: refresh(conn))
+            print(
+                f"rollup built ({rewritten} hours and slices): backend CPU {cpu:.2f} s, "
+                f"wall {wall:.2f} s"
+            )
             await conn.execute("ANALYZE dlr.quality_hours")
             rows = await conn.fetchval("SELECT count(*) FROM dlr.quality_hours")
             print(f"rollup rows: {rows:,}")

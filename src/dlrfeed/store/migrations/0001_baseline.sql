@@ -1087,8 +1087,8 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
 
 -------------------------------------------------------------------------------------------
 -- Route quality rollup (docs/quality.md, "Cost"): `dlrfeed quality` reads dlr.quality_hours
--- up to its frontier, and only the partial hours of its window, and the messages sent from
--- the frontier on, from the raw tables. The rollup is brought up to date by
+-- up to its frontier, and only the partial first hour of its window, and the messages sent
+-- from the frontier on, from the raw tables. The rollup is brought up to date by
 -- dlr.refresh_quality_hours(), outside the ingest: it re-aggregates what changed since its last
 -- run - whole hours where messages were recorded or forgotten (dlr.quality_marks), in the hour
 -- not over the slices from the first such one on, and elsewhere only the groups of the
@@ -1276,12 +1276,13 @@ $function$;
 
 -- Brings dlr.quality_hours up to date (docs/quality.md, "Cost") with the messages sent before
 -- `up_to` (the database's clock when NULL); returns how many hours, or slices of the hour not
--- over, it rewrote. Runs as the owner; only the writer may call it
--- (docs/security.md): the caller supplies the country map. A map other than the one the
--- rollup was built with rebuilds it whole, so that no two maps are ever mixed.
-CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb, up_to timestamptz DEFAULT NULL)
+-- over, holding messages it counted again. The owner's alone: a frontier set ahead of the
+-- clock would stay there (it never moves back), and every refresh until the clock caught up
+-- would count its hour whole again. A map other than the one the rollup was built with
+-- rebuilds it whole, so that no two maps are ever mixed.
+CREATE FUNCTION dlr.refresh_quality_hours_up_to(countries jsonb, up_to timestamptz)
     RETURNS integer
-    LANGUAGE plpgsql SECURITY DEFINER
+    LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
@@ -1292,9 +1293,11 @@ DECLARE
     open_before timestamptz;  -- the frontier the last refresh left
     frontier timestamptz;  -- the messages sent before it are in the rollup after this refresh
     open_hour timestamptz;  -- the frontier's hour: its rows are slices of it, not the hour
-    slices timestamptz[];  -- the starts of open_hour's slices, ascending
-    new_from timestamptz;  -- the slice this refresh adds, or counts again: [new_from, frontier)
+    new_from timestamptz;  -- the slice this refresh adds: [new_from, frontier)
+    slices timestamptz[];  -- the starts of open_hour's slices before it, ascending; each ends
+                           -- where the next starts, the last at new_from
     touched timestamptz[];  -- hours re-aggregated whole
+    redone integer[];  -- slices counted again whole (their subscripts in `slices`)
     partial_from timestamptz[];  -- and the hours or slices where the groups of the messages
     partial_messages bigint[];  -- that changed are re-aggregated
     rewritten integer := 0;
@@ -1341,8 +1344,13 @@ BEGIN
             INTO touched FROM sent AS s;
         new_from := open_hour;
     ELSE
-        slices := ARRAY(SELECT DISTINCT q.hour FROM dlr.quality_hours AS q
-                        WHERE q.hour >= open_hour ORDER BY q.hour);
+        new_from := greatest(open_before, open_hour);
+        -- The hour's start is a slice's start whether or not rows start there.
+        slices := ARRAY(SELECT open_hour
+                        UNION
+                        SELECT q.hour FROM dlr.quality_hours AS q
+                        WHERE q.hour >= open_hour AND q.hour < new_from
+                        ORDER BY 1);
         -- The marks are consumed as they are read, by one statement: those it sees, however
         -- many (a bulk of verifications writes one a message), and no other; rolled back with
         -- the refresh. Those from the frontier on stay for the refresh that passes them.
@@ -1359,21 +1367,21 @@ BEGIN
             UNION
             SELECT date_trunc('hour', open_before, 'UTC') WHERE open_before < open_hour
         ),
-        -- The open hour's slices rolled up already are kept, up to the first one where
-        -- messages were recorded or forgotten since: from that one on they are counted again,
-        -- with the new messages, as one slice.
-        redo AS (
-            SELECT CASE WHEN open_before < open_hour THEN open_hour
-                        WHEN min(k.sent_at) IS NULL THEN open_before
-                        ELSE coalesce((SELECT max(s.start) FROM unnest(slices) AS s(start)
-                                       WHERE s.start <= min(k.sent_at)), open_hour)
-                   END AS new_from
+        -- The slices where messages were recorded or forgotten since they were counted (a
+        -- transaction that began before the frontier and committed after it): each counted
+        -- again whole, within its own bounds. A mark is the first send time of its statement
+        -- in its minute: every slice the rest of that minute overlaps is counted again too.
+        again AS (
+            SELECT DISTINCT b.i
             FROM consumed AS k
-            WHERE k.sent_at >= open_hour AND k.sent_at < open_before
+            CROSS JOIN generate_subscripts(slices, 1) AS b(i)
+            WHERE k.sent_at >= open_hour AND k.sent_at < new_from
+              AND slices[b.i] < date_trunc('minute', k.sent_at, 'UTC') + interval '1 minute'
+              AND coalesce(slices[b.i + 1], new_from) > k.sent_at
         ),
         -- A verification's message not recorded in this snapshot is recorded later, with a
-        -- mark of its own: its hour is re-aggregated then, with this verification (committed
-        -- before this snapshot, as its mark is).
+        -- mark of its own: its hour or slice is re-aggregated then, with this verification
+        -- (committed before this snapshot, as its mark is).
         -- Messages known by their key alone - verified or recomputed (a mark), or a change
         -- withdrawn from its message - are found by probes of their keys (OFFSET 0: whatever
         -- the statistics say of the marks, which a bulk of verifications fills and a refresh
@@ -1395,12 +1403,11 @@ BEGIN
             UNION
             SELECT c.message_ref FROM dlr.status_change_rows AS c WHERE c.position >= read_from
         ),
-        -- Each message in its hour, or in its slice of the open hour (the last slice starting
+        -- Each message in its hour, or in its slice of the open hour (the last one starting
         -- at or before it was sent).
         partial AS (
-            SELECT CASE WHEN m.sent_at < open_hour THEN date_trunc('hour', m.sent_at, 'UTC')
-                        ELSE coalesce(slices[width_bucket(m.sent_at, slices)], open_hour)
-                   END AS range_from,
+            SELECT CASE WHEN m.sent_at >= open_hour THEN width_bucket(m.sent_at, slices) END
+                       AS slice,
                    m.sent_at, m.id
             FROM changed AS c
             CROSS JOIN LATERAL (
@@ -1409,12 +1416,14 @@ BEGIN
                 OFFSET 0
             ) AS m
         )
-        SELECT (SELECT array_agg(w.hour) FROM whole AS w), (SELECT r.new_from FROM redo AS r),
-               array_agg(p.range_from), array_agg(p.id)
+        SELECT (SELECT array_agg(w.hour) FROM whole AS w), (SELECT array_agg(a.i) FROM again AS a),
+               array_agg(coalesce(slices[p.slice], date_trunc('hour', p.sent_at, 'UTC'))),
+               array_agg(p.id)
         FROM partial AS p
         WHERE date_trunc('hour', p.sent_at, 'UTC') NOT IN (SELECT w.hour FROM whole AS w)
-          AND p.sent_at < (SELECT r.new_from FROM redo AS r)
-            INTO touched, new_from, partial_from, partial_messages;
+          AND p.sent_at < new_from
+          AND (p.slice IS NULL OR p.slice NOT IN (SELECT a.i FROM again AS a))
+            INTO touched, redone, partial_from, partial_messages;
     END IF;
     -- A range a call, the first build too (each call's joins hold at most an hour of rows,
     -- however large the store): its rows out - all of them, or those of the groups of the
@@ -1426,11 +1435,13 @@ BEGIN
                NULL::bigint[] AS messages
         FROM unnest(touched) AS u(hour)
         UNION ALL
+        SELECT slices[r.i], coalesce(slices[r.i + 1], new_from), NULL
+        FROM unnest(redone) AS r(i)
+        UNION ALL
         SELECT p.range_from,
                CASE WHEN p.range_from < open_hour THEN p.range_from + interval '1 hour'
                     ELSE coalesce((SELECT min(s.start) FROM unnest(slices) AS s(start)
-                                   WHERE s.start > p.range_from AND s.start < new_from),
-                                  new_from)
+                                   WHERE s.start > p.range_from), new_from)
                END,
                array_agg(p.id)
         FROM unnest(partial_from, partial_messages) AS p(range_from, id)
@@ -1465,6 +1476,13 @@ BEGIN
     RETURN rewritten;
 END;
 $$;
+
+-- dlr.refresh_quality_hours_up_to the database's clock. Runs as the owner; only the writer may
+-- call it (docs/security.md): the caller supplies the country map.
+CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb) RETURNS integer
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    RETURN dlr.refresh_quality_hours_up_to(countries, NULL);
 
 -- The marks: of the messages recorded or forgotten, the first send time in each minute (one
 -- mark a statement and minute); messages verified, and messages whose status a recompute
@@ -1524,7 +1542,8 @@ REVOKE ALL ON FUNCTION dlr.add_reasons(text[]), dlr.reason_ids(text[]),
     dlr.create_status_change_partitions(timestamptz),
     dlr.latest_withdrawal(text, text, timestamptz, timestamptz),
     dlr.record_status_changes(), dlr.move_events_to_messages(),
-    dlr.refresh_quality_hours(jsonb, timestamptz), dlr.mark_sent_times(),
+    dlr.refresh_quality_hours(jsonb), dlr.refresh_quality_hours_up_to(jsonb, timestamptz),
+    dlr.mark_sent_times(),
     dlr.mark_messages()
     FROM PUBLIC;
 
@@ -1568,7 +1587,7 @@ BEGIN
         GRANT SELECT, INSERT ON dlr.verifications TO dlrfeed_writer;
         -- The daemon's route gauges (docs/quality.md).
         GRANT SELECT ON dlr.quality_hours, dlr.quality_refresh TO dlrfeed_writer;
-        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb, timestamptz) TO dlrfeed_writer;
+        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb) TO dlrfeed_writer;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN
