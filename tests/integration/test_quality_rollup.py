@@ -173,6 +173,10 @@ def _close(exact: float | None, from_buckets: float | None) -> bool:
 
 
 _OPEN_FROM = "(SELECT open_from FROM dlr.quality_refresh)"
+_WAITING_FOR_THE_REFRESH = (
+    "SELECT count(*) FROM pg_locks"
+    " WHERE relation = 'dlr.quality_refresh_lock'::regclass AND NOT granted"
+)
 _MARKS_BEFORE_THE_FRONTIER = (
     f"SELECT count(*) FROM dlr.quality_marks WHERE sent_at IS NULL OR sent_at < {_OPEN_FROM}"
 )
@@ -274,9 +278,7 @@ async def test_two_refreshes_at_once_count_each_message_once(
             second = asyncio.create_task(refresh(other))
             # The second waits for the first's lock...
             for _ in range(600):
-                waiting = await db.fetchval(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                )
+                waiting = await db.fetchval(_WAITING_FOR_THE_REFRESH)
                 if waiting:
                     break
                 await asyncio.sleep(0.05)
@@ -293,9 +295,8 @@ async def test_two_refreshes_at_once_count_each_message_once(
 async def test_two_reports_at_once_both_answer_exactly(
     store: Store, database_url: str, db: asyncpg.Connection
 ) -> None:
-    """Two reports whose snapshots were taken while a refresh held the lock: the first refresh
-    to follow commits, the other report's transaction is rolled back (its snapshot misses that
-    commit) and runs again."""
+    """Two reports waiting for a refresh that holds the lock take turns, and each takes its
+    snapshot after the refreshes before it committed: both count exactly."""
     traffic = Traffic(31, datetime.now(UTC).replace(microsecond=0))
     await store.record_submissions([s for s, _ in traffic.messages])
     await refresh(db)
@@ -305,11 +306,12 @@ async def test_two_reports_at_once_both_answer_exactly(
     second = await asyncpg.connect(database_url)
     try:
         async with db.transaction():
-            await db.fetchval("SELECT pg_advisory_xact_lock(6581363, 0)")
+            await db.execute("LOCK TABLE dlr.quality_refresh_lock IN EXCLUSIVE MODE")
             reports = [asyncio.create_task(quality(c, "route", window)) for c in (first, second)]
-            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
             await wait_until(
-                lambda: _fetches(db, waiting, 2), 60, "both reports to wait for the lock"
+                lambda: _fetches(db, _WAITING_FOR_THE_REFRESH, 2),
+                60,
+                "both reports to wait for the lock",
             )
         done = await asyncio.gather(*reports)
     finally:
@@ -420,7 +422,7 @@ async def test_a_refresh_with_another_country_map_rebuilds_the_rollup_whole(
     assert await refresh(db) > 0
     spain = sum(1 for s, _ in traffic.messages if s.destination.startswith("+3461"))
     assert spain > 0
-    await db.fetchval("""SELECT dlr.refresh_quality_hours('{"3461": "XX"}')""")
+    await db.fetchval("""SELECT dlr.refresh_quality_hours('{"3461": "XX"}', NULL)""")
     assert await db.fetchval("SELECT sum(messages) FROM dlr.quality_hours") == (
         await _sent_in_hours_over(db)
     )
@@ -456,8 +458,9 @@ async def test_messages_recorded_during_the_first_build_are_counted_and_never_wa
         recorded = await store.record_submissions([s for s, _ in rest])
     assert recorded.recorded == len(rest)
     dropping = asyncio.create_task(maintain(database_url, RetentionPolicy()))
-    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-    await wait_until(lambda: _fetches_nonzero(db, waiting), 60, "maintain to wait for the build")
+    await wait_until(
+        lambda: _fetches_nonzero(db, _WAITING_FOR_THE_REFRESH), 60, "maintain to wait for the build"
+    )
     await build.commit()
     await dropping  # waited for the build, then found it built: the marks stay
     assert await db.fetchval("SELECT count(*) FROM dlr.quality_marks") > 0

@@ -410,7 +410,7 @@ async def test_writer_records_verifications_and_the_reader_reports_quality(
         assert "permission denied" in await _refused(role, "DELETE FROM dlr.quality_marks")
     # The caller supplies the country map: the reader may not fill the rollup with its own.
     assert "permission denied" in await _refused(
-        roles_db.reader, """SELECT dlr.refresh_quality_hours('{"3461": "XX"}')"""
+        roles_db.reader, """SELECT dlr.refresh_quality_hours('{"3461": "XX"}', NULL)"""
     )
     # Nor may anyone but the owner set the frontier: one set ahead of the clock stays there.
     for role in (roles_db.writer, roles_db.reader):

@@ -22,7 +22,7 @@ DESCRIBE = {
         JOIN pg_class c ON c.oid = t.tgrelid
         WHERE c.relnamespace = 'dlr'::regnamespace AND NOT t.tgisinternal""",
     "function": """
-        SELECT p.proname || ' ' || md5(p.prosrc) FROM pg_proc p
+        SELECT p.proname || ' ' || md5(pg_get_functiondef(p.oid)) FROM pg_proc p
         WHERE p.pronamespace = 'dlr'::regnamespace""",
     "storage": """
         SELECT relname || ' ' || array_to_string(reloptions, ',') FROM pg_class
@@ -36,7 +36,8 @@ DESCRIBE = {
 
 
 async def describe(dsn: str) -> str:
-    """The schema `dlr` as sorted lines: columns, constraints, indexes, triggers, functions."""
+    """The schema `dlr` as sorted lines: columns, constraints, indexes, triggers, functions (their
+    whole definitions: body, security, settings)."""
     conn = await asyncpg.connect(dsn)
     try:
         lines: list[str] = []

@@ -19,10 +19,8 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from dlrfeed.domain.quality import Thresholds, prefix_countries, signals, verification_gap
-from dlrfeed.store.server_errors import rolled_back
 from dlrfeed.store.sql import query
 
 if TYPE_CHECKING:
@@ -40,7 +38,6 @@ _LOCK_REFRESH = query("lock_quality_refresh")
 _DROP_UNREAD_MARKS = query("drop_unread_quality_marks")
 _ROLLUP_GROUPS = query("quality_rollup_groups")
 _HOUR = timedelta(hours=1)
-_REFRESH_ATTEMPTS = 5  # reports refreshing at once: each waits for the one before, then again
 _TOTALS = query("verification_totals")
 
 
@@ -80,10 +77,11 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
     The rollup answers when `same_time_seconds` is a bucket boundary (LATENCY_BOUNDARIES: the
     default 1 s is) and the rollup can be brought up to date (not a standby, by a role that may
     refresh it); else the raw tables answer, exactly, at their cost. The refresh and the read
-    share one snapshot (a repeatable-read transaction): a message committed after the refresh
-    counted its slice is in neither the rollup nor the raw range the read counts, so a read
-    with a later snapshot would miss it. Another refresh committed since the snapshot was
-    taken rolls the transaction back; it runs again, with a newer one.
+    share one snapshot (a repeatable-read transaction, whose first statement takes the
+    refresh's lock): a message committed after the refresh counted its slice is in neither the
+    rollup nor the raw range the read counts, so a read with a later snapshot would miss it.
+    Refreshes take turns, so reports do, through their reads; the bulk of a refresh (the first
+    build, a busy minute) is committed before, apart, and does not wait for a read.
     """
     t = window.thresholds
     same_time_bucket = _boundary_bucket(t.same_time_seconds)
@@ -91,29 +89,27 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
         return await raw_quality(conn, by, window)
     ranges = _raw_ranges(window)
     try:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(rolled_back),
-            stop=stop_after_attempt(_REFRESH_ATTEMPTS),
-            reraise=True,
-        ):
-            with attempt:
-                async with conn.transaction(isolation="repeatable_read"):
-                    await refresh(conn)
-                    await _PLAN.fetchrow(conn)
-                    records = await _ROLLUP_GROUPS.fetch(
-                        conn,
-                        key=by,
-                        hours_from=ranges.hours_from,
-                        hours_to=ranges.hours_to,
-                        raw_from=[lo for lo, _ in ranges.raw],
-                        raw_to=[hi for _, hi in ranges.raw],
-                        until=window.until,
-                        login=window.login,
-                        cutoff=window.cutoff,
-                        min_messages=t.min_messages,
-                        same_time_bucket=same_time_bucket,
-                        countries=countries_json(),
-                    )
+        # Up to the window's end: a window ending now counts nothing raw, but for a refresh
+        # sooner than a slice's 30 seconds.
+        await refresh(conn, window.until)
+        async with conn.transaction(isolation="repeatable_read"):
+            await _LOCK_REFRESH.execute(conn)
+            await refresh(conn, window.until)
+            await _PLAN.fetchrow(conn)
+            records = await _ROLLUP_GROUPS.fetch(
+                conn,
+                key=by,
+                hours_from=ranges.hours_from,
+                hours_to=ranges.hours_to,
+                raw_from=[lo for lo, _ in ranges.raw],
+                raw_to=[hi for _, hi in ranges.raw],
+                until=window.until,
+                login=window.login,
+                cutoff=window.cutoff,
+                min_messages=t.min_messages,
+                same_time_bucket=same_time_bucket,
+                countries=countries_json(),
+            )
     except (asyncpg.ReadOnlySQLTransactionError, asyncpg.InsufficientPrivilegeError):
         # A standby, a session read-only by default, or a role that may not write the rollup
         # (the reader: the caller supplies the country map): the rollup cannot be brought up
@@ -122,10 +118,11 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
     return [_group(by, r, t, _bucket_percentiles(r)) for r in records]
 
 
-async def refresh(conn: Connection) -> int:
-    """Bring the rollup up to date; the number of hours, or slices of the hour not over, whose
-    rows it rewrote."""
-    rewritten = await _REFRESH.fetchval(conn, countries=countries_json())
+async def refresh(conn: Connection, up_to: datetime | None = None) -> int:
+    """Bring the rollup up to date with the messages sent before `up_to` (never past the
+    database's clock; the clock when None); the number of hours, or slices of the hour not
+    over, holding messages it counted again."""
+    rewritten = await _REFRESH.fetchval(conn, countries=countries_json(), up_to=up_to)
     return int(rewritten)
 
 

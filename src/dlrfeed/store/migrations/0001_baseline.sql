@@ -20,9 +20,10 @@
 --   verifications   PK id, UQ (login, message_id, kind, verified_at)   C6, apart (P2)
 --   status_recomputations  PK id                         what `dlrfeed recompute` changed
 --   change_cursors  PK consumer;  forgetting_position    readers' and retention's places
---   quality_hours   by hour and cell; quality_marks PK id; quality_refresh
---                                                        `dlrfeed quality`'s rollup, what
---                                                        it must redo, its frontier
+--   quality_hours   by hour and cell; quality_marks PK id; quality_refresh;
+--   quality_refresh_lock                                 `dlrfeed quality`'s rollup, what
+--                                                        it must redo, its frontier, the
+--                                                        lock of its refreshes
 --
 -- Public names (docs/spec/interfaces.md): the tables messages, exceptions, verifications;
 -- the plain views events (event_rows ∪ message_events), message_status (statuses ⋈
@@ -1091,7 +1092,7 @@ CREATE TRIGGER exceptions_event_stored AFTER INSERT ON dlr.exceptions
 -- from the frontier on, from the raw tables. The rollup is brought up to date by
 -- dlr.refresh_quality_hours(), outside the ingest: it re-aggregates what changed since its last
 -- run - whole hours where messages were recorded or forgotten (dlr.quality_marks), in the hour
--- not over the slices from the first such one on, and elsewhere only the groups of the
+-- not over each slice where they were, and elsewhere only the groups of the
 -- messages whose status changed (the status-change log, by position: every change its
 -- snapshot sees), or that were verified or recomputed (dlr.quality_marks).
 -------------------------------------------------------------------------------------------
@@ -1137,7 +1138,7 @@ CREATE TABLE dlr.quality_marks (
     message_id text
 );
 COMMENT ON TABLE dlr.quality_marks IS
-    'send times whose hour or slice the rollup must re-aggregate (messages recorded or forgotten: the first of a statement in each minute), and messages verified or recomputed (their group in their hour or slice); written by triggers, consumed by dlr.refresh_quality_hours() (or dropped by `dlrfeed maintain` while no rollup is built)';
+    'send times whose hour or slice the rollup must re-aggregate (messages recorded or forgotten: the first of a statement in each minute), and messages verified or recomputed (their group in their hour or slice); written by triggers, consumed by dlr.refresh_quality_hours_up_to() (or dropped by `dlrfeed maintain` while no rollup is built)';
 
 CREATE TABLE dlr.quality_refresh (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -1153,6 +1154,10 @@ COMMENT ON COLUMN dlr.quality_refresh.countries_digest IS
 COMMENT ON COLUMN dlr.quality_refresh.open_from IS
     'the frontier: the rollup holds the messages sent before it, the database''s clock when last refreshed (never moving back); a report counts the later ones from the raw tables';
 INSERT INTO dlr.quality_refresh DEFAULT VALUES;
+
+CREATE TABLE dlr.quality_refresh_lock ();
+COMMENT ON TABLE dlr.quality_refresh_lock IS
+    'empty: its EXCLUSIVE lock lets one refresh of dlr.quality_hours run at a time; LOCK TABLE takes no snapshot, so a report takes it first in its repeatable-read transaction, whose snapshot then follows every refresh committed';
 
 -- The facts of the messages sent in [lo, hi), of `only_login` or all, one row per hour and
 -- group; `pending` counts the non-final ones sent before `cutoff`. With `only_messages`, only
@@ -1304,9 +1309,10 @@ DECLARE
     inserted integer;
     run record;
 BEGIN
-    -- One refresh at a time; the second one's statements, after the lock, see the first's.
-    -- A class of its own (ingest locks ids under 6581362): no receipt ever waits for it.
-    PERFORM pg_advisory_xact_lock(6581363, 0);
+    -- One refresh at a time: in read committed, the second one's statements, after the lock,
+    -- see the first's (a report takes the lock before its snapshot). A table of its own: no
+    -- receipt ever waits for it.
+    LOCK TABLE dlr.quality_refresh_lock IN EXCLUSIVE MODE;
     SELECT r.position, r.countries_digest, r.open_from INTO read_from, built_with, open_before
     FROM dlr.quality_refresh AS r FOR UPDATE;
     -- Read after the lock, and never moved back: a refresh that waited for the lock may have
@@ -1477,12 +1483,13 @@ BEGIN
 END;
 $$;
 
--- dlr.refresh_quality_hours_up_to the database's clock. Runs as the owner; only the writer may
+-- dlr.refresh_quality_hours_up_to `up_to`, never past the database's clock (a report's
+-- window end: what it counts raw then starts there). Runs as the owner; only the writer may
 -- call it (docs/security.md): the caller supplies the country map.
-CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb) RETURNS integer
+CREATE FUNCTION dlr.refresh_quality_hours(countries jsonb, up_to timestamptz) RETURNS integer
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
-    RETURN dlr.refresh_quality_hours_up_to(countries, NULL);
+    RETURN dlr.refresh_quality_hours_up_to(countries, least(up_to, clock_timestamp()));
 
 -- The marks: of the messages recorded or forgotten, the first send time in each minute (one
 -- mark a statement and minute); messages verified, and messages whose status a recompute
@@ -1542,7 +1549,8 @@ REVOKE ALL ON FUNCTION dlr.add_reasons(text[]), dlr.reason_ids(text[]),
     dlr.create_status_change_partitions(timestamptz),
     dlr.latest_withdrawal(text, text, timestamptz, timestamptz),
     dlr.record_status_changes(), dlr.move_events_to_messages(),
-    dlr.refresh_quality_hours(jsonb), dlr.refresh_quality_hours_up_to(jsonb, timestamptz),
+    dlr.refresh_quality_hours(jsonb, timestamptz),
+    dlr.refresh_quality_hours_up_to(jsonb, timestamptz),
     dlr.mark_sent_times(),
     dlr.mark_messages()
     FROM PUBLIC;
@@ -1587,7 +1595,9 @@ BEGIN
         GRANT SELECT, INSERT ON dlr.verifications TO dlrfeed_writer;
         -- The daemon's route gauges (docs/quality.md).
         GRANT SELECT ON dlr.quality_hours, dlr.quality_refresh TO dlrfeed_writer;
-        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb) TO dlrfeed_writer;
+        -- Its lock, in EXCLUSIVE mode (which needs UPDATE; the table has no row to update).
+        GRANT UPDATE ON dlr.quality_refresh_lock TO dlrfeed_writer;
+        GRANT EXECUTE ON FUNCTION dlr.refresh_quality_hours(jsonb, timestamptz) TO dlrfeed_writer;
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dlrfeed_reader') THEN

@@ -133,21 +133,22 @@ LEFT JOIN silent AS s ON s.key IS NOT DISTINCT FROM g.key
 ORDER BY g.accepted DESC, g.key NULLS LAST
 
 -- name: refresh_quality_hours
--- The rollup up to date before a report reads it (its own transaction; it waits for a refresh
--- already running, then has little left to do).
-SELECT dlr.refresh_quality_hours(:countries::jsonb)
+-- The rollup up to date, up to :up_to (the clock when NULL): alone (it waits for a refresh
+-- already running, then has little left to do), and in a report's transaction, after
+-- lock_quality_refresh.
+SELECT dlr.refresh_quality_hours(:countries::jsonb, :up_to::timestamptz)
 
 -- name: refresh_built_quality_hours
 -- `maintain`, before it drops days of the change log: a rollup that exists reads their changes
 -- first (one never built is built whole from the raw tables when first asked).
-SELECT dlr.refresh_quality_hours(:countries::jsonb)
+SELECT dlr.refresh_quality_hours(:countries::jsonb, NULL)
 FROM dlr.quality_refresh
 WHERE position IS NOT NULL
 
 -- name: quality_rollup_groups
 -- quality_groups from the rollup: from dlr.quality_hours, the whole hours in
 -- [:hours_from, :hours_to) up to the rollup's frontier (open_from), and the slices of the
--- frontier's hour too when the window ends after the frontier; from the raw tables
+-- frontier's hour that end by :until; from the raw tables
 -- by dlr.quality_facts, the window's partial first hour (the :raw_from/:raw_to ranges) and
 -- the rest, from where the rollup stops to :until. A non-final group of the rollup is pending
 -- whole when an hour from its start lies by the deadline's cutoff, in part when the cutoff
@@ -156,7 +157,11 @@ WHERE position IS NOT NULL
 -- done time counts as the submission when its bucket lies under :same_time_bucket.
 WITH rolled AS (
     SELECT CASE WHEN r.open_from <= :until::timestamptz THEN r.open_from
-                ELSE least(:hours_to::timestamptz, r.open_from) END AS rolled_to
+                -- Else up to the slice that holds :until, raw from its start.
+                ELSE coalesce((SELECT max(q.hour) FROM dlr.quality_hours AS q
+                               WHERE q.hour >= date_trunc('hour', r.open_from, 'UTC')
+                                 AND q.hour <= :until::timestamptz),
+                              least(:hours_to::timestamptz, r.open_from)) END AS rolled_to
     FROM dlr.quality_refresh AS r
 ),
 cells AS (
@@ -272,9 +277,10 @@ FROM dlr.verifications AS v
 WHERE (:login::text IS NULL OR v.login = :login)
 
 -- name: lock_quality_refresh
--- The lock dlr.refresh_quality_hours takes, alone in its statement: the statements after it
--- read what a refresh that held it committed.
-SELECT pg_advisory_xact_lock(6581363, 0)
+-- The lock dlr.refresh_quality_hours_up_to takes, alone in its statement: the statements after
+-- it read what a refresh that held it committed; a repeatable-read transaction takes its
+-- snapshot after it (LOCK takes none).
+LOCK TABLE dlr.quality_refresh_lock IN EXCLUSIVE MODE
 
 -- name: drop_unread_quality_marks
 -- `maintain`: the marks of a rollup never built have no reader (its first build aggregates
