@@ -1152,7 +1152,7 @@ COMMENT ON TABLE dlr.quality_refresh IS
 COMMENT ON COLUMN dlr.quality_refresh.countries_digest IS
     'SHA-256 of the country map dlr.quality_hours was built with: a refresh with another map rebuilds it whole';
 COMMENT ON COLUMN dlr.quality_refresh.open_from IS
-    'the frontier: the rollup holds the messages sent before it, the database''s clock when last refreshed (never moving back); a report counts the later ones from the raw tables';
+    'the frontier: the rollup holds the messages sent before it; where the last refresh stopped (a report''s window end, never past the database''s clock; never moving back); a report counts the later ones from the raw tables';
 INSERT INTO dlr.quality_refresh DEFAULT VALUES;
 
 CREATE TABLE dlr.quality_refresh_lock ();
@@ -1164,10 +1164,10 @@ COMMENT ON TABLE dlr.quality_refresh_lock IS
 -- the groups those messages are in (login, source, route and country; a message never
 -- changes group), each whole. Ranges, never a whole table: the messages by their send time,
 -- their statuses and events by the range of their row ids (messages are recorded as they are
--- sent), the verifications by their keys. A verification counts when dated at most 24 hours before its
--- message was sent (clock skew; hours, not a local day, so that no session's time zone moves
--- the bound); the country comes from the first four digits of an E.164 destination in
--- `countries`.
+-- sent), the verifications by their keys. A verification counts when dated at most 24 hours
+-- before its message was sent (clock skew; hours, not a local day, so that no session's time
+-- zone moves the bound); the country comes from the first four digits of an E.164 destination
+-- in `countries`.
 CREATE FUNCTION dlr.quality_facts(lo timestamptz, hi timestamptz, only_login text,
                                   cutoff timestamptz, countries jsonb, only_messages bigint[])
     RETURNS TABLE (hour timestamptz, login text, source text, route text, country text,
