@@ -98,17 +98,13 @@ async def quality(conn: Connection, by: GroupBy, window: Window) -> list[JsonDic
             await _PLAN.fetchrow(conn)
             records = await _ROLLUP_GROUPS.fetch(
                 conn,
-                key=by,
                 hours_from=ranges.hours_from,
                 hours_to=ranges.hours_to,
                 raw_from=[lo for lo, _ in ranges.raw],
                 raw_to=[hi for _, hi in ranges.raw],
                 until=window.until,
-                login=window.login,
-                cutoff=window.cutoff,
-                min_messages=t.min_messages,
                 same_time_bucket=same_time_bucket,
-                countries=countries_json(),
+                **_group_parameters(by, window),
             )
     except (asyncpg.ReadOnlySQLTransactionError, asyncpg.InsufficientPrivilegeError):
         # A standby, a session read-only by default, or a role that may not write the rollup
@@ -148,14 +144,10 @@ async def raw_quality(conn: Connection, by: GroupBy, window: Window) -> list[Jso
         await _PLAN.fetchrow(conn)
         records = await _GROUPS.fetch(
             conn,
-            key=by,
             since=window.since,
             until=window.until,
-            login=window.login,
-            cutoff=window.cutoff,
-            min_messages=t.min_messages,
             same_time_seconds=t.same_time_seconds,
-            countries=countries_json(),
+            **_group_parameters(by, window),
         )
     return [
         _group(
@@ -169,6 +161,18 @@ async def raw_quality(conn: Connection, by: GroupBy, window: Window) -> list[Jso
         )
         for r in records
     ]
+
+
+def _group_parameters(by: GroupBy, window: Window) -> dict[str, Any]:
+    """What the rollup's statement and the raw one both take: the grouping, the login, the
+    pending cutoff, the signals' minimum, the country map."""
+    return {
+        "key": by,
+        "login": window.login,
+        "cutoff": window.cutoff,
+        "min_messages": window.thresholds.min_messages,
+        "countries": countries_json(),
+    }
 
 
 @dataclass(frozen=True, slots=True)
