@@ -201,10 +201,6 @@ async def _same_route_report(conn: asyncpg.Connection, window: Window) -> list[J
     return rolled
 
 
-async def _fetches_nonzero(conn: asyncpg.Connection, sql: str) -> bool:
-    return bool(await conn.fetchval(sql))
-
-
 async def _fetches(conn: asyncpg.Connection, sql: str, value: int) -> bool:
     return bool(await conn.fetchval(sql) == value)
 
@@ -459,7 +455,7 @@ async def test_messages_recorded_during_the_first_build_are_counted_and_never_wa
     assert recorded.recorded == len(rest)
     dropping = asyncio.create_task(maintain(database_url, RetentionPolicy()))
     await wait_until(
-        lambda: _fetches_nonzero(db, _WAITING_FOR_THE_REFRESH), 60, "maintain to wait for the build"
+        lambda: _fetches(db, _WAITING_FOR_THE_REFRESH, 1), 60, "maintain to wait for the build"
     )
     await build.commit()
     await dropping  # waited for the build, then found it built: the marks stay

@@ -131,7 +131,7 @@ async def refresh_before_retention(conn: Connection) -> None:
 async def drop_unread_marks(conn: Connection) -> None:
     """`maintain`: with no rollup built, the marks the triggers write have no reader."""
     async with conn.transaction():
-        await _LOCK_REFRESH.fetchval(conn)
+        await _LOCK_REFRESH.execute(conn)
         await _DROP_UNREAD_MARKS.execute(conn)
 
 

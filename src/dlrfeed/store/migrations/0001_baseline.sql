@@ -1280,8 +1280,8 @@ END;
 $function$;
 
 -- Brings dlr.quality_hours up to date (docs/quality.md, "Cost") with the messages sent before
--- `up_to` (the database's clock when NULL); returns how many hours, or slices of the hour not
--- over, holding messages it counted again. The owner's alone: a frontier set ahead of the
+-- `up_to`; returns how many hours, or slices of the hour not over, holding messages it counted
+-- again. The owner's alone: a frontier set ahead of the
 -- clock would stay there (it never moves back), and every refresh until the clock caught up
 -- would count its hour whole again. A map other than the one the rollup was built with
 -- rebuilds it whole, so that no two maps are ever mixed.
@@ -1315,10 +1315,10 @@ BEGIN
     LOCK TABLE dlr.quality_refresh_lock IN EXCLUSIVE MODE;
     SELECT r.position, r.countries_digest, r.open_from INTO read_from, built_with, open_before
     FROM dlr.quality_refresh AS r FOR UPDATE;
-    -- Read after the lock, and never moved back: a refresh that waited for the lock may have
-    -- begun before the last one. A slice spans 30 seconds at least, so that reports in a loop
-    -- cannot cut an hour into thousands of them.
-    frontier := coalesce(up_to, clock_timestamp());
+    -- Never moved back: a refresh that waited for the lock may have been asked for less than
+    -- the one before it. A slice spans 30 seconds at least, so that reports in a loop cannot
+    -- cut an hour into thousands of them.
+    frontier := up_to;
     IF frontier < open_before + interval '30 seconds' THEN
         frontier := open_before;
     END IF;
