@@ -32,13 +32,19 @@ function init(args)
   end
 end
 
+local granted = 0  -- sends let through by `delay`: each is followed by one call of `request`
+
 function delay()
-  -- A connection with no body left to post waits, until wrk ends, instead of asking for the
-  -- placeholder: a loop of those would take the receiver's CPU while the last answers are
-  -- being committed, and wrk would time them with the posts.
-  if calls > #bodies then
+  -- wrk asks before every send of every connection, and calls `request` only once the delay
+  -- has run out, after other connections may have asked too: the bodies are counted out here,
+  -- so that no connection is let through when every body is promised to another. A connection
+  -- with no body left waits, until wrk ends, instead of asking for the placeholder: a loop of
+  -- those would take the receiver's CPU while the last answers are being committed, and wrk
+  -- would time them with the posts.
+  if granted >= #bodies then
     return 3600 * 1000
   end
+  granted = granted + 1
   return 0
 end
 
@@ -48,8 +54,8 @@ function request()
   calls = calls + 1
   local body = bodies[calls - 1]
   if body == nil then
-    -- Not reached while `delay` holds every connection once the bodies are sent; wrk needs
-    -- a request all the same: a path that stores nothing.
+    -- Not reached while `delay` counts the bodies out; wrk needs a request all the same: a
+    -- path that stores nothing.
     return wrk.format("GET", "/wrk-done")
   end
   if calls == 2 then
