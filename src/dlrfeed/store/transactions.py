@@ -6,6 +6,7 @@ index answers, for the rest of the transaction only (why: `sql/server.sql`, plan
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
@@ -16,6 +17,15 @@ if TYPE_CHECKING:
     from dlrfeed.store.rows import Connection
 
 PLAN_AS_PROBES = query("plan_as_probes")
+# Each boundary with the planner settings in one simple-protocol round trip: a write
+# transaction is a handful of statements, and each round trip waits for the event loop as well
+# as for the server. (begin, commit, roll back): a transaction, or a savepoint inside one.
+_TRANSACTION = (f"BEGIN; {PLAN_AS_PROBES.text}", "COMMIT", "ROLLBACK")
+_SAVEPOINT = (
+    f"SAVEPOINT write_transaction; {PLAN_AS_PROBES.text}",
+    "RELEASE SAVEPOINT write_transaction",
+    "ROLLBACK TO SAVEPOINT write_transaction; RELEASE SAVEPOINT write_transaction",
+)
 _T = TypeVar("_T")
 _U = TypeVar("_U")
 
@@ -24,9 +34,18 @@ _U = TypeVar("_U")
 async def write_transaction(conn: Connection) -> AsyncIterator[None]:
     """A transaction on `conn` (a savepoint inside one) whose statements are planned as
     probes: no JIT, no sequential scan where an index answers."""
-    async with conn.transaction():
-        await PLAN_AS_PROBES.fetchval(conn)
+    begin, commit, roll_back = _SAVEPOINT if conn.is_in_transaction() else _TRANSACTION
+    await conn.execute(begin)
+    try:
         yield
+    except BaseException:
+        if not conn.is_closed():
+            # A roll back that fails (the connection broke) leaves the error that ended the
+            # block to be raised; the pool rolls back or drops the connection on release.
+            with contextlib.suppress(Exception):
+                await conn.execute(roll_back)
+        raise
+    await conn.execute(commit)
 
 
 async def overlapped(statement: Awaitable[_T], work: Callable[[], _U]) -> tuple[_T, _U]:
