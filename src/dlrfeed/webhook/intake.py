@@ -148,6 +148,21 @@ class CallbackIntake:
         while True:
             async with self._arrived:
                 await self._arrived.wait_for(self._work_for_me)
+            commits = asyncio.ensure_future(self._commit_while_waiting(number))
+            try:
+                await asyncio.shield(commits)
+            except asyncio.CancelledError:
+                # Stopped mid-commit: finish it, so every waiting request gets its answer.
+                while not commits.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(commits)
+                raise
+
+    async def _commit_while_waiting(self, number: int) -> None:
+        """Commit batches back to back while callbacks wait: the next batch's transaction
+        begins in the same turn of the loop as the last one's answers are released, ahead of
+        the requests that arrive meanwhile."""
+        while self._work_for_me():
             batch = self._waiting[: self._batch_size]
             del self._waiting[: len(batch)]
             keeps = not self._keeping_unreadable and bool(self._unreadable)
@@ -157,15 +172,8 @@ class CallbackIntake:
                 del self._unreadable[: self._batch_size]
             self._committing += len(batch)
             self._commits_started[number] = self._clock()
-            commit = asyncio.ensure_future(self._commit(batch))
             try:
-                await asyncio.shield(commit)
-            except asyncio.CancelledError:
-                # Stopped mid-commit: finish it, so every waiting request gets its answer.
-                while not commit.done():
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.shield(commit)
-                raise
+                await self._commit(batch)
             finally:
                 del self._commits_started[number]
                 self._committing -= len(batch)
