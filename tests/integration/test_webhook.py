@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -15,11 +16,14 @@ import asyncpg
 import httpx
 import pytest
 
+from dlrfeed.daemon.store_gate import StoreGate
 from dlrfeed.domain.receipt import AckToken, MessageId, Receipt, UnreadableCallback
+from dlrfeed.domain.status import Outcome
 from dlrfeed.store import Store, Submission
 from dlrfeed.store.store import IngestResult
 from dlrfeed.webhook.app import WebhookService, WebhookStore
 from dlrfeed.webhook.formats import CallbackFormat, evidence
+from dlrfeed.webhook.intake import CallbackIntake
 from dlrfeed.webhook.settings import WebhookSettings
 from dlrfeed_tools.pgcluster import PgCluster
 from support.webhook_fixtures import FIXTURE_NAMES, expected, load_fixture
@@ -380,3 +384,55 @@ async def test_a_stop_answers_the_callbacks_in_their_commit_first(
         assert (await answer).status_code == 200
     assert await asyncio.wait_for(running, 30) == 0
     assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 1
+
+
+async def test_a_committer_stopped_mid_commit_finishes_its_batch_and_takes_no_more(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Cancelled while a commit runs (the service stops, or another committer failed), a
+    committer lets that commit finish and answer, and starts none of the batches waiting
+    behind it: a stop is bounded by one commit, not by the backlog."""
+    held = HeldStore(await Store.open(database_url, pool_size=1))
+    gate = StoreGate(held.ping, release_after=math.inf, on_release=lambda: None)
+    intake = CallbackIntake(held, gate, login=LOGIN, batch_size=1, commits=1)
+    running = asyncio.create_task(intake.run())
+    try:
+        taken = [asyncio.create_task(intake.take(_receipt(f"stop-{n}"))) for n in range(3)]
+        await _until(lambda: intake.stalled_seconds() > 0)  # the first batch is committing
+        running.cancel()
+        await asyncio.sleep(0.05)
+        assert not running.done(), "the commit under way was abandoned"
+        held.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(running, 30)
+        assert await taken[0] == Outcome.UNCORRELATED
+        assert held.commits == [1]
+        assert [t.done() for t in taken[1:]] == [False, False]
+        assert await db.fetchval("SELECT count(*) FROM dlr.receptions") == 1
+    finally:
+        for task in taken:
+            task.cancel()
+        await held.close()
+
+
+def _receipt(message_id: str) -> Receipt:
+    return Receipt(
+        message_id=MessageId(message_id),
+        level=2,
+        stat="DELIVRD",
+        err="000",
+        sub=None,
+        dlvrd=None,
+        submit_date=None,
+        done_date=None,
+        text=None,
+        source_addr=None,
+        destination_addr=None,
+        smsc_message_id=None,
+        connector=None,
+        delivery_count=0,
+        ack_token=AckToken(""),
+        raw=body({"id": message_id}),
+        received_at=time.time(),
+        channel="webhook",
+    )

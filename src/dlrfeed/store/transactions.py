@@ -6,7 +6,6 @@ index answers, for the rest of the transaction only (why: `sql/server.sql`, plan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
@@ -40,10 +39,9 @@ async def write_transaction(conn: Connection) -> AsyncIterator[None]:
         yield
     except BaseException:
         if not conn.is_closed():
-            # A roll back that fails (the connection broke) leaves the error that ended the
-            # block to be raised; the pool rolls back or drops the connection on release.
-            with contextlib.suppress(Exception):
-                await conn.execute(roll_back)
+            # A roll back that fails is raised, the error that ended the block chained to it
+            # (as asyncpg's own transactions do): nothing may run on the connection as it is.
+            await conn.execute(roll_back)
         raise
     await conn.execute(commit)
 

@@ -88,6 +88,7 @@ class CallbackIntake:
         self._commits_started: dict[int, float] = {}  # committer → when its commit began
         self._arrived = asyncio.Condition()
         self._committing = 0
+        self._stopping = False  # a committer was cancelled: each finishes its batch, no more
         self._idle = asyncio.Event()  # nothing waiting and nothing committing
         self._idle.set()
 
@@ -152,17 +153,21 @@ class CallbackIntake:
             try:
                 await asyncio.shield(commits)
             except asyncio.CancelledError:
-                # Stopped mid-commit: finish it, so every waiting request gets its answer.
+                # Stopped mid-commit (the service stops, or another committer failed): finish
+                # the batch under way, so its requests get their answers, and take no more.
+                self._stopping = True
                 while not commits.done():
                     with contextlib.suppress(asyncio.CancelledError):
                         await asyncio.shield(commits)
+                if not commits.cancelled() and (failure := commits.exception()) is not None:
+                    raise failure from None
                 raise
 
     async def _commit_while_waiting(self, number: int) -> None:
         """Commit batches back to back while callbacks wait: the next batch's transaction
         begins in the same turn of the loop as the last one's answers are released, ahead of
         the requests that arrive meanwhile."""
-        while self._work_for_me():
+        while self._work_for_me() and not self._stopping:
             batch = self._waiting[: self._batch_size]
             del self._waiting[: len(batch)]
             keeps = not self._keeping_unreadable and bool(self._unreadable)
