@@ -137,7 +137,8 @@ def render_report(results: dict[str, Any], hand_written: str = "") -> str:
         f"- {m['postgres']}; "
         + ", ".join(f"{k} = {v}" for k, v in results.get("postgres_settings", {}).items()),
         f"- Throughput: {s['e2e_receipts']:,} receipts per measurement, median of "
-        f"{s['repetitions']} repetitions (interleaved across configurations), min-max beside it; "
+        f"{s['repetitions']} repetitions (interleaved across configurations, in ABBA order: "
+        "reversed every other repetition), min-max beside it; "
         f"naive consumer {s['naive_receipts']:,} receipts per repetition.",
         "- dlrfeed runs with its defaults (batch 500, linger 50 ms, ack batch 500, window 1000) "
         "but `--mode`, `--processes`, `--streams`; the clock starts at its first ack.",

@@ -469,7 +469,10 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                 apart_cpu: dict[str, list[dict[str, float]]] = {c.name: [] for c in GATEWAY_APART}
                 naive: list[float] = []
                 for repetition in range(sizes.repetitions):
-                    for configuration in CONFIGURATIONS:
+                    # ABBA: every configuration measured as often before as after each other,
+                    # so what an earlier measurement leaves behind favours none of them.
+                    in_order = CONFIGURATIONS if repetition % 2 == 0 else CONFIGURATIONS[::-1]
+                    for configuration in in_order:
                         figures, cpu = bench.ceilings_and_e2e(configuration)
                         log(f"rep {repetition + 1} {configuration.name}: {figures} cpu {cpu}")
                         for key, value in figures.items():
