@@ -3,6 +3,7 @@ spread, a verdict, a configuration's mode, CPU per receipt, a profile's share.""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 HAND_WRITTEN_HEADING = "## Measured by hand"
@@ -13,6 +14,15 @@ HAND_WRITTEN_HEADING = "## Measured by hand"
 def rate_text(figure: dict[str, float]) -> str:
     """A median rate with its min-max beside it."""
     return f"{figure['median']:,.0f} ({figure['min']:,.0f}-{figure['max']:,.0f})"
+
+
+def rate_ratio(measured: dict[str, Any], name: str, other: str) -> float:
+    """`name`'s end-to-end rate over `other`'s: the median of the ratios within each
+    repetition. Every repetition measures both, close in time and in ABBA order, so the
+    machine's drift from one repetition to the next cancels out of each ratio."""
+    mine: list[float] = measured[name]["e2e"]["runs"]
+    theirs: list[float] = measured[other]["e2e"]["runs"]
+    return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
 
 
 def verdict(met: bool) -> str:

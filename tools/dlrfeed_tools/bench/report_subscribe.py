@@ -15,6 +15,7 @@ from dlrfeed_tools.bench.report_figures import (
     cpu_total,
     daemon_cpu,
     pull_of,
+    rate_ratio,
     rate_text,
     share,
     verdict,
@@ -44,13 +45,12 @@ def subscribe_section(results: dict[str, Any]) -> list[str]:
     )
     rows = []
     for shape in shapes:
-        pull = configurations[f"pull {shape}"]["e2e"]["median"]
         pull_cpu = daemon_cpu(results, f"pull {shape}")
         for mode in COMPARED_MODES:
             name = f"{mode} {shape}"
             if name not in configurations:
                 continue
-            rate = configurations[name]["e2e"]["median"] / pull
+            rate = rate_ratio(configurations, name, f"pull {shape}")
             cpu = daemon_cpu(results, name)
             cpu_text = "n/a"
             if cpu is not None and pull_cpu:
@@ -67,7 +67,9 @@ def subscribe_section(results: dict[str, Any]) -> list[str]:
         "grpcio, a thread per stream; its rate and its cost per receipt are reported beside "
         "Pull's, with no target. `auto` drains a backlog by Pull and must reach "
         f"{TARGET_AUTO_TO_PULL:.2f} of it: target for `auto`, c ≥ {TARGET_AUTO_TO_PULL:.2f} x "
-        "Pull's.",
+        "Pull's. Each rate ratio against Pull is the median of the ratios within each "
+        "repetition (both measured in it, in ABBA order), so the machine's drift between "
+        "repetitions cancels; the ratio of the medians in the throughput table can differ.",
         "",
         f"| configuration | c / c of pull (target for `auto` ≥ {TARGET_AUTO_TO_PULL:.2f}) | "
         "daemon µs per receipt, this / pull |",
@@ -174,7 +176,7 @@ def subscribe_walls(results: dict[str, Any]) -> list[str]:
         pull_name = pull_of(name)
         if configuration_mode(name) != "auto" or pull_name not in configurations:
             continue
-        rate = configurations[name]["e2e"]["median"] / configurations[pull_name]["e2e"]["median"]
+        rate = rate_ratio(configurations, name, pull_name)
         if rate >= TARGET_AUTO_TO_PULL:
             continue
         compared = _comparison(results, name, pull_name)
@@ -224,7 +226,7 @@ def _apart_pairs(
 def _apart_ratios(results: dict[str, Any], name: str, pull_name: str) -> tuple[float, float]:
     """Rate and daemon CPU per receipt of `name` over `pull_name`'s, the gateway apart."""
     measured = results["gateway_apart"]["configurations"]
-    rate = measured[name]["e2e"]["median"] / measured[pull_name]["e2e"]["median"]
+    rate = rate_ratio(measured, name, pull_name)
     cpu = measured[name]["cpu"]["daemon"] / measured[pull_name]["cpu"]["daemon"]
     return rate, cpu
 
@@ -317,7 +319,7 @@ def _shared_ratios(results: dict[str, Any]) -> dict[str, tuple[float, float | No
         pull_name = pull_of(name)
         if configuration_mode(name) not in COMPARED_MODES or pull_name not in configurations:
             continue
-        rate = configurations[name]["e2e"]["median"] / configurations[pull_name]["e2e"]["median"]
+        rate = rate_ratio(configurations, name, pull_name)
         cpu, pull_cpu = daemon_cpu(results, name), daemon_cpu(results, pull_name)
         measured[name] = (rate, None if cpu is None or not pull_cpu else cpu / pull_cpu)
     return measured
