@@ -16,13 +16,23 @@ def rate_text(figure: dict[str, float]) -> str:
     return f"{figure['median']:,.0f} ({figure['min']:,.0f}-{figure['max']:,.0f})"
 
 
-def rate_ratio(measured: dict[str, Any], name: str, other: str) -> float:
-    """`name`'s end-to-end rate over `other`'s: the median of the ratios within each
-    repetition. Every repetition measures both, close in time and in ABBA order, so the
-    machine's drift from one repetition to the next cancels out of each ratio."""
+def rate_ratios(measured: dict[str, Any], name: str, other: str) -> list[float]:
+    """`name`'s end-to-end rate over `other`'s within each repetition: both are measured in
+    every repetition, minutes apart at most, so drift slower than that leaves each ratio."""
     mine: list[float] = measured[name]["e2e"]["runs"]
     theirs: list[float] = measured[other]["e2e"]["runs"]
-    return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+    return [a / b for a, b in zip(mine, theirs, strict=True)]
+
+
+def rate_ratio(measured: dict[str, Any], name: str, other: str) -> float:
+    """The median of `rate_ratios`: the figure a rate against another's is judged by."""
+    return statistics.median(rate_ratios(measured, name, other))
+
+
+def ratio_text(measured: dict[str, Any], name: str, other: str) -> str:
+    """The median of `rate_ratios` with their min-max beside it."""
+    ratios = rate_ratios(measured, name, other)
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def verdict(met: bool) -> str:

@@ -17,6 +17,7 @@ from dlrfeed_tools.bench.report_figures import (
     pull_of,
     rate_ratio,
     rate_text,
+    ratio_text,
     share,
     verdict,
 )
@@ -31,9 +32,13 @@ PER_MESSAGE_WORK = (
 )
 
 
-def _rate_cell(mode: str, rate: float) -> str:
-    """A rate against Pull's, with its verdict for `auto` (Subscribe's has no target)."""
-    return f"{rate:.2f} {verdict(rate >= TARGET_AUTO_TO_PULL)}" if mode == "auto" else f"{rate:.2f}"
+def _rate_cell(measured: dict[str, Any], name: str) -> str:
+    """A rate against Pull's with its per-repetition spread, and its verdict for `auto`
+    (Subscribe's has no target)."""
+    text = ratio_text(measured, name, pull_of(name))
+    if configuration_mode(name) != "auto":
+        return text
+    return f"{text} {verdict(rate_ratio(measured, name, pull_of(name)) >= TARGET_AUTO_TO_PULL)}"
 
 
 def subscribe_section(results: dict[str, Any]) -> list[str]:
@@ -50,12 +55,11 @@ def subscribe_section(results: dict[str, Any]) -> list[str]:
             name = f"{mode} {shape}"
             if name not in configurations:
                 continue
-            rate = rate_ratio(configurations, name, f"pull {shape}")
             cpu = daemon_cpu(results, name)
             cpu_text = "n/a"
             if cpu is not None and pull_cpu:
                 cpu_text = f"{cpu:.0f} / {pull_cpu:.0f} = {cpu / pull_cpu:.2f}"
-            rows.append(f"| `{name}` | {_rate_cell(mode, rate)} | {cpu_text} |")
+            rows.append(f"| `{name}` | {_rate_cell(configurations, name)} | {cpu_text} |")
     if not rows:
         return []
     lines = [
@@ -67,12 +71,13 @@ def subscribe_section(results: dict[str, Any]) -> list[str]:
         "grpcio, a thread per stream; its rate and its cost per receipt are reported beside "
         "Pull's, with no target. `auto` drains a backlog by Pull and must reach "
         f"{TARGET_AUTO_TO_PULL:.2f} of it: target for `auto`, c ≥ {TARGET_AUTO_TO_PULL:.2f} x "
-        "Pull's. Each rate ratio against Pull is the median of the ratios within each "
-        "repetition (both measured in it, in ABBA order), so the machine's drift between "
-        "repetitions cancels; the ratio of the medians in the throughput table can differ.",
+        "Pull's. A rate against Pull's is the median of the ratios within each repetition "
+        "(both are measured in every repetition, minutes apart at most), their min-max beside "
+        "it: the machine's drift between repetitions leaves each ratio, so it can differ from "
+        "the ratio of the two medians in the throughput table.",
         "",
-        f"| configuration | c / c of pull (target for `auto` ≥ {TARGET_AUTO_TO_PULL:.2f}) | "
-        "daemon µs per receipt, this / pull |",
+        "| configuration | c / c of pull, median (min-max) of the repetitions (target for "
+        f"`auto` ≥ {TARGET_AUTO_TO_PULL:.2f}) | daemon µs per receipt, this / pull |",
         "| --- | --- | --- |",
         *rows,
     ]
@@ -120,8 +125,7 @@ def _comparison(
     mine, pulls = cpu.get(name, {}).get("e2e"), cpu.get(pull_name, {}).get("e2e")
     if not mine or not pulls or not mine.get("daemon") or not pulls.get("daemon"):
         return None
-    rate = configurations[name]["e2e"]["median"] / configurations[pull_name]["e2e"]["median"]
-    return rate, mine, pulls
+    return rate_ratio(configurations, name, pull_name), mine, pulls
 
 
 def _per_process(mine: dict[str, float], pulls: dict[str, float]) -> str:
@@ -192,8 +196,8 @@ def subscribe_walls(results: dict[str, Any]) -> list[str]:
             f"≥ {TARGET_AUTO_TO_PULL:.2f}){cpu or '.'} Each reader starts on Pull and moves "
             "to Subscribe once three Pulls in a row come back less than half full: what it "
             "reads on Subscribe before a backlog sends it back to Pull is paid at Subscribe's "
-            f"cost: {PER_MESSAGE_WORK}. Compare the min-max of both in the throughput "
-            "table: a ratio within their spread is the machine's noise."
+            f"cost: {PER_MESSAGE_WORK}. Compare the min-max of the repetitions' ratios in "
+            "its table: a ratio within their spread is the machine's noise."
             + _apart_sentence(results, name, pull_name)
         )
     return walls
@@ -242,13 +246,12 @@ def gateway_apart_section(results: dict[str, Any]) -> list[str]:
     rows = []
     for name, figures in measured.items():
         cpu = figures["cpu"]
-        rate_ratio, cpu_ratio = "", ""
+        rate_cell, cpu_ratio = "", ""
         if name in ratios:
-            rate, daemon = ratios[name]
-            rate_ratio = _rate_cell(configuration_mode(name), rate)
-            cpu_ratio = f"{daemon:.2f}"
+            rate_cell = _rate_cell(measured, name)
+            cpu_ratio = f"{ratios[name][1]:.2f}"
         rows.append(
-            f"| `{name}` | {rate_text(figures['e2e'])} | {rate_ratio} | "
+            f"| `{name}` | {rate_text(figures['e2e'])} | {rate_cell} | "
             f"{cpu.get('daemon', 0):.0f} | {cpu_ratio} | {cpu.get('fakegw', 0):.0f} | "
             f"{cpu.get('postgres', 0):.0f} | {cpu['cores_busy']:.2f} |"
         )
@@ -265,11 +268,13 @@ def gateway_apart_section(results: dict[str, Any]) -> list[str]:
         "write and one completion per stream message, on Pull a share of one response. Same "
         "receipts and defaults as (c) above, interleaved with its repetitions. The consumer "
         "has fewer CPUs than above, so both modes may run slower; the ratios are what this "
-        "measures. As above, Subscribe's ratios are reported with no target; `auto`'s rate, "
-        f"where measured so, has its target of {TARGET_AUTO_TO_PULL:.2f}.",
+        "measures, each the median of the repetitions' ratios as above. As above, "
+        "Subscribe's ratios are reported with no target; `auto`'s rate, where measured so, "
+        f"has its target of {TARGET_AUTO_TO_PULL:.2f}.",
         "",
-        "| configuration | c, receipts/s | c / c of pull (target for `auto` ≥ "
-        f"{TARGET_AUTO_TO_PULL:.2f}) | daemon µs per receipt | this / pull | fakegw µs | "
+        "| configuration | c, receipts/s | c / c of pull, median (min-max) of the repetitions "
+        f"(target for `auto` ≥ {TARGET_AUTO_TO_PULL:.2f}) | daemon µs per receipt | this / "
+        "pull | fakegw µs | "
         "PostgreSQL µs | cores busy |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
         *rows,

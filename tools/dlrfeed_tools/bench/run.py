@@ -469,16 +469,17 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                 apart_cpu: dict[str, list[dict[str, float]]] = {c.name: [] for c in GATEWAY_APART}
                 naive: list[float] = []
                 for repetition in range(sizes.repetitions):
-                    # ABBA: every configuration measured as often before as after each other,
-                    # so what an earlier measurement leaves behind favours none of them.
-                    in_order = CONFIGURATIONS if repetition % 2 == 0 else CONFIGURATIONS[::-1]
-                    for configuration in in_order:
+                    # The order reversed every other repetition (ABBA...): what one
+                    # measurement leaves behind does not fall on the same ones every time.
+                    backwards = repetition % 2 == 1
+                    for configuration in CONFIGURATIONS[:: -1 if backwards else 1]:
                         figures, cpu = bench.ceilings_and_e2e(configuration)
                         log(f"rep {repetition + 1} {configuration.name}: {figures} cpu {cpu}")
                         for key, value in figures.items():
                             per_configuration[configuration.name][key].append(value)
                             cpu_runs[configuration.name][key].append(cpu[key])
-                    for configuration in GATEWAY_APART if split is not None else ():
+                    apart = GATEWAY_APART[:: -1 if backwards else 1] if split else ()
+                    for configuration in apart:
                         rate, cpu_used = bench.end_to_end(configuration, split)
                         log(f"rep {repetition + 1} {configuration.name} apart: {rate:.0f}/s")
                         apart_rates[configuration.name].append(rate)
