@@ -56,8 +56,11 @@ class TimedConnection:
         self.backend = backend
         self.calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
 
-    def transaction(self) -> Any:
-        return self._conn.transaction()
+    def is_in_transaction(self) -> bool:
+        return self._conn.is_in_transaction()
+
+    def is_closed(self) -> bool:
+        return self._conn.is_closed()
 
     async def _timed(self, method: str, text: str, *args: Any) -> Any:
         wall, cpu = time.perf_counter(), _cpu_seconds(self.backend)
