@@ -81,6 +81,9 @@ async def test_a_server_turning_read_only_during_a_run_is_one_store_outage(
             task = asyncio.create_task(daemon.run())
             await wait_until(holds(lambda: gateway.stats(LOGIN)["acked"] >= 200), 30, "acks")
             await set_server_read_only(database_url, True)
+            # Receipts that arrive once the server is read-only: the outage is met whether or
+            # not the first ones were all stored before the reload took effect.
+            await gateway.inject(LOGIN, receipt_bodies(200, prefix="late"))
             try:
                 await wait_until(
                     holds(lambda: any(e["event"] == "store_unavailable" for e in logs)), 30, "down"
