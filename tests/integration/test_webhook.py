@@ -81,24 +81,13 @@ async def test_the_same_receipt_by_feed_and_by_webhook_is_one_event(
 ) -> None:
     """P14: the channel is evidence, not part of the event key: the second path's delivery is
     a repeat, and both deliveries are kept."""
-    feed_receipt = Receipt(
-        message_id=MessageId(DELIVERED["id"]),
-        level=2,
-        stat="DELIVRD",
-        err="000",
-        sub=None,
-        dlvrd=None,
+    feed_receipt = _receipt(DELIVERED["id"])._replace(
         submit_date=DELIVERED["submit_date"],
         done_date=DELIVERED["done_date"],
-        text=None,
-        source_addr=None,
-        destination_addr=None,
-        smsc_message_id=None,
-        connector=None,
         delivery_count=1,
         ack_token=AckToken("t"),
         raw=b"\x0a\x01x",
-        received_at=time.time(),
+        channel="feed",
     )
     await store.ingest(LOGIN, [feed_receipt])
     async with (
@@ -416,6 +405,7 @@ async def test_a_committer_stopped_mid_commit_finishes_its_batch_and_takes_no_mo
 
 
 def _receipt(message_id: str) -> Receipt:
+    """A level-2 DELIVRD callback of `message_id` as the receiver hands it to the intake."""
     return Receipt(
         message_id=MessageId(message_id),
         level=2,
