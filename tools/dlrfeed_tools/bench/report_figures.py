@@ -29,9 +29,8 @@ def rate_ratio(measured: dict[str, Any], name: str, other: str) -> float:
     return statistics.median(rate_ratios(measured, name, other))
 
 
-def ratio_text(measured: dict[str, Any], name: str, other: str) -> str:
+def ratio_text(ratios: list[float]) -> str:
     """The median of `rate_ratios` with their min-max beside it."""
-    ratios = rate_ratios(measured, name, other)
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
